@@ -1,0 +1,39 @@
+# Two commands set everything up: `make demo` and `make test`. Both create .venv on first use and
+# reinstall only when pyproject.toml changes.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install lint format test demo bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff format src tests
+	$(BIN)/ruff check --fix src tests
+
+test: lint
+	$(BIN)/pytest -q
+
+demo: $(STAMP)
+	mkdir -p reports
+	$(BIN)/streamsafe demo --json reports/demo.json --plot reports/demo.png
+
+bench: $(STAMP)
+	mkdir -p reports
+	$(BIN)/streamsafe bench all --out reports
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,51 @@
+"""``streamsafe bench NAME``: each benchmark registers itself here.
+
+Every benchmark measures streamsafe against a peer in the same run and reports ratios; these
+machines are noisy, so absolute figures mean little.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+# (name, module exposing register(subparsers)).
+_BENCHES: tuple[tuple[str, str], ...] = (
+    ("sse", "streamsafe.bench.sse"),
+    ("client", "streamsafe.bench.client"),
+    ("simulator", "streamsafe.bench.simulator"),
+    ("overhead", "streamsafe.bench.overhead"),
+    ("overload", "streamsafe.bench.overload"),
+)
+
+
+def _available() -> list[tuple[str, Any]]:
+    found = []
+    for name, module in _BENCHES:
+        try:
+            found.append((name, importlib.import_module(module)))
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+    return found
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("bench", help="benchmarks against real peers, as ratios")
+    sub = parser.add_subparsers(dest="bench", metavar="BENCH")
+    mods = _available()
+    for _name, mod in mods:
+        mod.register(sub)
+    allp = sub.add_parser("all", help="run every benchmark with its defaults")
+    allp.add_argument("--out", default="reports", help="folder for JSON reports (default reports)")
+    allp.set_defaults(func=lambda args: _run_all(args, mods))
+    parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
+
+
+def _run_all(args: argparse.Namespace, mods: list[tuple[str, Any]]) -> int:
+    rc = 0
+    for name, mod in mods:
+        print(f"== bench {name} ==", flush=True)
+        rc |= int(mod.run_default(out_dir=args.out) or 0)
+    return rc

@@ -1,0 +1,1 @@
+"""streamsafe.engine_sim."""

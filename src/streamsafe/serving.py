@@ -1,0 +1,159 @@
+"""Running an ASGI app on loopback: in a background thread (tests, the demo, benchmarks) or in
+the foreground (``streamsafe serve`` / ``simulate``).
+
+Every server here binds its own socket first, so port 0 gives a free port with no race, and the
+caller learns the port before the first request. ASGI lifespan is on: apps start and stop their
+background tasks (the simulator's engine loop, the gateway's sweeper) in ``lifespan``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+
+__all__ = ["ServerThread", "bind_socket", "run_server", "serve_in_thread"]
+
+
+def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0 picks a free one)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _config(app: Any, *, log_level: str, loop: str, **kwargs: Any) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        log_level=log_level,
+        loop=loop,
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        timeout_graceful_shutdown=2,
+        **kwargs,
+    )
+
+
+class ServerThread:
+    """Serve ``app`` on loopback from a daemon thread with its own event loop.
+
+    >>> with ServerThread(app) as server:
+    ...     httpx2.get(server.url + "/health")
+
+    ``start()`` returns once the server accepts connections; ``stop()`` shuts it down (open
+    streams are cancelled after a short grace) and joins the thread. ``loop`` is the server's
+    event loop, for tests that must run a coroutine next to the app
+    (:meth:`call`).
+    """
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        loop: str = "asyncio",
+    ) -> None:
+        self.app = app
+        self._sock = bind_socket(host, port)
+        self.host = host
+        self.port: int = self._sock.getsockname()[1]
+        self._server = uvicorn.Server(_config(app, log_level=log_level, loop=loop))
+        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._thread = threading.Thread(target=self._run, name=f"server:{self.port}", daemon=True)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:41234``."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self.loop = loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._serve())
+        except BaseException as exc:  # reported to start()/stop()
+            self._error = exc
+        finally:
+            self._ready.set()
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    async def _serve(self) -> None:
+        watcher = asyncio.create_task(self._watch_started())
+        try:
+            await self._server.serve(sockets=[self._sock])
+        finally:
+            watcher.cancel()
+
+    async def _watch_started(self) -> None:
+        while not self._server.started:
+            await asyncio.sleep(0.005)
+        self._ready.set()
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        """Start serving; return once connections are accepted."""
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"server on port {self.port} did not start in {timeout} s")
+        if self._error is not None or not self._server.started:
+            raise RuntimeError(f"server on port {self.port} failed to start") from self._error
+        return self
+
+    def call(self, coro: Any, timeout: float = 30.0) -> Any:
+        """Run a coroutine on the server's loop and return its result."""
+        assert self.loop is not None, "server not started"
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Shut the server down and wait for its thread."""
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any, **kwargs: Any) -> Iterator[ServerThread]:
+    """Context manager form of :class:`ServerThread`."""
+    server = ServerThread(app, **kwargs).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def run_server(app: Any, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+    """Serve ``app`` in the foreground until interrupted (uvloop where available)."""
+    loop = "uvloop"
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:  # pragma: no cover - platform without uvloop
+        loop = "asyncio"
+    sock = bind_socket(host, port)
+    server = uvicorn.Server(_config(app, log_level=log_level, loop=loop))
+    server.run(sockets=[sock])
