@@ -1,0 +1,58 @@
+"""Token estimates shared by the engine simulator and the gateway's admission control.
+
+Neither part has a tokenizer, and both must agree on what a request costs, so the rule is simple
+and documented: one token per 4 bytes of UTF-8 text, rounded up, plus 4 tokens of framing per chat
+message (role markers) and 2 for the assistant's reply header. Close to what BPE tokenizers give
+for English prose; exact agreement between the two parts matters more than realism.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["estimate_prompt_tokens", "estimate_text_tokens", "prompt_text"]
+
+_PER_MESSAGE = 4
+_REPLY_HEADER = 2
+
+
+def estimate_text_tokens(text: str) -> int:
+    """Tokens in ``text``: ceil(utf-8 bytes / 4)."""
+    return (len(text.encode()) + 3) // 4
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+        return "".join(
+            part.get("text", "") for part in content if isinstance(part, Mapping)
+        )
+    return ""
+
+
+def prompt_text(body: Mapping[str, Any]) -> str:
+    """The prompt as one string: the completion ``prompt`` or the chat messages' contents joined
+    with their roles. Deterministic, so it can seed deterministic output."""
+    if "messages" in body:
+        parts = []
+        for msg in body.get("messages") or ():
+            if isinstance(msg, Mapping):
+                parts.append(f"{msg.get('role', '')}: {_content_text(msg.get('content'))}")
+        return "\n".join(parts)
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list):
+        return "\n".join(str(p) for p in prompt)
+    return str(prompt)
+
+
+def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
+    """Prompt tokens of a chat or completion request body (see the module rule)."""
+    if "messages" in body:
+        total = _REPLY_HEADER
+        for msg in body.get("messages") or ():
+            if isinstance(msg, Mapping):
+                total += _PER_MESSAGE + estimate_text_tokens(_content_text(msg.get("content")))
+        return total
+    return max(1, estimate_text_tokens(prompt_text(body)))
