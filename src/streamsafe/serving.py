@@ -70,7 +70,6 @@ class ServerThread:
         self.host = host
         self.port: int = self._sock.getsockname()[1]
         self._server = uvicorn.Server(_config(app, log_level=log_level, loop=loop))
-        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._thread = threading.Thread(target=self._run, name=f"server:{self.port}", daemon=True)
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -104,7 +103,8 @@ class ServerThread:
             watcher.cancel()
 
     async def _watch_started(self) -> None:
-        while not self._server.started:
+        # uvicorn offers a flag, not an event, for "listening"; poll it briefly.
+        while not self._server.started:  # noqa: ASYNC110
             await asyncio.sleep(0.005)
         self._ready.set()
 
@@ -147,7 +147,9 @@ def serve_in_thread(app: Any, **kwargs: Any) -> Iterator[ServerThread]:
         server.stop()
 
 
-def run_server(app: Any, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+def run_server(
+    app: Any, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info"
+) -> None:
     """Serve ``app`` in the foreground until interrupted (uvloop where available)."""
     loop = "uvloop"
     try:

@@ -147,6 +147,20 @@ class SSEDecoder:
         """Take the next bytes of the stream; return the events they complete (often none)."""
         if not chunk:
             return []
+        if (
+            # Fast path: exactly one "data: ...\n\n" event in this read, nothing held over (what
+            # vLLM sends, one flush per token).
+            chunk.startswith(b"data: ")
+            and chunk.endswith(b"\n\n")
+            and chunk.find(b"\n") == len(chunk) - 2
+            and not self._partial
+            and not self._data
+            and self._event is None
+            and self._retry_field is None
+            and b"\r" not in chunk
+        ):
+            self._at_start = self._skip_lf = False
+            return [ServerSentEvent(chunk[6:-2], None, self.last_event_id, None)]
         if self._partial:
             chunk = self._partial + chunk
             self._partial = b""
@@ -208,9 +222,8 @@ class SSEDecoder:
                 self.last_event_id = _text(value)
         elif name == b"event":
             self._event = _text(value)
-        elif name == b"retry":
-            if value and value.isdigit():
-                self._retry_field = self.retry = int(value)
+        elif name == b"retry" and value.isdigit():
+            self._retry_field = self.retry = int(value)
 
     def close(self) -> None:
         """End of stream: an incomplete event is discarded, as the WHATWG rules say."""
@@ -232,7 +245,9 @@ def _text(value: bytes) -> str:
         raise SSEError(f"field is not valid UTF-8: {exc}") from None
 
 
-def iter_events(chunks: Iterable[bytes], decoder: SSEDecoder | None = None) -> Iterator[ServerSentEvent]:
+def iter_events(
+    chunks: Iterable[bytes], decoder: SSEDecoder | None = None
+) -> Iterator[ServerSentEvent]:
     """Decode an iterable of byte chunks into events."""
     dec = decoder or SSEDecoder()
     for chunk in chunks:

@@ -26,9 +26,7 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-        return "".join(
-            part.get("text", "") for part in content if isinstance(part, Mapping)
-        )
+        return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
     return ""
 
 

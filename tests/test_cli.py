@@ -1,0 +1,41 @@
+"""The command line: help, version, and the benchmarks' smallest runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from streamsafe import __version__
+from streamsafe.cli import main
+
+
+def test_version_is_printed(capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert __version__ in capsys.readouterr().out
+
+
+def test_help_lists_the_subcommands():
+    out = subprocess.run(
+        [sys.executable, "-m", "streamsafe.cli", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
+    assert "streamsafe" in out
+    assert "bench" in out
+
+
+def test_bench_sse_reports_a_ratio_for_every_case(tmp_path):
+    path = tmp_path / "sse.json"
+    assert main(["bench", "sse", "--chunks", "200", "--rounds", "1", "--json", str(path)]) == 0
+    report = json.loads(path.read_text())
+    assert len(report["cases"]) == 4
+    for case in report["cases"]:
+        assert case["events"] == 201
+        assert case["ratio"] > 0
