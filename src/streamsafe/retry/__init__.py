@@ -1,1 +1,29 @@
-"""streamsafe.retry."""
+"""``streamsafe.retry``: the pure retry core.
+
+Settings (:class:`RetryPolicy`, :class:`StreamingConfig`), shared throttling
+(:class:`RetryBudget`), what happened (:class:`Outcome`) and the one decision function
+(:func:`decide`) that turns them into a :class:`Decision`. No I/O, no sleeping, no clock or
+randomness of its own: the caller passes the time and the random draw, so every rule is tested
+without a network or a sleep.
+"""
+
+from __future__ import annotations
+
+from streamsafe.retry.budget import RetryBudget
+from streamsafe.retry.decide import decide, nothing_started
+from streamsafe.retry.outcome import TIMEOUT_PHASES, Decision, Outcome
+from streamsafe.retry.policy import DEFAULT_RETRY_STATUSES, RetryPolicy, StreamingConfig
+from streamsafe.retry.retry_after import parse_retry_after
+
+__all__ = [
+    "DEFAULT_RETRY_STATUSES",
+    "TIMEOUT_PHASES",
+    "Decision",
+    "Outcome",
+    "RetryBudget",
+    "RetryPolicy",
+    "StreamingConfig",
+    "decide",
+    "nothing_started",
+    "parse_retry_after",
+]
