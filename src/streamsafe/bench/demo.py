@@ -1,0 +1,263 @@
+"""The demo: the outage of the original report reproduced, and prevented, side by side.
+
+Six scenarios drive the same workload (many concurrent streaming chats whose total fits the
+engine only if each is sent once) through a client library and a path:
+
+1. llama-stack-client straight to an engine that keeps abandoned work and holds its headers
+   until the first token (the deployment of the original report): copies pile up, it dies.
+2. openai, same path: the same failure from the other Stainless client.
+3. streamsafe's client, same path: a stream is never re-sent, the engine lives.
+4. llama-stack-client, unmodified, through the gateway with ``commit=first-token``: its
+   retries arrive and attach to the generation already running.
+5. The same through the gateway's defaults (early commit, keep-alive heartbeats): no client
+   times out, so there are no retries at all.
+6. streamsafe's client through the gateway while the engine cuts streams at random: every
+   stream still completes, no token lost or repeated.
+
+Time is compressed: the clients' 60 s read timeout becomes ``timeout_s`` (2 s; 1 s with
+``--quick``) and the gateway's 5 s heartbeat scales with it, so the whole demo runs in about a
+minute. Everything runs in-process on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamsafe.bench.harness import (
+    ClientKind,
+    PathKind,
+    Workload,
+    compare_tokens,
+    drive_workload,
+    expected_reply,
+    make_driver,
+    run_stack,
+)
+from streamsafe.engine_sim import Fault, SimConfig
+from streamsafe.gateway import GatewayConfig
+
+__all__ = ["DemoSettings", "Scenario", "run_demo", "scenarios"]
+
+_REAL_TIMEOUT_S = 60.0  # llama-stack-client's read timeout, which the demo compresses
+_REAL_HEARTBEAT_S = 5.0  # the gateway's default heartbeat, compressed alike
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """Sizes of one demo run. ``quick`` is the test suite's smaller run."""
+
+    workload: Workload
+    timeout_s: float
+    memory_tokens: int
+    max_num_seqs: int
+    itl_ms: float
+    itl_ms_per_seq: float
+    seed: int = 7
+
+    @classmethod
+    def full(cls) -> DemoSettings:
+        return cls(Workload(48, 200, 100), 1.0, 16384, 16, 8.0, 0.4)
+
+    @classmethod
+    def quick(cls) -> DemoSettings:
+        return cls(Workload(24, 200, 40), 0.6, 8192, 8, 8.0, 0.4)
+
+    @property
+    def heartbeat_s(self) -> float:
+        return _REAL_HEARTBEAT_S * self.timeout_s / _REAL_TIMEOUT_S
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One row of the demo."""
+
+    name: str
+    client: ClientKind
+    path: PathKind
+    claim: str
+    sim: Callable[[DemoSettings], SimConfig]
+    gateway: Callable[[DemoSettings], GatewayConfig] | None = None
+
+
+def _engine(s: DemoSettings, **overrides: Any) -> SimConfig:
+    base: dict[str, Any] = {
+        "model": s.workload.model,
+        "memory_tokens": s.memory_tokens,
+        "max_num_seqs": s.max_num_seqs,
+        "itl_ms": s.itl_ms,
+        "itl_ms_per_seq": s.itl_ms_per_seq,
+        "prefill_ms_per_token": 0.02,
+        "default_max_tokens": s.workload.max_tokens,
+        "seed": s.seed,
+    }
+    base.update(overrides)
+    return SimConfig(**base)
+
+
+def _report_deployment(s: DemoSettings) -> SimConfig:
+    """The original report's deployment: a middle layer that neither passes a client's
+    disconnect on nor sends headers before the first token."""
+    return _engine(s, abort_on_disconnect=False, headers_after_first_token=True)
+
+
+def _vllm(s: DemoSettings) -> SimConfig:
+    return _engine(s)
+
+
+def _vllm_cutting(s: DemoSettings) -> SimConfig:
+    return _engine(s, faults=(Fault.parse(f"cut:1-{s.workload.max_tokens}:0.3"),))
+
+
+def _gateway(s: DemoSettings, commit: str) -> GatewayConfig:
+    return GatewayConfig(
+        upstream="http://placeholder",
+        commit=commit,  # type: ignore[arg-type]
+        heartbeat=s.heartbeat_s,
+        grace=s.timeout_s * 5,
+        max_inflight=s.max_num_seqs,
+        max_memory_tokens=int(s.memory_tokens * 0.9),
+        queue_size=s.workload.requests * 4,
+        queue_timeout=s.timeout_s * 30,
+    )
+
+
+def scenarios() -> list[Scenario]:
+    """The six scenarios, in the order the demo runs them."""
+    return [
+        Scenario(
+            "1. llama-stack-client, direct",
+            "llama-stack-client",
+            "direct",
+            "copies pile up, the engine dies",
+            _report_deployment,
+        ),
+        Scenario(
+            "2. openai, direct",
+            "openai",
+            "direct",
+            "copies pile up, the engine dies",
+            _report_deployment,
+        ),
+        Scenario(
+            "3. streamsafe client, direct",
+            "streamsafe",
+            "direct",
+            "no copies, the engine lives",
+            _report_deployment,
+        ),
+        Scenario(
+            "4. llama-stack-client via gateway (first-token commit)",
+            "llama-stack-client",
+            "gateway",
+            "retries attach: one generation per request",
+            _vllm,
+            lambda s: _gateway(s, "first-token"),
+        ),
+        Scenario(
+            "5. llama-stack-client via gateway (defaults)",
+            "llama-stack-client",
+            "gateway",
+            "heartbeats: no retries at all",
+            _vllm,
+            lambda s: _gateway(s, "early"),
+        ),
+        Scenario(
+            "6. streamsafe client via gateway, engine cuts streams",
+            "streamsafe",
+            "gateway",
+            "every stream completes, no token lost or repeated",
+            _vllm_cutting,
+            lambda s: _gateway(s, "early"),
+        ),
+    ]
+
+
+@dataclass
+class ScenarioResult:
+    """One row of the report (see the JSON keys in the README)."""
+
+    row: dict[str, Any]
+    memory_series: list[tuple[float, int]] = field(default_factory=list)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[k]
+
+
+async def run_scenario(sc: Scenario, s: DemoSettings) -> ScenarioResult:
+    """Run one scenario on fresh servers; return its row and the engine's memory series."""
+    gw_cfg = sc.gateway(s) if sc.gateway else None
+    with run_stack(sc.sim(s), gw_cfg) as stack:
+        async with make_driver(sc.client, stack.url, s.timeout_s) as driver:
+            outcomes = await drive_workload(driver, s.workload)
+        # Let the engine drain what it still holds (orphans keep running), so memory and crash
+        # figures include the aftermath, bounded in time.
+        deadline = time.monotonic() + s.timeout_s * 10
+        while time.monotonic() < deadline:
+            st = stack.simulator.stats()
+            if st["engine_dead"] or (st["active"] == 0 and st["waiting"] == 0):
+                break
+            await asyncio.sleep(0.05)
+        sim = stack.simulator.stats()
+        gw = stack.gateway.stats() if stack.gateway else None
+        series = stack.simulator.memory_series()
+
+    lost = repeated = 0
+    for i, out in enumerate(outcomes):
+        if out.ok:
+            lo, rep = compare_tokens(expected_reply(s.workload, i, s.seed), out.text)
+            lost += lo
+            repeated += rep
+    completed = sum(o.ok for o in outcomes)
+    n = s.workload.requests
+    attempts = gw["requests_received"] if gw is not None else sim["requests_received"]
+    generations = sim["generations_started"] - sim.get("continuations", 0)
+    latencies = [o.seconds for o in outcomes if o.ok]
+    row = {
+        "name": sc.name,
+        "client": sc.client,
+        "path": sc.path,
+        "claim": sc.claim,
+        "logical_requests": n,
+        "client_attempts": attempts,
+        "upstream_generations": generations,
+        "amplification": round(generations / n, 3),
+        "engine_crashes": sim["crashes"],
+        "completed": completed,
+        "failed": n - completed,
+        "tokens_lost": lost,
+        "tokens_repeated": repeated,
+        "tokens_unread": sim["tokens_unread"],
+        "p50_s": round(_percentile(latencies, 0.5), 3),
+        "p99_s": round(_percentile(latencies, 0.99), 3),
+        "memory_peak_tokens": sim["memory_peak_tokens"],
+        "memory_capacity_tokens": sim["memory_capacity_tokens"],
+        "errors": sorted({o.error for o in outcomes if not o.ok}),
+    }
+    return ScenarioResult(row, series)
+
+
+async def run_demo(
+    settings: DemoSettings,
+    *,
+    only: list[int] | None = None,
+    on_done: Callable[[ScenarioResult], None] | None = None,
+) -> list[ScenarioResult]:
+    """Run the scenarios (all, or the 1-based indices in ``only``) one after another."""
+    results = []
+    for i, sc in enumerate(scenarios(), 1):
+        if only and i not in only:
+            continue
+        result = await run_scenario(sc, settings)
+        results.append(result)
+        if on_done:
+            on_done(result)
+    return results

@@ -1,0 +1,93 @@
+"""Plots of the demo and the overload benchmark (matplotlib, written to PNG)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["plot_demo", "plot_overload"]
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_demo(rows: list[dict[str, Any]], series: list[list[tuple[float, int]]], path: str) -> None:
+    """Engine memory over time per scenario against the capacity line, and amplification per
+    scenario: the outage and its absence, readable without a number."""
+    plt = _pyplot()
+    fig, (ax_mem, ax_amp) = plt.subplots(
+        1, 2, figsize=(14, 5.5), gridspec_kw={"width_ratios": [3, 2]}
+    )
+    capacity = max((r["memory_capacity_tokens"] for r in rows), default=0)
+    for row, points in zip(rows, series, strict=True):
+        if not points:
+            continue
+        xs = [t for t, _ in points]
+        ys = [m for _, m in points]
+        style = "--" if row["engine_crashes"] else "-"
+        label = row["name"] + ("  (engine died)" if row["engine_crashes"] else "")
+        ax_mem.plot(xs, ys, style, label=label, linewidth=1.6)
+    ax_mem.axhline(capacity, color="black", linewidth=2, label="engine memory capacity")
+    ax_mem.set_xlabel("seconds since the scenario started")
+    ax_mem.set_ylabel("engine memory in use (tokens)")
+    ax_mem.set_title("Engine memory: retries of an in-flight stream pile up")
+    ax_mem.legend(fontsize=7, loc="upper right")
+    ax_mem.set_ylim(0, capacity * 1.35 if capacity else None)
+
+    names = [r["name"].split(" ", 1)[0] + " " + r["client"] + "\n" + r["path"] for r in rows]
+    amps = [r["amplification"] for r in rows]
+    colors = ["#d62728" if r["engine_crashes"] else "#2ca02c" for r in rows]
+    bars = ax_amp.bar(range(len(rows)), amps, color=colors)
+    for bar, row in zip(bars, rows, strict=True):
+        note = "crash" if row["engine_crashes"] else f"{row['completed']}/{row['logical_requests']}"
+        ax_amp.annotate(
+            f"{row['amplification']:.2f}x\n{note}",
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
+    ax_amp.axhline(1.0, color="black", linewidth=1, linestyle=":")
+    ax_amp.set_xticks(range(len(rows)), names, fontsize=7)
+    ax_amp.set_ylabel("engine generations per logical request")
+    ax_amp.set_title("Amplification (red: the engine died)")
+    ax_amp.set_ylim(0, max([*amps, 1.0]) * 1.3)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_overload(rows: list[dict[str, Any]], path: str) -> None:
+    """Goodput and amplification against offered load, one line per client and path."""
+    plt = _pyplot()
+    fig, (ax_good, ax_amp) = plt.subplots(1, 2, figsize=(12, 4.5))
+    series: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        series.setdefault(f"{row['client']} / {row['path']}", []).append(row)
+    for label, points in series.items():
+        points.sort(key=lambda r: r["load"])
+        loads = [p["load"] for p in points]
+        ax_good.plot(loads, [p["goodput"] for p in points], "o-", label=label)
+        ax_amp.plot(loads, [p["amplification"] for p in points], "o-", label=label)
+        for p in points:
+            if p["engine_crashes"]:
+                ax_good.plot([p["load"]], [p["goodput"]], "rx", markersize=12)
+    ax_good.axhline(1.0, color="black", linewidth=1, linestyle=":")
+    ax_good.set_xlabel("offered load (x engine capacity)")
+    ax_good.set_ylabel("goodput (fraction of engine capacity)")
+    ax_good.set_title("Goodput (x: the engine died)")
+    ax_good.legend(fontsize=8)
+    ax_amp.set_xlabel("offered load (x engine capacity)")
+    ax_amp.set_ylabel("engine generations per logical request")
+    ax_amp.set_title("Amplification")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
