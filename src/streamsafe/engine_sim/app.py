@@ -1,0 +1,510 @@
+"""The simulator as a plain ASGI app: vLLM's OpenAI endpoints over :class:`Engine`.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming and not),
+``GET /v1/models``, ``GET /health`` (503 once dead), ``GET /metrics`` (Prometheus text with vLLM's
+names), ``GET /stats`` (JSON counters), ``POST /admin/restart``.
+
+Every completion request gets a watcher task that reads ASGI ``receive()`` until
+``http.disconnect``, so a client that vanishes is noticed wherever its request is: stalled, queued,
+prefilling or streaming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from streamsafe.engine_sim.config import Fault, SimConfig
+from streamsafe.engine_sim.engine import Engine, EngineDeadError, Generation, GenState
+from streamsafe.engine_sim.text import TextStream
+from streamsafe.engine_sim.wire import DONE_EVENT, ChunkEncoder, error_body, error_event
+from streamsafe.tokens import estimate_prompt_tokens
+
+__all__ = ["Simulator"]
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+_JSON = [(b"content-type", b"application/json")]
+_SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+_FAULT_HEADER = b"x-sim-fault"
+
+
+class _StreamCut(Exception):
+    """Raised out of the app to make uvicorn drop the connection mid-body (a cut fault)."""
+
+
+class _QuietCut(logging.Filter):
+    # uvicorn logs every exception escaping an app; the cut is intended, so drop that record.
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, _StreamCut)
+
+
+_quiet_cut = _QuietCut()
+
+
+class _BadRequest(Exception):
+    def __init__(self, message: str, code: int = 400) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class _Job:
+    """A validated completion request."""
+
+    chat: bool
+    body: dict[str, Any]
+    stream: bool
+    include_usage: bool
+    prompt_tokens: int
+    max_tokens: int
+
+
+@dataclass
+class _Faults:
+    status: Fault | None = None
+    cut_after: int | None = None
+    stall_s: float = 0.0
+
+
+class _Client:
+    """The disconnect watcher's view of one request."""
+
+    __slots__ = ("gen", "gone", "gone_event")
+
+    def __init__(self) -> None:
+        self.gen: Generation | None = None
+        self.gone = False
+        self.gone_event = asyncio.Event()
+
+
+def _int_field(body: Mapping[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _BadRequest(f"'{name}' must be an integer, got {value!r}")
+    return value
+
+
+def _validate(body: Any, chat: bool, cfg: SimConfig) -> _Job:
+    if not isinstance(body, dict):
+        raise _BadRequest("the request body must be a JSON object")
+    model = body.get("model", cfg.model)
+    if not isinstance(model, str):
+        raise _BadRequest("'model' must be a string")
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _BadRequest("'messages' is required: a non-empty list of messages")
+        for i, msg in enumerate(messages):
+            if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+                raise _BadRequest(f"messages[{i}] must be an object with a 'role'")
+            content = msg.get("content")
+            if content is not None and not isinstance(content, str | list):
+                raise _BadRequest(f"messages[{i}].content must be a string or a list of parts")
+    else:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str | list) or (isinstance(prompt, list) and not prompt):
+            raise _BadRequest("'prompt' is required: a string or a non-empty list")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise _BadRequest("'stream' must be a boolean")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise _BadRequest("'stream_options' must be an object")
+    include_usage = bool(options and options.get("include_usage"))
+    if options is not None and not stream:
+        raise _BadRequest("Stream options can only be defined when `stream=True`.")
+    max_tokens = _int_field(body, "max_completion_tokens") if chat else None
+    if max_tokens is None:
+        max_tokens = _int_field(body, "max_tokens")
+    if max_tokens is None:
+        max_tokens = cfg.default_max_tokens
+    if max_tokens < 1:
+        raise _BadRequest(f"max_tokens must be at least 1, got {max_tokens}.")
+    n = _int_field(body, "n")
+    if n is not None and n != 1:
+        raise _BadRequest("the simulator serves n=1 only")
+    if model != cfg.model:
+        raise _BadRequest(f"The model `{model}` does not exist.", 404)
+    return _Job(chat, body, stream, include_usage, estimate_prompt_tokens(body), max_tokens)
+
+
+class Simulator:
+    """An OpenAI-compatible server that behaves like vLLM under load (see DESIGN section 6).
+
+    An ASGI app: ASGI lifespan starts and stops its engine task (and the first request starts it
+    if the server has no lifespan). ``stats()``, ``memory_series()`` and ``restart()`` are safe
+    from any thread.
+    """
+
+    def __init__(self, config: SimConfig | None = None) -> None:
+        self.config = config or SimConfig()
+        self.engine = Engine(self.config)
+        self._rng = random.Random(self.config.seed)
+        self._rng_lock = threading.Lock()
+        logging.getLogger("uvicorn.error").addFilter(_quiet_cut)
+        self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/v1/completions"): self._completions,
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/health"): self._health,
+            ("GET", "/metrics"): self._metrics,
+            ("GET", "/stats"): self._stats,
+            ("POST", "/admin/restart"): self._restart,
+        }
+
+    # -- the public surface ------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """The ``/stats`` counters (see docs/engine_sim.md for each key)."""
+        return self.engine.stats()
+
+    def memory_series(self) -> list[tuple[float, int]]:
+        """(seconds since start, tokens of memory in use), bounded, for plots."""
+        return self.engine.memory_series()
+
+    def restart(self) -> None:
+        """Revive the engine (as ``POST /admin/restart``): from any thread."""
+        loop = self.engine.loop
+        if loop is None or loop.is_closed() or not self.engine.started:
+            self.engine.restart()
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self.engine.restart()
+            return
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def _do() -> None:
+            try:
+                self.engine.restart()
+                done.set_result(None)
+            except BaseException as exc:  # handed to the caller
+                done.set_exception(exc)
+
+        loop.call_soon_threadsafe(_do)
+        done.result(timeout=10)
+
+    # -- ASGI --------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            if not self.engine.started:
+                self.engine.start()
+            route = self._routes.get((scope["method"], scope["path"]))
+            if route is None:
+                known = any(path == scope["path"] for _, path in self._routes)
+                code = 405 if known else 404
+                msg = "Method Not Allowed" if known else f"Not Found: {scope['path']}"
+                await _respond(send, code, error_body(msg, code))
+                return
+            await route(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self.engine.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.engine.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # -- small routes ------------------------------------------------------------------------
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cfg = self.config
+        body = {
+            "object": "list",
+            "data": [
+                {
+                    "id": cfg.model,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "vllm",
+                    "root": cfg.model,
+                    "parent": None,
+                    "max_model_len": cfg.memory_tokens,
+                }
+            ],
+        }
+        await _respond(send, 200, orjson.dumps(body))
+
+    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.engine.dead:
+            await _respond(send, 503, error_body(self.engine.dead_message, 503))
+        else:
+            await _respond(send, 200, b"", headers=[])
+
+    async def _stats(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _respond(send, 200, orjson.dumps(self.stats()))
+
+    async def _restart(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.engine.restart()
+        stats = self.stats()
+        body = {"restarted": True, "crashes": stats["crashes"], "restarts": stats["restarts"]}
+        await _respond(send, 200, orjson.dumps(body))
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        from streamsafe.engine_sim.metrics import render_metrics
+
+        text = render_metrics(self.config.model, self.stats())
+        headers = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
+        await _respond(send, 200, text.encode(), headers=headers)
+
+    # -- completions -------------------------------------------------------------------------
+
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._complete(scope, receive, send, chat=True)
+
+    async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._complete(scope, receive, send, chat=False)
+
+    def _draw_faults(self, scope: Scope) -> _Faults:
+        faults = self.config.faults
+        if self.config.fault_header:
+            for name, value in scope.get("headers", ()):
+                if name == _FAULT_HEADER:
+                    specs = value.decode("latin-1").split(",")
+                    faults = tuple(Fault.parse(s) for s in specs if s.strip())
+        out = _Faults()
+        if not faults:
+            return out
+        with self._rng_lock:
+            rng = self._rng
+            for fault in faults:
+                if rng.random() >= fault.probability:
+                    continue
+                if fault.kind == "status" and out.status is None:
+                    out.status = fault
+                elif fault.kind == "cut" and out.cut_after is None:
+                    out.cut_after = rng.randint(fault.cut_low, fault.cut_high)
+                elif fault.kind == "stall":
+                    out.stall_s += fault.stall_s
+        return out
+
+    async def _complete(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
+        engine = self.engine
+        raw = await _read_body(receive, self.config.max_body_bytes)
+        engine.count("requests_received")
+        if raw is None:
+            await _respond(send, 413, error_body("request body too large", 413))
+            return
+        try:
+            job = _validate(orjson.loads(raw), chat, self.config)
+            faults = self._draw_faults(scope)
+        except orjson.JSONDecodeError as exc:
+            await _respond(send, 400, error_body(f"malformed JSON body: {exc}", 400))
+            return
+        except _BadRequest as exc:
+            await _respond(send, exc.code, error_body(str(exc), exc.code))
+            return
+        except ValueError as exc:  # a bad x-sim-fault header
+            await _respond(send, 400, error_body(str(exc), 400))
+            return
+        if engine.dead:
+            await _respond(send, 500, error_body(engine.dead_message, 500))
+            return
+        if faults.status is not None:
+            engine.count("faults_status")
+            fault = faults.status
+            headers = list(_JSON)
+            if fault.retry_after is not None and fault.status in (429, 503):
+                headers.append((b"retry-after", f"{fault.retry_after:g}".encode()))
+            msg = f"injected fault: status {fault.status}"
+            await _respond(send, fault.status, error_body(msg, fault.status), headers=headers)
+            return
+
+        client = _Client()
+        watcher = asyncio.create_task(self._watch(receive, client))
+        try:
+            if job.stream:
+                await self._stream(send, job, faults, client)
+            else:
+                await self._unary(send, job, faults, client)
+        finally:
+            watcher.cancel()
+
+    async def _watch(self, receive: Receive, client: _Client) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+        client.gone = True
+        client.gone_event.set()
+        if client.gen is not None:
+            self.engine.client_gone(client.gen)
+
+    async def _stall(self, faults: _Faults, client: _Client) -> None:
+        if faults.stall_s > 0:
+            self.engine.count("faults_stall")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(client.gone_event.wait(), faults.stall_s)
+
+    def _encoder(self, job: _Job) -> ChunkEncoder:
+        prefix = "chatcmpl-" if job.chat else "cmpl-"
+        return ChunkEncoder(
+            chat=job.chat,
+            request_id=prefix + uuid.uuid4().hex,
+            created=int(time.time()),
+            model=self.config.model,
+        )
+
+    def _admit(self, job: _Job, client: _Client) -> Generation:
+        gen = self.engine.submit(job.prompt_tokens, job.max_tokens)
+        client.gen = gen
+        if client.gone:  # vanished between the watcher's check and admission
+            self.engine.client_gone(gen)
+        return gen
+
+    async def _unary(self, send: Send, job: _Job, faults: _Faults, client: _Client) -> None:
+        await self._stall(faults, client)
+        if client.gone:
+            return
+        try:
+            gen = self._admit(job, client)
+        except EngineDeadError as exc:
+            await _respond(send, 500, error_body(str(exc), 500))
+            return
+        await gen.wait_end()
+        if gen.state == GenState.FAILED:
+            if not client.gone:
+                await _respond(send, 500, error_body(gen.error, 500))
+            return
+        if gen.state != GenState.DONE or client.gone:
+            return
+        text = TextStream(job.body, self.config.seed).text(gen.generated)
+        body = self._encoder(job).complete(text, job.prompt_tokens, gen.generated)
+        await _respond(send, 200, body)
+        gen.sent = gen.generated
+
+    async def _stream(self, send: Send, job: _Job, faults: _Faults, client: _Client) -> None:
+        cfg = self.config
+        started = False
+        if not cfg.headers_after_first_token:
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+            started = True
+        await self._stall(faults, client)
+        if client.gone:
+            return
+        try:
+            gen = self._admit(job, client)
+        except EngineDeadError as exc:
+            if started:
+                await _finish(send, error_event(str(exc)) + DONE_EVENT)
+            else:
+                await _respond(send, 500, error_body(str(exc), 500))
+            return
+        enc = self._encoder(job)
+        text = TextStream(job.body, cfg.seed)
+        last_index = gen.max_tokens - 1
+        budget = faults.cut_after  # data events left before a cut
+        role_pending = job.chat
+        while True:
+            await gen.wait()
+            state = gen.state
+            if client.gone or state == GenState.ABORTED:
+                return
+            n = gen.generated
+            parts: list[bytes] = []
+            if n > gen.sent and role_pending:
+                parts.append(enc.role())
+                role_pending = False
+            for i in range(gen.sent, n):
+                parts.append(enc.token(text.token(i), i == last_index))
+            end: bytes | None = None
+            if state == GenState.DONE:
+                end = (enc.usage(job.prompt_tokens, n) if job.include_usage else b"") + DONE_EVENT
+                parts.append(end)
+            elif state == GenState.FAILED:
+                end = error_event(gen.error) + DONE_EVENT
+                if not started and not parts:
+                    await _respond(send, 500, error_body(gen.error, 500))
+                    return
+                parts.append(end)
+            if budget is not None and len(parts) - (end is not None) >= budget:
+                await self._cut(send, gen, parts[:budget], n, started)
+                return
+            if budget is not None:
+                budget -= len(parts) - (end is not None)
+            if not started:
+                await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+                started = True
+            if end is not None:
+                await _finish(send, b"".join(parts))
+                gen.sent = n
+                return
+            await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
+            gen.sent = n
+
+    async def _cut(
+        self, send: Send, gen: Generation, parts: list[bytes], n: int, started: bool
+    ) -> None:
+        self.engine.count("faults_cut")
+        if not started:
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        if parts:
+            await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
+        # Tokens actually written: the parts kept, less the role event.
+        tokens = sum(1 for p in parts if b'"delta":{"role"' not in p)
+        gen.sent = min(n, gen.sent + tokens)
+        self.engine.client_gone(gen)
+        raise _StreamCut("injected fault: connection cut")
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return b""
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _respond(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": _JSON if headers is None else headers,
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _finish(send: Send, body: bytes) -> None:
+    await send({"type": "http.response.body", "body": body, "more_body": False})

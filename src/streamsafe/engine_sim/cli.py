@@ -1,0 +1,102 @@
+"""``streamsafe simulate``: serve the engine simulator in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["build_config", "register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``simulate`` subcommand."""
+    p = subparsers.add_parser(
+        "simulate",
+        help="serve a simulated vLLM (OpenAI API) that fails the way the real one does",
+        description="An OpenAI-compatible server that behaves like vLLM under load: finite "
+        "memory in tokens, a running limit with a waiting queue, batch-dependent timing, death "
+        "past capacity, abort on disconnect, injected faults, deterministic text.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000, as vLLM)")
+    p.add_argument(
+        "--model", default="sim-llama-8b", help="the model served (default sim-llama-8b)"
+    )
+    p.add_argument("--memory-tokens", type=int, default=32768, help="KV memory in tokens (32768)")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="most running requests (64)")
+    p.add_argument(
+        "--prefill-ms-per-token", type=float, default=0.05, help="prefill per prompt token (0.05)"
+    )
+    p.add_argument("--itl-ms", type=float, default=10.0, help="base inter-token delay (10)")
+    p.add_argument(
+        "--itl-ms-per-seq", type=float, default=0.1, help="extra delay per running request (0.1)"
+    )
+    p.add_argument(
+        "--default-max-tokens", type=int, default=256, help="max_tokens when none given (256)"
+    )
+    p.add_argument(
+        "--no-abort-on-disconnect",
+        action="store_true",
+        help="keep generating after the client is gone (a middle layer that does not pass "
+        "disconnects on)",
+    )
+    p.add_argument(
+        "--headers-after-first-token",
+        action="store_true",
+        help="hold response headers until the first token (a middle layer waiting upstream)",
+    )
+    p.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="inject a fault, repeatable: status:CODE:P[:RETRY_AFTER], cut:N:P, cut:LO-HI:P, "
+        "stall:SECONDS:P",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of faults and text (default 0)")
+    p.add_argument(
+        "--no-fault-header", action="store_true", help="ignore x-sim-fault request headers"
+    )
+    p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
+    p.set_defaults(func=_main)
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    """The SimConfig the parsed arguments describe (ValueError on a bad --fault)."""
+    from streamsafe.engine_sim import Fault, SimConfig
+
+    return SimConfig(
+        model=args.model,
+        memory_tokens=args.memory_tokens,
+        max_num_seqs=args.max_num_seqs,
+        prefill_ms_per_token=args.prefill_ms_per_token,
+        itl_ms=args.itl_ms,
+        itl_ms_per_seq=args.itl_ms_per_seq,
+        default_max_tokens=args.default_max_tokens,
+        abort_on_disconnect=not args.no_abort_on_disconnect,
+        headers_after_first_token=args.headers_after_first_token,
+        faults=tuple(Fault.parse(s) for s in args.fault),
+        seed=args.seed,
+        fault_header=not args.no_fault_header,
+    )
+
+
+def _main(args: argparse.Namespace) -> int:
+    import sys
+
+    from streamsafe.engine_sim import Simulator
+    from streamsafe.serving import run_server
+
+    try:
+        config = build_config(args)
+    except ValueError as exc:
+        print(f"streamsafe simulate: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"simulating {config.model} on http://{args.host}:{args.port}/v1 "
+        f"(memory {config.memory_tokens} tokens, max {config.max_num_seqs} running)",
+        file=sys.stderr,
+        flush=True,
+    )
+    run_server(Simulator(config), host=args.host, port=args.port, log_level=args.log_level)
+    return 0

@@ -1,0 +1,146 @@
+"""The simulator's settings: :class:`SimConfig` (one immutable value) and :class:`Fault` (one
+injected failure with its probability), parsed from the command line's ``--fault`` specs."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["Fault", "FaultKind", "SimConfig"]
+
+FaultKind = Literal["status", "cut", "stall"]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected failure, drawn per request with ``probability`` (1.0 = always).
+
+    Specs, as ``--fault`` takes them (:meth:`parse`):
+
+    - ``status:CODE:P[:RETRY_AFTER]``: answer ``CODE`` with an OpenAI-style error body before any
+      work; 429 and 503 carry ``Retry-After`` (default 1 s, as a shedding server sends).
+    - ``cut:N:P`` or ``cut:LO-HI:P``: close the connection abruptly after N data events (or a
+      count drawn from [LO, HI]), with no ``[DONE]`` and no error event, as a crashed proxy does.
+      Streaming requests only.
+    - ``stall:SECONDS:P``: hold the request that long before it reaches the engine, so the first
+      token is late by that much (headers still go out at once unless held for the first token).
+    """
+
+    kind: FaultKind
+    #: Chance per request, in [0, 1].
+    probability: float
+    #: ``status``: the HTTP status to answer.
+    status: int = 0
+    #: ``status``: Retry-After seconds sent with 429/503 (None: no header).
+    retry_after: float | None = None
+    #: ``cut``: the fewest and most data events sent before the cut.
+    cut_low: int = 0
+    cut_high: int = 0
+    #: ``stall``: seconds of delay before the request is admitted.
+    stall_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.probability <= 1.0:
+            raise ValueError(f"fault probability must be in [0, 1], got {self.probability}")
+        if self.kind == "status" and not 400 <= self.status <= 599:
+            raise ValueError(f"status fault needs a 4xx/5xx code, got {self.status}")
+        if self.kind == "cut" and not 0 <= self.cut_low <= self.cut_high:
+            raise ValueError(f"cut fault needs 0 <= LO <= HI, got {self.cut_low}-{self.cut_high}")
+        if self.kind == "stall" and self.stall_s < 0:
+            raise ValueError(f"stall fault needs seconds >= 0, got {self.stall_s}")
+
+    @classmethod
+    def parse(cls, spec: str) -> Fault:
+        """Parse ``status:503:0.1``, ``cut:20:0.05``, ``cut:5-40:0.2``, ``stall:0.5:1``.
+
+        Raises ValueError with the expected forms on anything else."""
+        parts = spec.strip().split(":")
+        try:
+            kind = parts[0]
+            if kind == "status" and len(parts) in (3, 4):
+                code = int(parts[1])
+                retry_after: float | None = None
+                if len(parts) == 4:
+                    retry_after = float(parts[3])
+                elif code in (429, 503):
+                    retry_after = 1.0
+                return cls("status", float(parts[2]), status=code, retry_after=retry_after)
+            if kind == "cut" and len(parts) == 3:
+                lo, _, hi = parts[1].partition("-")
+                low = int(lo)
+                high = int(hi) if hi else low
+                return cls("cut", float(parts[2]), cut_low=low, cut_high=high)
+            if kind == "stall" and len(parts) == 3:
+                return cls("stall", float(parts[2]), stall_s=float(parts[1]))
+        except ValueError as exc:
+            raise ValueError(f"bad fault spec {spec!r}: {exc}") from None
+        raise ValueError(
+            f"bad fault spec {spec!r}: expected status:CODE:P[:RETRY_AFTER], cut:N:P, "
+            "cut:LO-HI:P or stall:SECONDS:P"
+        )
+
+    def __str__(self) -> str:
+        if self.kind == "status":
+            tail = "" if self.retry_after is None else f":{self.retry_after:g}"
+            return f"status:{self.status}:{self.probability:g}{tail}"
+        if self.kind == "cut":
+            n = (
+                str(self.cut_low)
+                if self.cut_low == self.cut_high
+                else f"{self.cut_low}-{self.cut_high}"
+            )
+            return f"cut:{n}:{self.probability:g}"
+        return f"stall:{self.stall_s:g}:{self.probability:g}"
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything that shapes one simulated vLLM server. Defaults follow a small vLLM
+    deployment (an 8B model on one GPU): enough to be realistic, small enough to overload."""
+
+    #: The one model served; requests naming another get 404, as vLLM answers.
+    model: str = "sim-llama-8b"
+    #: KV memory in tokens. Waiting requests hold their prompt, running ones prompt + generated;
+    #: passing it kills the engine.
+    memory_tokens: int = 32768
+    #: Most requests running at once (vLLM's ``--max-num-seqs``); the rest wait, unbounded.
+    max_num_seqs: int = 64
+    #: Prefill time per prompt token, added to the step that schedules the request.
+    prefill_ms_per_token: float = 0.05
+    #: Base time of one decode step (every running request gets one token per step).
+    itl_ms: float = 10.0
+    #: Extra step time per running request: a loaded engine is slower.
+    itl_ms_per_seq: float = 0.1
+    #: ``max_tokens`` when a request gives none.
+    default_max_tokens: int = 256
+    #: Abort a request when its client disconnects (vLLM does). False keeps generating for
+    #: nobody, as behind a middle layer that does not pass the disconnect on.
+    abort_on_disconnect: bool = True
+    #: Hold the response headers until the first token (a middle layer waiting for upstream).
+    headers_after_first_token: bool = False
+    #: Injected faults, drawn in this order for every request.
+    faults: tuple[Fault, ...] = ()
+    #: Seed of the fault draws and of the generated text.
+    seed: int = 0
+    #: Seconds between points of the memory time series (:meth:`Simulator.memory_series`).
+    series_interval_s: float = 0.05
+    #: Most points the memory series keeps (oldest dropped first).
+    series_max_points: int = 20000
+    #: Largest request body accepted (413 above).
+    max_body_bytes: int = 16 * 1024 * 1024
+    #: Honour an ``x-sim-fault`` request header (comma-separated fault specs) that replaces
+    #: ``faults`` for that one request: lets a test aim a fault at one request.
+    fault_header: bool = True
+
+    def __post_init__(self) -> None:
+        if self.memory_tokens < 1 or self.max_num_seqs < 1 or self.default_max_tokens < 1:
+            raise ValueError("memory_tokens, max_num_seqs and default_max_tokens must be >= 1")
+        if min(self.prefill_ms_per_token, self.itl_ms, self.itl_ms_per_seq) < 0:
+            raise ValueError("timings must be >= 0")
+        if not isinstance(self.faults, tuple):
+            object.__setattr__(self, "faults", tuple(self.faults))
+
+    def replace(self, **changes: object) -> SimConfig:
+        """A copy with ``changes`` applied."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
