@@ -1,1 +1,26 @@
-"""streamsafe.gateway."""
+"""streamsafe.gateway: one generation per logical request, resumable streams, admission.
+
+>>> from streamsafe.gateway import Gateway, GatewayConfig
+>>> app = Gateway(GatewayConfig(upstream="http://127.0.0.1:8000"))  # an ASGI app
+"""
+
+from __future__ import annotations
+
+from streamsafe.gateway.admission import Admission, AdmissionCore, Shed, request_cost
+from streamsafe.gateway.app import Gateway
+from streamsafe.gateway.config import CommitMode, GatewayConfig
+from streamsafe.gateway.store import EventLog, MemoryEventLog, MemoryStore, Store
+
+__all__ = [
+    "Admission",
+    "AdmissionCore",
+    "CommitMode",
+    "EventLog",
+    "Gateway",
+    "GatewayConfig",
+    "MemoryEventLog",
+    "MemoryStore",
+    "Shed",
+    "Store",
+    "request_cost",
+]

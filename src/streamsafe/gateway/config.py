@@ -1,0 +1,97 @@
+"""Gateway settings: one immutable value, every field documented where it is declared."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+__all__ = ["CommitMode", "GatewayConfig"]
+
+#: ``early``: answer 200 as soon as the request is admitted (and upstream did not refuse it), then
+#: keep the connection warm with ``: keep-alive`` comments; ``first-token``: hold the headers until
+#: the first event, so a failure before it keeps its real status.
+CommitMode = Literal["early", "first-token"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """Settings of a :class:`~streamsafe.gateway.Gateway`.
+
+    Defaults aim at a single vLLM behind the gateway with clients that use the Stainless defaults
+    (60 s read timeout, 2 retries): waits stay well below 60 s and nothing a client abandons keeps
+    running for long.
+    """
+
+    #: Base URL of the OpenAI-compatible engine (vLLM, the simulator). ``None`` is only meaningful
+    #: to ``streamsafe serve``, which then starts the simulator in-process.
+    upstream: str | None = "http://127.0.0.1:8000"
+    #: Seconds a generation keeps running after its last subscriber left (default 5: long enough
+    #: for a client to reconnect and resume, short enough that abandoned work is freed). 0 aborts
+    #: at once.
+    grace: float = 5.0
+    #: When a streaming response is committed (see :data:`CommitMode`). Default ``early``, which
+    #: keeps a slow first token from tripping a client's read timeout (the original failure).
+    commit: CommitMode = "early"
+    #: Seconds between ``: keep-alive`` comments while a committed stream waits for its first
+    #: event (default 5, far below the 60 s read timeout of Stainless clients). 0 sends none.
+    heartbeat: float = 5.0
+    #: Generations running upstream at once (default 256, vLLM's usual ``--max-num-seqs``).
+    #: ``None`` for no limit.
+    max_inflight: int | None = 256
+    #: Engine memory budget in tokens: the sum over running generations of estimated prompt
+    #: tokens + max_tokens. ``None`` (default) for no limit; set it to the engine's KV capacity.
+    max_memory_tokens: int | None = None
+    #: max_tokens assumed for a request that does not say (default 1024).
+    default_max_tokens: int = 1024
+    #: Requests waiting for admission (default 1024); past it, 429 at once.
+    queue_size: int = 1024
+    #: Seconds a request may wait for admission before it gets 429 (default 20: a client's 60 s
+    #: read timeout must not fire while it waits, since no header is sent before admission).
+    queue_timeout: float = 20.0
+    #: Seconds a finished generation is kept for replay and resume (default 300).
+    keep_finished: float = 300.0
+    #: Bytes of finished generations kept; past it the oldest finished ones are evicted first
+    #: (default 64 MiB).
+    max_kept_bytes: int = 64 * 1024 * 1024
+    #: API keys accepted as ``Authorization: Bearer <key>``; each key is a tenant. Empty (default):
+    #: no authentication and one anonymous tenant.
+    api_keys: tuple[str, ...] = ()
+    #: Largest request body accepted (default 4 MiB); larger gets 413.
+    max_body_bytes: int = 4 * 1024 * 1024
+    #: What a duplicate of a live keyed generation gets: ``attach`` (default: replay, then live)
+    #: or ``409`` (the IETF Idempotency-Key draft's answer).
+    on_live_duplicate: Literal["attach", "409"] = "attach"
+    #: ``Authorization`` sent upstream (vLLM's ``--api-key``); client keys are never forwarded.
+    upstream_api_key: str | None = None
+    #: Seconds to connect upstream (default 5, as the Stainless clients).
+    connect_timeout: float = 5.0
+    #: Extra attempts after a refused connection (default 2); spent from a retry budget shared by
+    #: all requests, so a dead upstream does not multiply the load.
+    connect_retries: int = 2
+    #: Seconds before the first connect retry (doubles each time; default 0.05).
+    connect_backoff: float = 0.05
+    #: Seconds between ``/health`` probes while the breaker is open (default 1).
+    probe_interval: float = 1.0
+    #: Upstream connections kept alive in the pool (default 512).
+    max_keepalive: int = 512
+
+    def __post_init__(self) -> None:
+        if self.commit not in ("early", "first-token"):
+            raise ValueError(f"commit must be 'early' or 'first-token', not {self.commit!r}")
+        if self.on_live_duplicate not in ("attach", "409"):
+            raise ValueError("on_live_duplicate must be 'attach' or '409'")
+        for name in ("grace", "heartbeat", "queue_timeout", "keep_finished", "connect_backoff"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.probe_interval <= 0 or self.connect_timeout <= 0:
+            raise ValueError("probe_interval and connect_timeout must be > 0")
+        for name in ("max_inflight", "max_memory_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or None")
+        if self.queue_size < 0 or self.default_max_tokens < 1 or self.max_body_bytes < 1:
+            raise ValueError("queue_size >= 0, default_max_tokens >= 1, max_body_bytes >= 1")
+        if self.connect_retries < 0 or self.max_kept_bytes < 0:
+            raise ValueError("connect_retries and max_kept_bytes must be >= 0")
+        if any(not k for k in self.api_keys):
+            raise ValueError("api keys must not be empty")

@@ -1,0 +1,589 @@
+"""The generation registry: one upstream request per logical request.
+
+A :class:`Generation` is one upstream request: an append-only event log, a state, its
+subscribers, and the task that reads upstream. The :class:`Registry` finds the generation a request
+belongs to (by ``(tenant, Idempotency-Key)``, or for an unkeyed retry by ``(tenant, body
+fingerprint)``), starts a new one when there is none, aborts what nobody reads after a grace
+period, and keeps finished ones for replay within a time and memory bound.
+
+The upstream reader only appends: it decodes each network chunk once, appends the payloads of all
+events it completed as one batch, and wakes every subscriber with one ``Event.set()``. Subscribers
+keep their own cursor and read at their own pace, so a slow one never holds up the reader or
+another subscriber.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import os
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+import orjson
+
+from streamsafe.gateway.admission import Admission, Shed, Ticket
+from streamsafe.gateway.config import GatewayConfig
+from streamsafe.gateway.store import EventLog, Store
+from streamsafe.gateway.upstream import Upstream, is_engine_death
+from streamsafe.sse import DONE, SSEDecoder, SSEError
+
+__all__ = [
+    "ABORTED",
+    "DONE_STATE",
+    "FAILED",
+    "QUEUED",
+    "RUNNING",
+    "Counters",
+    "Failure",
+    "Generation",
+    "GenerationRequest",
+    "KeyReused",
+    "LiveDuplicate",
+    "NotResumable",
+    "Registry",
+    "error_body",
+]
+
+log = logging.getLogger("streamsafe.gateway")
+
+QUEUED = "queued"
+RUNNING = "running"
+DONE_STATE = "done"
+FAILED = "failed"
+ABORTED = "aborted"
+_FINISHED = frozenset((DONE_STATE, FAILED, ABORTED))
+
+_ERROR_PREFIXES = (b'{"error"', b'{ "error"')
+#: Largest upstream error body kept and passed on.
+_MAX_ERROR_BODY = 64 * 1024
+
+
+def error_body(message: str, type_: str, code: int, param: str | None = None) -> bytes:
+    """An OpenAI-style error object: ``{"error": {"message", "type", "param", "code"}}``."""
+    return orjson.dumps(
+        {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    )
+
+
+@dataclass(slots=True)
+class Failure:
+    """Why a generation failed before its first event: the status and body a client that has not
+    been answered yet receives, and ``Retry-After`` where one applies."""
+
+    status: int
+    body: bytes
+    retry_after: int | None = None
+
+    def as_event(self) -> bytes:
+        """The failure as a mid-stream error payload (for subscribers already committed)."""
+        try:
+            parsed = orjson.loads(self.body)
+        except orjson.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+            return orjson.dumps({"error": parsed["error"]})
+        if isinstance(parsed, dict) and "message" in parsed:  # vLLM's flat ErrorResponse
+            return orjson.dumps({"error": parsed})
+        text = self.body[:1000].decode("utf-8", "replace") or f"upstream answered {self.status}"
+        return error_body(text, "upstream_error", self.status)
+
+
+class KeyReused(Exception):
+    """The Idempotency-Key is in use with a different request body (422)."""
+
+
+class LiveDuplicate(Exception):
+    """A duplicate of a live keyed generation where the gateway is set to answer 409."""
+
+
+class NotResumable(Exception):
+    """``Last-Event-ID`` names a generation the gateway no longer holds (410)."""
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    """What the registry needs to know about one incoming request."""
+
+    tenant: str
+    path: str
+    body: bytes
+    fingerprint: bytes
+    cost: int
+    stream: bool
+    idempotency_key: str | None = None
+    retry: bool = False
+    last_event_id: int | None = None
+    no_upstream_retry: bool = False
+
+
+@dataclass(slots=True)
+class Counters:
+    """Monotonic counters behind ``/stats`` and ``/metrics``."""
+
+    requests_received: int = 0
+    retries_seen: int = 0
+    attached: int = 0
+    replayed: int = 0
+    resumed: int = 0
+    generations_started: int = 0
+    generations_completed: int = 0
+    generations_failed: int = 0
+    generations_aborted: int = 0
+    shed: int = 0
+    breaker_rejections: int = 0
+    key_conflicts: int = 0
+    evicted: int = 0
+    events_relayed: int = 0
+    errors: dict[int, int] = field(default_factory=dict)
+
+
+class Generation:
+    """One upstream request and everything that follows from it.
+
+    ``changed`` is replaced on every change (events appended, state changed), after setting the
+    old one: a waiter takes the current event, checks, and awaits it, so one ``set()`` per batch
+    wakes every subscriber and no change is missed.
+    """
+
+    __slots__ = (
+        "admitted_at",
+        "changed",
+        "cost",
+        "failure",
+        "fingerprint",
+        "finished_at",
+        "grace_handle",
+        "id",
+        "key",
+        "length",
+        "log",
+        "multiline",
+        "request",
+        "state",
+        "stream",
+        "subscribers",
+        "task",
+        "tenant",
+        "upstream_status",
+    )
+
+    def __init__(self, gen_id: str, request: GenerationRequest, log_: EventLog, key: str | None):
+        self.id = gen_id
+        self.request = request
+        self.tenant = request.tenant
+        self.fingerprint = request.fingerprint
+        self.stream = request.stream
+        self.cost = request.cost
+        self.key = key
+        self.log = log_
+        self.length = 0
+        self.state = QUEUED
+        self.failure: Failure | None = None
+        self.upstream_status: int | None = None
+        self.subscribers = 0
+        self.changed = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self.grace_handle: asyncio.TimerHandle | None = None
+        self.admitted_at: float | None = None
+        self.finished_at: float | None = None
+        self.multiline = False
+
+    @property
+    def finished(self) -> bool:
+        """Done, failed or aborted: no event will be appended any more."""
+        return self.state in _FINISHED
+
+    @property
+    def live(self) -> bool:
+        """Queued or running."""
+        return self.state == QUEUED or self.state == RUNNING
+
+    def wake(self) -> None:
+        """Wake every subscriber waiting on this generation."""
+        event = self.changed
+        self.changed = asyncio.Event()
+        event.set()
+
+    def __repr__(self) -> str:
+        return f"Generation({self.id}, {self.state}, events={self.length}, subs={self.subscribers})"
+
+
+_ids = itertools.count()
+_ID_PREFIX = os.urandom(3).hex()
+
+
+def _new_id() -> str:
+    return f"gen-{_ID_PREFIX}{next(_ids):x}"
+
+
+class Registry:
+    """Finds, starts, aborts and forgets generations."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        store: Store,
+        admission: Admission,
+        upstream: Upstream,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.admission = admission
+        self.upstream = upstream
+        self.counters = Counters()
+        self._clock = clock
+        self._gens: dict[str, Generation] = {}
+        self._by_fingerprint: dict[tuple[str, bytes], Generation] = {}
+        self._finished: collections.OrderedDict[str, Generation] = collections.OrderedDict()
+        self._kept_bytes = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.live_generations = 0
+        self.subscribers = 0
+
+    # -- finding a generation -------------------------------------------------------------------
+
+    async def open(self, req: GenerationRequest) -> tuple[Generation, int]:
+        """The generation ``req`` belongs to (attached, replayed, resumed or new) and the offset
+        its subscriber starts reading from. The caller must :meth:`leave` it when done."""
+        counters = self.counters
+        resume = req.last_event_id is not None
+        start = 0 if req.last_event_id is None else req.last_event_id + 1
+        gen: Generation | None = None
+        store_key: str | None = None
+        new_id = _new_id()
+        if req.idempotency_key is not None:
+            store_key = f"k\x00{req.tenant}\x00{req.idempotency_key}"
+            for _ in range(3):  # a claim can race with a release; settle in a few rounds
+                owner = await self.store.claim(store_key, new_id)
+                if owner is None:
+                    break
+                gen = self._gens.get(owner)
+                if gen is None:  # owner is gone (forgotten concurrently): take the key over
+                    await self.store.release(store_key, owner)
+                    continue
+                if gen.fingerprint != req.fingerprint:
+                    counters.key_conflicts += 1
+                    raise KeyReused
+                if not resume and gen.state in (FAILED, ABORTED):
+                    # A fresh attempt after a failure starts over; resuming still replays it.
+                    await self._forget(gen)
+                    gen = None
+                    continue
+                if not resume and gen.live and self.config.on_live_duplicate == "409":
+                    raise LiveDuplicate
+                break
+        elif req.retry or resume:
+            found = self._by_fingerprint.get((req.tenant, req.fingerprint))
+            if found is not None and (resume or found.state in (QUEUED, RUNNING, DONE_STATE)):
+                gen = found
+        if gen is not None:
+            if resume:
+                counters.resumed += 1
+            elif gen.finished:
+                counters.replayed += 1
+            else:
+                counters.attached += 1
+            self._join(gen)
+            return gen, min(start, gen.length) if gen.finished else start
+        if resume:
+            if store_key is not None:
+                await self.store.release(store_key, new_id)
+            raise NotResumable
+        gen = Generation(new_id, req, self.store.log(new_id), store_key)
+        self._gens[new_id] = gen
+        self._by_fingerprint[(req.tenant, req.fingerprint)] = gen
+        self.live_generations += 1
+        self._join(gen)
+        gen.task = asyncio.get_running_loop().create_task(self._run(gen), name=new_id)
+        return gen, 0
+
+    def _join(self, gen: Generation) -> None:
+        gen.subscribers += 1
+        self.subscribers += 1
+        if gen.grace_handle is not None:
+            gen.grace_handle.cancel()
+            gen.grace_handle = None
+
+    def leave(self, gen: Generation) -> None:
+        """A subscriber is gone (finished or disconnected). When the last one leaves a live
+        generation, the grace period starts; past it the upstream request is closed."""
+        gen.subscribers -= 1
+        self.subscribers -= 1
+        if gen.subscribers > 0 or gen.finished:
+            return
+        grace = self.config.grace
+        if grace <= 0:
+            self._abort(gen)
+        else:
+            gen.grace_handle = asyncio.get_running_loop().call_later(grace, self._abort, gen)
+
+    def _abort(self, gen: Generation) -> None:
+        gen.grace_handle = None
+        if gen.subscribers > 0 or gen.finished:
+            return
+        log.info("%s: no subscriber left after the grace period; aborting upstream", gen.id)
+        self.counters.generations_aborted += 1
+        self._finish(gen, ABORTED)
+        if gen.task is not None:
+            gen.task.cancel()  # closes the upstream response: the engine aborts the request
+
+    # -- the upstream reader --------------------------------------------------------------------
+
+    async def _run(self, gen: Generation) -> None:
+        ticket: Ticket | None = None
+        try:
+            if self.upstream.breaker.is_open:
+                await self._fail_dead(gen)
+                return
+            try:
+                ticket = await self.admission.acquire(gen.cost)
+            except Shed as exc:
+                self.counters.shed += 1
+                msg = f"gateway at capacity ({exc.reason}); retry after {exc.retry_after} s"
+                await self._fail(
+                    gen, Failure(429, error_body(msg, "rate_limit_error", 429), exc.retry_after)
+                )
+                return
+            except ValueError as exc:
+                await self._fail(
+                    gen, Failure(400, error_body(str(exc), "invalid_request_error", 400))
+                )
+                return
+            if self.upstream.breaker.is_open:
+                await self._fail_dead(gen)
+                return
+            gen.state = RUNNING
+            gen.admitted_at = self._clock()
+            self.counters.generations_started += 1
+            gen.wake()
+            await self._call_upstream(gen)
+        except asyncio.CancelledError:
+            if not gen.finished:
+                self._finish(gen, ABORTED)
+            raise
+        except Exception as exc:  # a bug must not leave subscribers hanging
+            log.exception("%s: reader failed", gen.id)
+            await self._fail_mid_stream(gen, f"gateway error: {type(exc).__name__}")
+        finally:
+            if ticket is not None:
+                self.admission.release(ticket)
+
+    async def _call_upstream(self, gen: Generation) -> None:
+        req = gen.request
+        try:
+            response = await self.upstream.open(
+                "POST",
+                req.path,
+                content=req.body,
+                headers={"content-type": "application/json"},
+                retry_connect=not req.no_upstream_retry,
+            )
+        except httpx2.HTTPError as exc:
+            msg = f"upstream unreachable: {type(exc).__name__}"
+            await self._fail(gen, Failure(503, error_body(msg, "service_unavailable", 503), 1))
+            return
+        try:
+            status = response.status_code
+            gen.upstream_status = status
+            if status != 200:
+                body = await _read_bounded(response)
+                if status >= 500:
+                    if is_engine_death(body):
+                        self.upstream.engine_died(f"upstream {status}")
+                    else:
+                        self.upstream.suspect()
+                retry_after = _parse_retry_after(response.headers.get("retry-after"))
+                await self._fail(gen, Failure(status, body, retry_after))
+                return
+            gen.wake()  # upstream accepted the request: an early commit may go now
+            if gen.stream:
+                await self._pump(gen, response)
+            else:
+                body = await response.aread()
+                gen.length = await gen.log.append((body,))
+                self._finish(gen, DONE_STATE)
+        except httpx2.HTTPError as exc:
+            await self._fail_mid_stream(gen, f"upstream connection failed: {type(exc).__name__}")
+        finally:
+            await response.aclose()
+
+    async def _pump(self, gen: Generation, response: httpx2.Response) -> None:
+        decoder = SSEDecoder()
+        log_ = gen.log
+        counters = self.counters
+        errored = False
+        done = False
+        try:
+            async for chunk in response.aiter_raw():
+                events = decoder.feed(chunk)
+                if not events:
+                    continue
+                payloads = [ev.raw for ev in events]
+                for p in payloads:
+                    if p.startswith(_ERROR_PREFIXES):
+                        errored = True
+                        if is_engine_death(p):
+                            self.upstream.engine_died("error event")
+                    elif b"\n" in p:
+                        gen.multiline = True
+                gen.length = await log_.append(payloads)
+                counters.events_relayed += len(payloads)
+                gen.wake()
+                if payloads[-1] == DONE:
+                    done = True
+                    break
+        except SSEError as exc:
+            await self._fail_mid_stream(gen, f"upstream sent a broken event stream: {exc}")
+            return
+        if not done:
+            await self._fail_mid_stream(gen, "upstream stream ended before [DONE]")
+        else:
+            self._finish(gen, FAILED if errored else DONE_STATE)
+
+    # -- endings --------------------------------------------------------------------------------
+
+    async def _fail_dead(self, gen: Generation) -> None:
+        self.counters.breaker_rejections += 1
+        retry_after = self.upstream.breaker.retry_after()
+        msg = f"engine is down; retry after {retry_after} s"
+        await self._fail(
+            gen, Failure(503, error_body(msg, "service_unavailable", 503), retry_after)
+        )
+
+    async def _fail(self, gen: Generation, failure: Failure) -> None:
+        """Failure before any event: answered with its real status where not yet committed."""
+        if gen.length:
+            await self._fail_mid_stream(gen, failure.as_event().decode())
+            return
+        gen.failure = failure
+        self._finish(gen, FAILED)
+
+    async def _fail_mid_stream(self, gen: Generation, message: str) -> None:
+        """After events went out: end the log with an error event and ``[DONE]`` (vLLM's way).
+        A non-streaming generation has no events to follow, so it fails with 502 instead."""
+        if gen.finished:
+            return
+        log.info("%s: failed mid-stream: %s", gen.id, message)
+        if gen.stream:
+            if message.startswith('{"error"'):
+                payload = message.encode()
+            else:
+                payload = error_body(message, "upstream_error", 502)
+            gen.length = await gen.log.append((payload, DONE))
+        else:
+            gen.failure = Failure(502, error_body(message, "upstream_error", 502))
+        self._finish(gen, FAILED)
+
+    def _finish(self, gen: Generation, state: str) -> None:
+        if gen.finished:
+            return
+        was_live = gen.live
+        gen.state = state
+        gen.finished_at = self._clock()
+        if was_live:
+            self.live_generations -= 1
+        counters = self.counters
+        if state == DONE_STATE:
+            counters.generations_completed += 1
+        elif state == FAILED:
+            counters.generations_failed += 1
+        gen.wake()
+        loop = asyncio.get_running_loop()
+        if state == ABORTED or gen.failure is not None or self.config.keep_finished <= 0:
+            # Nothing worth replaying (or replay is off): a later attempt starts over.
+            self._spawn(self._forget(gen))
+            return
+        self._finished[gen.id] = gen
+        self._kept_bytes += gen.log.nbytes
+        if gen.key is not None:
+            self._spawn(self.store.expire(gen.key, gen.id, self.config.keep_finished))
+        gen.grace_handle = loop.call_later(
+            self.config.keep_finished, lambda: self._spawn(self._forget(gen))
+        )
+        while self._kept_bytes > self.config.max_kept_bytes and self._finished:
+            oldest = next(iter(self._finished.values()))
+            counters.evicted += 1
+            self._spawn(self._forget(oldest))
+            self._unkeep(oldest)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run store bookkeeping in the background; owned here and awaited by :meth:`close`."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _unkeep(self, gen: Generation) -> None:
+        if self._finished.pop(gen.id, None) is not None:
+            self._kept_bytes -= gen.log.nbytes
+
+    async def _forget(self, gen: Generation) -> None:
+        """Nobody can find ``gen`` any more; subscribers holding it read on undisturbed."""
+        if gen.finished and gen.grace_handle is not None:
+            gen.grace_handle.cancel()
+            gen.grace_handle = None
+        self._unkeep(gen)
+        if self._gens.get(gen.id) is gen:
+            del self._gens[gen.id]
+        fp_key = (gen.tenant, gen.fingerprint)
+        if self._by_fingerprint.get(fp_key) is gen:
+            del self._by_fingerprint[fp_key]
+        if gen.key is not None:
+            await self.store.release(gen.key, gen.id)
+        await self.store.drop_log(gen.id)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes held by finished generations kept for replay."""
+        return self._kept_bytes
+
+    @property
+    def generation_count(self) -> int:
+        """Generations that can still be found (live and kept)."""
+        return len(self._gens)
+
+    def get(self, gen_id: str) -> Generation | None:
+        """A generation by id (for tests and diagnostics)."""
+        return self._gens.get(gen_id)
+
+    async def close(self) -> None:
+        """Cancel every reader (shutdown)."""
+        tasks = [g.task for g in self._gens.values() if g.task is not None and not g.task.done()]
+        for gen in list(self._gens.values()):
+            if gen.grace_handle is not None:
+                gen.grace_handle.cancel()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def _read_bounded(response: httpx2.Response) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_raw():
+        parts.append(chunk)
+        size += len(chunk)
+        if size >= _MAX_ERROR_BODY:
+            break
+    return b"".join(parts)[:_MAX_ERROR_BODY]
+
+
+def _parse_retry_after(value: str | None) -> int | None:
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return max(1, int(seconds + 0.999)) if seconds >= 0 else None

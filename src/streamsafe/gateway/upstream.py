@@ -1,0 +1,195 @@
+"""The one connection to the engine: a pooled HTTP client, connect retries, and the breaker.
+
+Retries here are only those that cannot duplicate work: the connection was never made
+(``ConnectError``: refused, unreachable), so the engine never saw the request. They are spent from
+a :class:`~streamsafe.retry.RetryBudget` shared by all requests, so a dead upstream is not hit
+three times per request. Nothing is retried once a response started.
+
+The breaker opens when the engine says it is dead (a 500 whose body names ``EngineDeadError``, an
+error event naming it, or ``/health`` answering 503): new work then fails fast with 503 and
+``Retry-After`` instead of piling onto a broken engine, while one task probes ``/health`` and closes
+the breaker when it answers 200.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+
+import httpx2
+
+from streamsafe.retry import RetryBudget
+
+__all__ = ["Breaker", "Upstream", "is_engine_death"]
+
+log = logging.getLogger("streamsafe.gateway")
+
+_ENGINE_DEATH_MARKERS = (
+    b"EngineDeadError",
+    b"EngineDead",
+    b"engine is dead",
+    b"Engine loop is not running",
+)
+
+
+def is_engine_death(body: bytes) -> bool:
+    """True if an error body says the engine loop died (vLLM's ``EngineDeadError``,
+    ``MQEngineDeadError``)."""
+    return any(m in body for m in _ENGINE_DEATH_MARKERS)
+
+
+class Breaker:
+    """Open while the engine is known dead. ``clock`` is injectable for tests."""
+
+    def __init__(self, probe_interval: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.probe_interval = probe_interval
+        self.is_open = False
+        self.opened_at = 0.0
+        self.trips = 0
+        self._clock = clock
+
+    def trip(self) -> bool:
+        """Open the breaker; True if it was closed."""
+        if self.is_open:
+            return False
+        self.is_open = True
+        self.opened_at = self._clock()
+        self.trips += 1
+        return True
+
+    def close(self) -> None:
+        """The engine answered healthy again."""
+        self.is_open = False
+
+    def retry_after(self) -> int:
+        """Seconds a client should wait: the next probe, rounded up, at least 1."""
+        return max(1, math.ceil(self.probe_interval))
+
+
+class Upstream:
+    """Pooled ``httpx2.AsyncClient`` to ``base_url`` plus the breaker and the retry budget."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout: float = 5.0,
+        connect_retries: int = 2,
+        connect_backoff: float = 0.05,
+        probe_interval: float = 1.0,
+        max_keepalive: int = 512,
+        api_key: str | None = None,
+        budget: RetryBudget | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.connect_retries = connect_retries
+        self.connect_backoff = connect_backoff
+        self.budget = budget or RetryBudget()
+        self.breaker = Breaker(probe_interval)
+        self.connect_retries_done = 0
+        self._headers = {"accept-encoding": "identity"}
+        if api_key:
+            self._headers["authorization"] = f"Bearer {api_key}"
+        self._timeout = httpx2.Timeout(connect=connect_timeout, read=None, write=30.0, pool=None)
+        self._limits = httpx2.Limits(max_connections=None, max_keepalive_connections=max_keepalive)
+        self._client: httpx2.AsyncClient | None = None
+        self._probe: asyncio.Task[None] | None = None
+        self._health_check: asyncio.Task[None] | None = None
+
+    @property
+    def client(self) -> httpx2.AsyncClient:
+        """The pooled client, created on first use (normally at lifespan startup)."""
+        if self._client is None:
+            self._client = httpx2.AsyncClient(
+                base_url=self.base_url,
+                timeout=self._timeout,
+                limits=self._limits,
+                headers=self._headers,
+                trust_env=False,
+            )
+        return self._client
+
+    async def start(self) -> None:
+        """Create the connection pool."""
+        _ = self.client
+
+    async def close(self) -> None:
+        """Stop the probe and close every upstream connection."""
+        for task in (self._probe, self._health_check):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def open(
+        self,
+        method: str,
+        path: str,
+        *,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        retry_connect: bool = True,
+    ) -> httpx2.Response:
+        """Send a request and return the response with its body unread (the caller reads it
+        and closes it). Retries a refused connection within the budget when ``retry_connect``."""
+        client = self.client
+        request = client.build_request(method, path, content=content, headers=headers)
+        attempt = 0
+        while True:
+            try:
+                response = await client.send(request, stream=True)
+            except httpx2.ConnectError:
+                self.budget.record_failure()
+                if not retry_connect or attempt >= self.connect_retries:
+                    raise
+                if not self.budget.allow_retry():
+                    raise
+                delay = self.connect_backoff * (2**attempt)
+                attempt += 1
+                self.connect_retries_done += 1
+                log.info("upstream refused the connection; retry %d in %.2f s", attempt, delay)
+                await asyncio.sleep(delay)
+                continue
+            self.budget.record_success()
+            return response
+
+    def engine_died(self, why: str) -> None:
+        """Open the breaker and start probing ``/health``."""
+        if self.breaker.trip():
+            log.warning("engine reported dead (%s); failing fast until /health is 200", why)
+            self._probe = asyncio.get_running_loop().create_task(self._probe_until_healthy())
+
+    def suspect(self) -> None:
+        """An upstream 5xx: ask ``/health`` once, in the background, whether the engine died."""
+        if self.breaker.is_open or (self._health_check and not self._health_check.done()):
+            return
+        self._health_check = asyncio.get_running_loop().create_task(self._check_once())
+
+    async def health(self) -> int | None:
+        """Status of upstream ``/health``, or ``None`` if it did not answer."""
+        try:
+            response = await self.client.get(
+                "/health", timeout=max(1.0, self.breaker.probe_interval)
+            )
+        except httpx2.HTTPError:
+            return None
+        return response.status_code
+
+    async def _check_once(self) -> None:
+        if await self.health() == 503:
+            self.engine_died("/health answered 503")
+
+    async def _probe_until_healthy(self) -> None:
+        while True:
+            await asyncio.sleep(self.breaker.probe_interval)
+            if await self.health() == 200:
+                self.breaker.close()
+                log.warning("engine healthy again; breaker closed")
+                return

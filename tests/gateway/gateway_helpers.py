@@ -1,0 +1,111 @@
+"""Helpers for the gateway tests: the engine simulator and a gateway in front of it, each on
+its own loopback server thread."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+
+from streamsafe.engine_sim import SimConfig, Simulator
+from streamsafe.gateway import Gateway, GatewayConfig
+from streamsafe.serving import ServerThread
+
+MODEL = "sim-llama-8b"
+
+
+@dataclass
+class Stack:
+    sim: Simulator
+    sim_server: ServerThread
+    gw: Gateway
+    gw_server: ServerThread
+
+    @property
+    def url(self) -> str:
+        return self.gw_server.url
+
+    @property
+    def sim_url(self) -> str:
+        return self.sim_server.url
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll ``cond`` until it is truthy, with a bounded deadline (no fixed sleeps)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def fast_sim(**changes: Any) -> SimConfig:
+    base: dict[str, Any] = {
+        "model": MODEL,
+        "itl_ms": 1.0,
+        "itl_ms_per_seq": 0.0,
+        "prefill_ms_per_token": 0.0,
+        "default_max_tokens": 16,
+    }
+    base.update(changes)
+    return SimConfig(**base)
+
+
+@contextlib.contextmanager
+def make_stack(sim_config: SimConfig | None = None, **gw_kwargs: Any) -> Iterator[Stack]:
+    sim = Simulator(sim_config or fast_sim())
+    with ServerThread(sim) as sim_server:
+        gw_kwargs.setdefault("heartbeat", 0.05)
+        gw = Gateway(GatewayConfig(upstream=sim_server.url, **gw_kwargs))
+        with ServerThread(gw) as gw_server:
+            yield Stack(sim, sim_server, gw, gw_server)
+
+
+def chat_body(
+    content: str = "hello there", max_tokens: int = 8, stream: bool = True
+) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
+
+
+def sse_payloads(text: str) -> list[tuple[int | None, str]]:
+    """(id, data) of each event in an SSE body."""
+    from streamsafe.sse import SSEDecoder
+
+    dec = SSEDecoder()
+    out = []
+    for ev in dec.feed(text.encode()):
+        out.append((None if ev.id is None else int(ev.id), ev.data))
+    return out
+
+
+def content_of(payloads: list[tuple[int | None, str]]) -> str:
+    import orjson
+
+    text = []
+    for _, data in payloads:
+        if data == "[DONE]":
+            continue
+        obj = orjson.loads(data)
+        for choice in obj.get("choices", ()):
+            delta = choice.get("delta") or {}
+            text.append(delta.get("content") or choice.get("text") or "")
+    return "".join(text)
+
+
+def post_stream(
+    url: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> httpx2.Response:
+    with httpx2.Client(timeout=10) as client:
+        return client.post(url + "/v1/chat/completions", json=body, headers=headers or {})
