@@ -37,6 +37,7 @@ from streamsafe.gateway.registry import (
 )
 from streamsafe.gateway.store import MemoryStore, Store
 from streamsafe.gateway.upstream import Upstream
+from streamsafe.sse import DONE, DONE_EVENT
 
 __all__ = ["Gateway"]
 
@@ -48,6 +49,10 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 #: Public path -> upstream path. Llama Stack 0.2's aliases go to the engine's plain OpenAI paths.
+#: On those aliases the gateway speaks as Llama Stack does: no ``data: [DONE]`` at the end (the
+#: stream just ends), because llama-stack-client 0.2.x JSON-decodes every event and would fail
+#: on it.
+_LLAMA_STACK_PREFIX = "/v1/openai/"
 _COMPLETION_ROUTES = {
     "/v1/chat/completions": "/v1/chat/completions",
     "/v1/completions": "/v1/completions",
@@ -224,7 +229,8 @@ class Gateway:
             if upstream_path is not None:
                 if method != "POST":
                     raise _BadRequest(405, f"{path} accepts POST only")
-                await self._completion(scope, receive, send, upstream_path)
+                llama_stack = path.startswith(_LLAMA_STACK_PREFIX)
+                await self._completion(scope, receive, send, upstream_path, llama_stack)
             elif path in _MODEL_ROUTES:
                 if method != "GET":
                     raise _BadRequest(405, f"{path} accepts GET only")
@@ -286,7 +292,7 @@ class Gateway:
     # -- completions ----------------------------------------------------------------------------
 
     async def _completion(
-        self, scope: Scope, receive: Receive, send: Send, upstream_path: str
+        self, scope: Scope, receive: Receive, send: Send, upstream_path: str, llama_stack: bool
     ) -> None:
         counters = self.registry.counters
         counters.requests_received += 1
@@ -333,7 +339,7 @@ class Gateway:
         watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, sub))
         try:
             if stream:
-                await self._serve_stream(sub, start, send)
+                await self._serve_stream(sub, start, send, llama_stack)
             else:
                 await self._serve_json(sub, send)
         finally:
@@ -385,7 +391,9 @@ class Gateway:
                 return
             await changed.wait()
 
-    async def _serve_stream(self, sub: _Subscriber, start: int, send: Send) -> None:
+    async def _serve_stream(
+        self, sub: _Subscriber, start: int, send: Send, drop_done: bool
+    ) -> None:
         gen = sub.gen
         early = self.config.commit == "early"
         heartbeat = self.config.heartbeat
@@ -408,8 +416,11 @@ class Gateway:
                 if not committed:
                     await send(start_msg)
                     committed = True
+                n = len(batch)
+                if drop_done and batch[-1] == DONE:
+                    batch.pop()
                 body = _frame(batch, cursor, gen.multiline)
-                cursor += len(batch)
+                cursor += n
                 flowing = True
                 await send({"type": "http.response.body", "body": body, "more_body": True})
                 continue
@@ -421,7 +432,9 @@ class Gateway:
                         return
                     await send(start_msg)
                 if failure is not None:  # committed early, then upstream refused: vLLM's way
-                    tail = b"data: " + failure.as_event() + b"\n\ndata: [DONE]\n\n"
+                    tail = b"data: " + failure.as_event() + b"\n\n"
+                    if not drop_done:
+                        tail += DONE_EVENT
                     await send({"type": "http.response.body", "body": tail, "more_body": False})
                 else:
                     await send(_SSE_END)

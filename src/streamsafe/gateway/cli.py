@@ -1,0 +1,181 @@
+"""``streamsafe serve``: run the gateway in the foreground.
+
+Without ``--upstream`` the engine simulator is started in-process (on its own loopback server
+thread) and used as the upstream, so any OpenAI client can be pointed at the gateway at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+__all__ = ["build_config", "register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add ``serve`` to the ``streamsafe`` command line."""
+    p = subparsers.add_parser(
+        "serve",
+        help="run the gateway (in front of --upstream, or of an in-process simulator)",
+        description="Run the streamsafe gateway: one generation per logical request, "
+        "resumable streams, admission control, abort of abandoned work.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument(
+        "--upstream",
+        default=None,
+        help="engine base URL, e.g. http://127.0.0.1:8001 (default: start the simulator here)",
+    )
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=5.0,
+        help="seconds before abandoned work is aborted (default 5; 0 allowed)",
+    )
+    p.add_argument(
+        "--commit",
+        choices=("early", "first-token"),
+        default="early",
+        help="when a stream's headers go out (default early)",
+    )
+    p.add_argument(
+        "--heartbeat",
+        type=float,
+        default=5.0,
+        help="seconds between keep-alive comments before the first token (default 5; 0 for none)",
+    )
+    p.add_argument(
+        "--max-inflight",
+        type=int,
+        default=256,
+        help="generations upstream at once (default 256; 0 for no limit)",
+    )
+    p.add_argument(
+        "--max-memory-tokens",
+        type=int,
+        default=0,
+        help="engine memory budget in tokens, prompt + max_tokens (default 0: no limit)",
+    )
+    p.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=1024,
+        help="max_tokens assumed when a request gives none (default 1024)",
+    )
+    p.add_argument(
+        "--queue-size", type=int, default=1024, help="requests waiting for admission (default 1024)"
+    )
+    p.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=20.0,
+        help="seconds a request may wait for admission (default 20)",
+    )
+    p.add_argument(
+        "--keep-finished",
+        type=float,
+        default=300.0,
+        help="seconds finished generations are kept for replay (default 300)",
+    )
+    p.add_argument(
+        "--max-kept-mb",
+        type=float,
+        default=64.0,
+        help="memory for finished generations, MiB (default 64)",
+    )
+    p.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        help="accepted API key (repeatable; also STREAMSAFE_API_KEYS, comma-separated)",
+    )
+    p.add_argument(
+        "--max-body-kb", type=int, default=4096, help="largest request body, KiB (default 4096)"
+    )
+    p.add_argument(
+        "--on-live-duplicate",
+        choices=("attach", "409"),
+        default="attach",
+        help="answer to a duplicate of a live keyed request (default attach)",
+    )
+    p.add_argument(
+        "--upstream-api-key",
+        default=os.environ.get("STREAMSAFE_UPSTREAM_API_KEY"),
+        help="key sent upstream (default $STREAMSAFE_UPSTREAM_API_KEY)",
+    )
+    p.add_argument(
+        "--probe-interval",
+        type=float,
+        default=1.0,
+        help="seconds between /health probes of a dead engine (default 1)",
+    )
+    p.add_argument(
+        "--sim-memory-tokens",
+        type=int,
+        default=32768,
+        help="simulator KV memory when no --upstream (default 32768)",
+    )
+    p.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
+    p.set_defaults(func=_run)
+
+
+def build_config(args: argparse.Namespace, upstream: str) -> Any:
+    """The :class:`GatewayConfig` the parsed arguments describe."""
+    from streamsafe.gateway.config import GatewayConfig
+
+    keys = list(args.api_key)
+    keys += [k.strip() for k in os.environ.get("STREAMSAFE_API_KEYS", "").split(",") if k.strip()]
+    return GatewayConfig(
+        upstream=upstream,
+        grace=args.grace,
+        commit=args.commit,
+        heartbeat=args.heartbeat,
+        max_inflight=args.max_inflight or None,
+        max_memory_tokens=args.max_memory_tokens or None,
+        default_max_tokens=args.default_max_tokens,
+        queue_size=args.queue_size,
+        queue_timeout=args.queue_timeout,
+        keep_finished=args.keep_finished,
+        max_kept_bytes=int(args.max_kept_mb * 1024 * 1024),
+        api_keys=tuple(keys),
+        max_body_bytes=args.max_body_kb * 1024,
+        on_live_duplicate=args.on_live_duplicate,
+        upstream_api_key=args.upstream_api_key,
+        probe_interval=args.probe_interval,
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    from streamsafe.gateway.app import Gateway
+    from streamsafe.serving import ServerThread, run_server
+
+    sim_server = None
+    upstream = args.upstream
+    if upstream is None:
+        from streamsafe.engine_sim import SimConfig, Simulator
+
+        sim = Simulator(SimConfig(memory_tokens=args.sim_memory_tokens))
+        sim_server = ServerThread(sim).start()
+        upstream = sim_server.url
+        print(
+            f"streamsafe: no --upstream given; engine simulator running at {upstream}", flush=True
+        )
+    try:
+        gateway = Gateway(build_config(args, upstream))
+    except ValueError as exc:
+        print(f"streamsafe serve: {exc}")
+        return 2
+    keys = len(gateway.config.api_keys)
+    print(
+        f"streamsafe gateway on http://{args.host}:{args.port} -> {upstream} "
+        f"(commit {args.commit}, grace {args.grace:g} s, {keys} API key(s))",
+        flush=True,
+    )
+    try:
+        run_server(gateway, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        if sim_server is not None:
+            sim_server.stop()
+    return 0
