@@ -1,0 +1,512 @@
+"""The asynchronous client: :class:`AsyncClient` and its :class:`AsyncStream` (same rules as
+the synchronous one, in ``_sync``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import Any, Generic, Literal, TypeVar, overload
+
+import httpx2
+import orjson
+
+from streamsafe.client._core import (
+    MAX_ERROR_BODY,
+    NOT_GIVEN,
+    Call,
+    Hook,
+    Settings,
+    finished,
+    make_settings,
+    override,
+    text_of,
+)
+from streamsafe.client.errors import APIResponseError, StreamsafeError
+from streamsafe.client.timeouts import Timeouts
+from streamsafe.client.types import (
+    APIObject,
+    ChatCompletion,
+    ChatCompletionChunk,
+    Completion,
+    ModelList,
+)
+from streamsafe.retry import Outcome, RetryBudget, RetryPolicy, StreamingConfig
+from streamsafe.sse import SSEDecoder
+
+__all__ = ["AsyncClient", "AsyncStream"]
+
+T = TypeVar("T", bound=APIObject)
+
+
+class AsyncStream(Generic[T]):
+    """A streaming result: ``async for`` it for chunks; use it as an async context manager or
+    call :meth:`aclose` to drop the connection early (the server sees the disconnect).
+
+    A break after the headers is resumed where the server is resumable, invisibly but for a log
+    line; otherwise :class:`~streamsafe.client.errors.StreamInterrupted` is raised with what
+    arrived. ``chunks`` holds every chunk received, ``text`` their text.
+    """
+
+    def __init__(
+        self,
+        response: httpx2.Response,
+        chunk_type: type[T],
+        *,
+        call: Call | None = None,
+        client: AsyncClient | None = None,
+    ) -> None:
+        self.response = response
+        self.chunks: list[T] = []
+        self._type = chunk_type
+        self._call = call
+        self._client = client
+        self._iterator = self._iter()
+
+    @property
+    def text(self) -> str:
+        """The text of choice 0 received so far."""
+        return text_of(self.chunks)
+
+    @property
+    def idempotency_key(self) -> str | None:
+        """The key sent with every attempt and resume of this call."""
+        return self._call.idempotency_key if self._call else None
+
+    @property
+    def resumes(self) -> int:
+        """Resumes made so far."""
+        return self._call.resumes if self._call else 0
+
+    def __aiter__(self) -> AsyncIterator[T]:
+        return self._iterator
+
+    async def __anext__(self) -> T:
+        return await self._iterator.__anext__()
+
+    async def __aenter__(self) -> AsyncStream[T]:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection now (idempotent)."""
+        await self._iterator.aclose()
+        await self.response.aclose()
+
+    async def _iter(self) -> AsyncGenerator[T, None]:
+        call = self._call
+        chunks = self.chunks
+        make = self._type
+        loads = orjson.loads
+        response = self.response
+        while True:
+            decoder = SSEDecoder()
+            # After a resume, skip any event the server replays that we already have.
+            skip_through = _int_id(call.last_event_id) if call and call.resumes else None
+            failure: BaseException | None = None
+            try:
+                async for raw in response.aiter_bytes():
+                    for ev in decoder.feed(raw):
+                        if ev.is_done:
+                            return
+                        if ev.id is not None and call is not None:
+                            if skip_through is not None:
+                                n = _int_id(ev.id)
+                                if n is not None and n <= skip_through:
+                                    continue
+                                skip_through = None
+                            call.last_event_id = ev.id
+                        try:
+                            data = loads(ev.raw)
+                        except orjson.JSONDecodeError:
+                            raise _bad_event(call, ev.raw, chunks) from None
+                        if type(data) is dict and "error" in data:
+                            raise _stream_error(call, data, chunks)
+                        chunk = make(data)
+                        chunks.append(chunk)
+                        yield chunk
+                    if call is not None and call.deadline_at is not None and call.past_deadline():
+                        raise httpx2.ReadTimeout("total timeout")
+                decoder.close()
+                if finished(chunks):
+                    return
+            except httpx2.TransportError as exc:
+                failure = exc
+            finally:
+                await response.aclose()
+            if call is None or self._client is None:
+                raise StreamsafeError(f"stream broke: {failure or 'truncated before [DONE]'}")
+            outcome = call.stream_failure(failure, len(chunks))
+            response = await self._client._resume(call, outcome, chunks, failure)
+            self.response = response
+
+
+def _int_id(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def _bad_event(call: Call | None, raw: bytes, chunks: list[Any]) -> StreamsafeError:
+    if call is None:
+        return APIResponseError(f"stream event is not JSON: {raw[:200]!r}")
+    return call.bad_event(raw, chunks)
+
+
+def _stream_error(call: Call | None, data: dict[str, Any], chunks: list[Any]) -> StreamsafeError:
+    if call is None:
+        return StreamsafeError(f"error event in stream: {data.get('error')!r}")
+    return call.stream_error(data, chunks)
+
+
+class AsyncClient:
+    """An asynchronous OpenAI-compatible client whose retries can never duplicate work.
+
+    ``base_url`` falls back to ``OPENAI_BASE_URL``, then ``http://localhost:8000/v1``;
+    ``api_key`` to ``OPENAI_API_KEY`` (no ``Authorization`` header without one).
+    ``timeout``: a :class:`Timeouts` or a number of seconds for every phase but total.
+    ``retry`` (default :class:`RetryPolicy()`) governs plain calls, ``streaming`` (default
+    :class:`StreamingConfig()`) streams; ``budget`` (default a fresh :class:`RetryBudget`,
+    shared by every call of this client and its ``with_options`` copies; ``None`` disables)
+    throttles retries while a backend keeps failing. ``on_retry`` / ``on_resume`` are called
+    with a :class:`RetryEvent` before each wait. ``sleep``, ``clock`` and ``rand`` are
+    ``asyncio.sleep``, ``time.time`` and ``random.random`` unless given: tests pass a fake clock
+    so retries wait no real time. ``http_client`` is used as is (and not closed by us).
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: Timeouts | float | None = NOT_GIVEN,
+        retry: RetryPolicy | None = None,
+        streaming: StreamingConfig | None = None,
+        budget: RetryBudget | None = NOT_GIVEN,
+        http_client: httpx2.AsyncClient | None = None,
+        default_headers: Mapping[str, str] | None = None,
+        on_retry: Hook | None = None,
+        on_resume: Hook | None = None,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
+        clock: Callable[[], float] | None = None,
+        rand: Callable[[], float] | None = None,
+    ) -> None:
+        self._settings = make_settings(
+            base_url=base_url,
+            api_key=api_key,
+            timeout=timeout,
+            retry=retry,
+            streaming=streaming,
+            budget=budget,
+            default_headers=default_headers,
+            on_retry=on_retry,
+            on_resume=on_resume,
+            clock=clock,
+            rand=rand,
+        )
+        self._owns_http = http_client is None
+        # Timeouts go per request (see Call.timeout_extension), so the pool's own are off.
+        self._http = http_client or httpx2.AsyncClient(timeout=None, follow_redirects=True)
+        self._sleep = sleep or asyncio.sleep
+        self.chat = _Chat(self)
+        self.completions = _Completions(self)
+        self.models = _Models(self)
+
+    @property
+    def settings(self) -> Settings:
+        """The settings in force (read-only)."""
+        return self._settings
+
+    @property
+    def base_url(self) -> str:
+        """Base URL, without a trailing slash."""
+        return self._settings.base_url
+
+    @property
+    def budget(self) -> RetryBudget | None:
+        """The retry budget shared by this client's calls."""
+        return self._settings.budget
+
+    def with_options(self, **changes: Any) -> AsyncClient:
+        """A client with some settings changed (``base_url``, ``api_key``, ``timeout``, ``retry``,
+        ``streaming``, ``budget``, ``default_headers``, ``on_retry``, ``on_resume``, ``clock``,
+        ``rand``, ``sleep``), sharing this one's connection pool and budget."""
+        other = object.__new__(AsyncClient)
+        other.__dict__.update(self.__dict__)
+        sleep = changes.pop("sleep", None)
+        other._settings = override(self._settings, changes)
+        other._owns_http = False
+        if sleep is not None:
+            other._sleep = sleep
+        other.chat = _Chat(other)
+        other.completions = _Completions(other)
+        other.models = _Models(other)
+        return other
+
+    async def aclose(self) -> None:
+        """Close the connection pool (if this client created it)."""
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- the attempt loop ----------------------------------------------------------------
+
+    async def _send_once(
+        self, call: Call, *, resume: bool
+    ) -> tuple[httpx2.Response | None, Outcome | None, StreamsafeError | None]:
+        """One request. Returns the committed 2xx response, or the outcome and error of a
+        failed attempt (its response already closed)."""
+        ext = call.timeout_extension()
+        request = self._http.build_request(
+            call.method,
+            call.url,
+            content=call.body,
+            headers=call.headers(resume=resume),
+            extensions={"timeout": ext},
+        )
+        call.attempts += 1
+        try:
+            response = await self._http.send(request, stream=True)
+        except httpx2.UnsupportedProtocol:
+            raise
+        except httpx2.TransportError as exc:
+            outcome, err = call.request_failure(exc)
+            return None, outcome, err
+        if response.status_code < 300:
+            call.committed(response, ext)
+            return response, None, None
+        try:
+            raw = await _read_capped(response)
+        except httpx2.TransportError:
+            raw = b""
+        finally:
+            await response.aclose()
+        outcome, err = call.status_failure(response, raw)
+        return None, outcome, err
+
+    async def _open(self, call: Call) -> httpx2.Response:
+        """Attempts until one commits (headers with 2xx), as the retry core decides."""
+        while True:
+            response, outcome, err = await self._send_once(call, resume=False)
+            if response is not None:
+                return response
+            assert outcome is not None and err is not None
+            decision = call.decide(outcome)
+            if not decision.retry:
+                raise call.give_up_error(outcome, err)
+            await self._sleep(decision.delay)
+
+    async def _resume(
+        self, call: Call, outcome: Outcome, chunks: list[Any], cause: BaseException | None
+    ) -> httpx2.Response:
+        """A committed stream broke: resume it (same key, Last-Event-ID) while the retry core
+        says so, or raise StreamInterrupted with what arrived."""
+        while True:
+            decision = call.decide(outcome)
+            if not decision.resume:
+                raise call.interrupted(outcome, decision, chunks) from cause
+            await self._sleep(decision.delay)
+            call.resumes += 1
+            response, failed, err = await self._send_once(call, resume=True)
+            if response is not None:
+                if call.resumable:
+                    return response
+                await response.aclose()  # answered, but cannot replay: do not guess
+                cause = None
+                outcome = Outcome.broken(
+                    events=len(chunks), resumable=False, detail="resume answered without replay"
+                )
+                continue
+            assert failed is not None
+            cause = err
+            # A resume that fails before its headers is one more break: resumable while the
+            # server may yet answer (unreachable, overloaded), not after a 4xx refusal.
+            transient = failed.kind != "status" or failed.spends_budget
+            outcome = Outcome.broken(
+                events=len(chunks),
+                resumable=transient,
+                detail=f"resume failed: {failed.describe()}",
+            )
+
+    async def _request(self, call: Call, result: type[T]) -> T:
+        response = await self._open(call)
+        try:
+            raw = await response.aread()
+        except httpx2.TransportError as exc:
+            call.decide(call.stream_failure(exc, 0))  # committed: logged, never re-sent
+            raise call.body_failure(exc) from exc
+        finally:
+            await response.aclose()
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise APIResponseError(
+                f"response is not JSON: {raw[:200]!r}", attempts=call.attempts
+            ) from None
+        if type(data) is not dict:
+            raise APIResponseError(f"response is not a JSON object: {raw[:200]!r}")
+        return result(data)
+
+    async def _post(
+        self,
+        path: str,
+        body: dict[str, Any],
+        options: dict[str, Any],
+        result: type[T],
+        stream: bool,
+    ) -> Any:
+        key = options.pop("idempotency_key", None)
+        settings = override(self._settings, options)
+        call = Call(settings, "POST", path, body, stream=stream, idempotency_key=key)
+        if not stream:
+            return await self._request(call, result)
+        return AsyncStream(await self._open(call), result, call=call, client=self)
+
+
+async def _read_capped(response: httpx2.Response) -> bytes:
+    buf = bytearray()
+    async for part in response.aiter_bytes():
+        buf += part
+        if len(buf) >= MAX_ERROR_BODY:
+            break
+    return bytes(buf[:MAX_ERROR_BODY])
+
+
+def _body(base: dict[str, Any], params: dict[str, Any], extra_body: Any) -> dict[str, Any]:
+    body = {**base, **{k: v for k, v in params.items() if v is not NOT_GIVEN}}
+    if extra_body:
+        body.update(extra_body)
+    return body
+
+
+def _options(
+    timeout: Any, retry: Any, streaming: Any, extra_headers: Any, idempotency_key: Any
+) -> dict[str, Any]:
+    return {
+        "timeout": timeout,
+        "retry": retry if retry is not None else NOT_GIVEN,
+        "streaming": streaming if streaming is not None else NOT_GIVEN,
+        "default_headers": extra_headers if extra_headers else NOT_GIVEN,
+        "idempotency_key": idempotency_key,
+    }
+
+
+class _ChatCompletions:
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    @overload
+    async def create(
+        self, *, model: str, messages: list[dict[str, Any]], stream: Literal[True], **kw: Any
+    ) -> AsyncStream[ChatCompletionChunk]: ...
+    @overload
+    async def create(
+        self, *, model: str, messages: list[dict[str, Any]], stream: Literal[False] = ..., **kw: Any
+    ) -> ChatCompletion: ...
+    @overload
+    async def create(
+        self, *, model: str, messages: list[dict[str, Any]], stream: bool, **kw: Any
+    ) -> ChatCompletion | AsyncStream[ChatCompletionChunk]: ...
+
+    async def create(
+        self,
+        *,
+        model: str,
+        messages: list[dict[str, Any]],
+        stream: bool = False,
+        timeout: Timeouts | float | None = NOT_GIVEN,  # noqa: ASYNC109
+        retry: RetryPolicy | None = None,
+        streaming: StreamingConfig | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        **params: Any,
+    ) -> ChatCompletion | AsyncStream[ChatCompletionChunk]:
+        """``POST /chat/completions``. ``params`` go into the body as given (``max_tokens``,
+        ``temperature``, ...); ``timeout``, ``retry``, ``streaming``, ``extra_headers`` apply to
+        this call only; ``idempotency_key`` replaces the generated one."""
+        body = _body({"model": model, "messages": messages}, params, extra_body)
+        if stream:
+            body["stream"] = True
+        opts = _options(timeout, retry, streaming, extra_headers, idempotency_key)
+        cls = ChatCompletionChunk if stream else ChatCompletion
+        return await self._client._post("/chat/completions", body, opts, cls, stream)  # type: ignore[no-any-return]
+
+
+class _Chat:
+    def __init__(self, client: AsyncClient) -> None:
+        self.completions = _ChatCompletions(client)
+
+
+class _Completions:
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    @overload
+    async def create(
+        self, *, model: str, prompt: Any, stream: Literal[True], **kw: Any
+    ) -> AsyncStream[Completion]: ...
+    @overload
+    async def create(
+        self, *, model: str, prompt: Any, stream: Literal[False] = ..., **kw: Any
+    ) -> Completion: ...
+    @overload
+    async def create(
+        self, *, model: str, prompt: Any, stream: bool, **kw: Any
+    ) -> Completion | AsyncStream[Completion]: ...
+
+    async def create(
+        self,
+        *,
+        model: str,
+        prompt: Any,
+        stream: bool = False,
+        timeout: Timeouts | float | None = NOT_GIVEN,  # noqa: ASYNC109
+        retry: RetryPolicy | None = None,
+        streaming: StreamingConfig | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        **params: Any,
+    ) -> Completion | AsyncStream[Completion]:
+        """``POST /completions`` (legacy text completion); options as for chat."""
+        body = _body({"model": model, "prompt": prompt}, params, extra_body)
+        if stream:
+            body["stream"] = True
+        opts = _options(timeout, retry, streaming, extra_headers, idempotency_key)
+        return await self._client._post("/completions", body, opts, Completion, stream)  # type: ignore[no-any-return]
+
+
+class _Models:
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def list(
+        self,
+        *,
+        timeout: Timeouts | float | None = NOT_GIVEN,  # noqa: ASYNC109
+        retry: RetryPolicy | None = None,
+    ) -> ModelList:
+        """``GET /models``: idempotent, so it follows the retry policy like any plain call."""
+        settings = override(
+            self._client._settings,
+            {"timeout": timeout, "retry": retry if retry is not None else NOT_GIVEN},
+        )
+        return await self._client._request(
+            Call(settings, "GET", "/models", None, stream=False), ModelList
+        )

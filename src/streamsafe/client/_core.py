@@ -1,0 +1,454 @@
+"""What the sync and async clients share: settings, one logical call's state, classifying
+failures into retry :class:`~streamsafe.retry.Outcome` values, and turning decisions into log
+lines, hook calls and errors. No I/O here; ``_sync`` and ``_async`` do the sending."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import logging
+import os
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+import orjson
+
+from streamsafe._version import __version__
+from streamsafe.client.errors import (
+    APIConnectionError,
+    APIResponseError,
+    APITimeoutError,
+    RetryBudgetExhausted,
+    StreamError,
+    StreamInterrupted,
+    StreamsafeError,
+    status_error,
+)
+from streamsafe.client.timeouts import Timeouts
+from streamsafe.client.types import APIObject
+from streamsafe.retry import Decision, Outcome, RetryBudget, RetryPolicy, StreamingConfig, decide
+
+log = logging.getLogger("streamsafe.client")
+
+#: Base URL when neither ``base_url`` nor ``OPENAI_BASE_URL`` is given: vLLM's default port.
+DEFAULT_BASE_URL = "http://localhost:8000/v1"
+#: The most bytes of an error response body read (and kept on the error).
+MAX_ERROR_BODY = 64 * 1024
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "NOT_GIVEN"
+
+
+#: Marks an argument not given (``None`` means "none" for budget and timeouts).
+NOT_GIVEN: Any = _Unset()
+
+
+@dataclass(frozen=True, slots=True)
+class RetryEvent:
+    """What a hook (``on_retry`` / ``on_resume``) is told: the decision's ``action``, ``delay``
+    and ``reason``, the ``outcome`` that led to it, the call's ``attempts`` and ``resumes``
+    so far and its ``idempotency_key``."""
+
+    action: str
+    delay: float
+    reason: str
+    outcome: Outcome
+    attempts: int
+    resumes: int
+    idempotency_key: str | None
+
+
+Hook = Callable[[RetryEvent], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything a client or one call runs with (``with_options`` makes a changed copy)."""
+
+    base_url: str
+    api_key: str | None
+    timeouts: Timeouts
+    retry: RetryPolicy
+    streaming: StreamingConfig
+    budget: RetryBudget | None
+    headers: Mapping[str, str]
+    on_retry: Hook | None
+    on_resume: Hook | None
+    clock: Callable[[], float]
+    random: Callable[[], float]
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+def make_settings(
+    *,
+    base_url: str | None,
+    api_key: str | None,
+    timeout: Timeouts | float | None,
+    retry: RetryPolicy | None,
+    streaming: StreamingConfig | None,
+    budget: RetryBudget | None,
+    default_headers: Mapping[str, str] | None,
+    on_retry: Hook | None,
+    on_resume: Hook | None,
+    clock: Callable[[], float] | None,
+    rand: Callable[[], float] | None,
+) -> Settings:
+    base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
+    key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+    return Settings(
+        base_url=base.rstrip("/"),
+        api_key=key or None,
+        timeouts=Timeouts() if timeout is NOT_GIVEN else Timeouts.of(timeout),
+        retry=retry or RetryPolicy(),
+        streaming=streaming or StreamingConfig(),
+        budget=RetryBudget() if budget is NOT_GIVEN else budget,
+        headers=dict(default_headers or {}),
+        on_retry=on_retry,
+        on_resume=on_resume,
+        clock=clock or time.time,
+        random=rand or random.random,
+    )
+
+
+def override(settings: Settings, changes: dict[str, Any]) -> Settings:
+    """``settings`` with the per-call or ``with_options`` changes applied (NOT_GIVEN skipped)."""
+    out: dict[str, Any] = {}
+    for name, value in changes.items():
+        if value is NOT_GIVEN:
+            continue
+        if name == "timeout":
+            out["timeouts"] = Timeouts.of(value)
+        elif name == "base_url":
+            out["base_url"] = str(value).rstrip("/")
+        elif name == "default_headers":
+            out["headers"] = {**settings.headers, **(value or {})}
+        elif name == "rand":
+            out["random"] = value
+        else:
+            out[name] = value
+    return settings.replace(**out) if out else settings
+
+
+def _is_refused(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, ConnectionRefusedError):
+            return True
+        if isinstance(cur, OSError) and cur.errno == errno.ECONNREFUSED:
+            return True
+        if "refused" in str(cur).lower():
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+def parse_error_body(raw: bytes) -> Any:
+    """An error body as JSON where it is JSON, else as text."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw.decode("utf-8", "replace")
+
+
+def text_of(chunks: list[Any]) -> str:
+    """The text of choice 0 across stream chunks (chat ``delta.content`` or completion
+    ``text``): what a caller shows."""
+    parts: list[str] = []
+    for chunk in chunks:
+        data = chunk.to_dict() if isinstance(chunk, APIObject) else chunk
+        for choice in data.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta")
+            piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+            if piece:
+                parts.append(piece)
+    return "".join(parts)
+
+
+def finished(chunks: list[Any]) -> bool:
+    """Whether the stream reported a ``finish_reason`` (the last chunk with choices has one):
+    a stream that ends cleanly after it lost nothing but ``[DONE]``."""
+    for chunk in reversed(chunks):
+        choices = chunk.to_dict().get("choices")
+        if choices:
+            return any(c.get("finish_reason") for c in choices)
+    return False
+
+
+class Call:
+    """One logical call: its Idempotency-Key, attempts, resumes, deadline and the last event id
+    seen. Every attempt and resume of the call goes through :meth:`decide`."""
+
+    __slots__ = (
+        "attempts",
+        "body",
+        "deadline_at",
+        "idempotency_key",
+        "last_event_id",
+        "method",
+        "path",
+        "policy",
+        "read_bound_by_total",
+        "resumable",
+        "resumes",
+        "settings",
+        "started_at",
+        "stream",
+        "url",
+    )
+
+    def __init__(
+        self,
+        settings: Settings,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        *,
+        stream: bool,
+        idempotency_key: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.method = method
+        self.path = path
+        self.url = settings.base_url + path
+        self.body = None if body is None else orjson.dumps(body)
+        self.stream = stream
+        self.idempotency_key = (idempotency_key or str(uuid.uuid4())) if method == "POST" else None
+        self.attempts = 0  # requests sent (first attempt, retries and resumes)
+        self.resumes = 0
+        self.last_event_id: str | None = None
+        self.resumable = False
+        self.read_bound_by_total = False
+        self.started_at = settings.clock()
+        policy = settings.retry
+        total = settings.timeouts.total
+        if total is not None and (policy.deadline is None or total < policy.deadline):
+            policy = policy.replace(deadline=total)
+        self.policy = policy
+        self.deadline_at = None if policy.deadline is None else self.started_at + policy.deadline
+
+    # -- building a request --------------------------------------------------------------
+
+    def headers(self, *, resume: bool) -> dict[str, str]:
+        s = self.settings
+        h = {
+            "Accept": "text/event-stream" if self.stream else "application/json",
+            "User-Agent": f"streamsafe/{__version__}",
+            **s.headers,
+        }
+        if s.api_key:
+            h["Authorization"] = f"Bearer {s.api_key}"
+        if self.body is not None:
+            h["Content-Type"] = "application/json"
+        if self.idempotency_key is not None:
+            h["Idempotency-Key"] = self.idempotency_key
+        h["X-Retry-Count"] = str(self.attempts)
+        if self.stream:
+            h["X-LlamaStack-Streaming"] = "true"
+        if resume and self.last_event_id is not None:
+            h["Last-Event-ID"] = self.last_event_id
+        return h
+
+    def _remaining(self) -> float | None:
+        if self.deadline_at is None:
+            return None
+        return max(0.001, self.deadline_at - self.settings.clock())
+
+    def _bounded(self, limit: float | None) -> float | None:
+        left = self._remaining()
+        self.read_bound_by_total = left is not None and (limit is None or left < limit)
+        return left if self.read_bound_by_total else limit
+
+    def timeout_extension(self) -> dict[str, float | None]:
+        """Per-request timeouts for httpx2: ``read`` is the first-byte limit until the headers
+        arrive, then :meth:`committed` turns it into the idle limit for the body (httpcore reads
+        this dict when the body starts)."""
+        t = self.settings.timeouts
+        return {
+            "connect": self._bounded(t.connect),
+            "write": self._bounded(t.write),
+            "pool": self._bounded(t.pool),
+            "read": self._bounded(t.first_byte),
+        }
+
+    def committed(self, response: httpx2.Response, ext: dict[str, float | None]) -> None:
+        """The headers arrived: from now on the read timeout is the idle one."""
+        ext["read"] = self._bounded(self.settings.timeouts.idle)
+        self.resumable = response.headers.get("x-stream-resumable", "").lower() == "true"
+        if self.settings.budget is not None:
+            self.settings.budget.record_success()
+
+    def past_deadline(self) -> bool:
+        return self.deadline_at is not None and self.settings.clock() >= self.deadline_at
+
+    # -- classifying what went wrong -----------------------------------------------------
+
+    def _kw(self) -> dict[str, Any]:
+        return {
+            "attempts": self.attempts,
+            "resumes": self.resumes,
+            "idempotency_key": self.idempotency_key,
+        }
+
+    def request_failure(self, exc: httpx2.TransportError) -> tuple[Outcome, StreamsafeError]:
+        """A request that got no response headers: what happened, and the error to raise."""
+        kw = self._kw()
+        if isinstance(exc, httpx2.TimeoutException):
+            if isinstance(exc, httpx2.PoolTimeout):
+                phase = "pool"
+            elif isinstance(exc, httpx2.ConnectTimeout):
+                phase = "connect"
+            elif isinstance(exc, httpx2.WriteTimeout):
+                phase = "write"
+            else:
+                phase = "first_byte"
+            if self.read_bound_by_total and self.past_deadline():
+                phase = "total"
+            out = Outcome.timed_out(phase)  # type: ignore[arg-type]
+            return out, APITimeoutError(
+                f"{phase} timeout: {self.method} {self.url}", phase=phase, **kw
+            )
+        if isinstance(exc, httpx2.ConnectError):
+            refused = _is_refused(exc)
+            err = APIConnectionError(
+                f"{'connection refused' if refused else 'connect error'}: {self.url} ({exc})", **kw
+            )
+            err.refused = refused
+            return Outcome.connect_failed(refused=refused, detail=f"connect error ({exc})"), err
+        detail = f"connection lost before the response ({type(exc).__name__})"
+        return Outcome.disconnected(detail=detail), APIConnectionError(f"{detail}: {exc}", **kw)
+
+    def status_failure(
+        self, response: httpx2.Response, raw: bytes
+    ) -> tuple[Outcome, StreamsafeError]:
+        headers = {k.lower(): v for k, v in response.headers.items()}
+        err = status_error(response.status_code, parse_error_body(raw), headers, **self._kw())
+        return Outcome.status(response.status_code, headers), err
+
+    def stream_failure(self, exc: BaseException | None, events: int) -> Outcome:
+        """A committed stream broke: ``exc`` is the transport error, ``None`` for a clean end
+        before ``[DONE]``."""
+        if isinstance(exc, httpx2.ReadTimeout):
+            if self.past_deadline():
+                return Outcome.timed_out("total", committed=True, events=events)
+            return Outcome.timed_out("idle", events=events, resumable=self.resumable)
+        if exc is None:
+            detail = "stream truncated before [DONE]"
+        else:
+            detail = f"connection lost ({type(exc).__name__})"
+        return Outcome.broken(events=events, resumable=self.resumable, detail=detail)
+
+    def body_failure(self, exc: httpx2.TransportError) -> StreamsafeError:
+        """The error for a plain call whose body was lost after the headers."""
+        kw = self._kw()
+        if isinstance(exc, httpx2.ReadTimeout):
+            phase = "total" if self.past_deadline() else "idle"
+            return APITimeoutError(f"{phase} timeout reading the response body", phase=phase, **kw)
+        return APIConnectionError(f"connection lost reading the response body: {exc}", **kw)
+
+    def interrupted(
+        self, outcome: Outcome, decision: Decision, chunks: list[Any]
+    ) -> StreamInterrupted:
+        text = text_of(chunks)
+        return StreamInterrupted(
+            f"stream interrupted after {len(chunks)} chunks: {decision.reason}",
+            reason=outcome.describe(),
+            chunks=chunks,
+            text=text,
+            **self._kw(),
+        )
+
+    def stream_error(self, data: dict[str, Any], chunks: list[Any]) -> StreamError:
+        error = data.get("error")
+        message = error.get("message") if isinstance(error, dict) else None
+        return StreamError(
+            f"error event in stream: {message or error!r}",
+            error=error,
+            chunks=chunks,
+            text=text_of(chunks),
+            **self._kw(),
+        )
+
+    def bad_event(self, raw: bytes, chunks: list[Any]) -> APIResponseError:
+        return APIResponseError(
+            f"stream event is not JSON after {len(chunks)} chunks: {raw[:200]!r}", **self._kw()
+        )
+
+    # -- deciding ------------------------------------------------------------------------
+
+    def decide(self, outcome: Outcome) -> Decision:
+        """Record ``outcome`` in the budget, ask the retry core, log one line, call the hook."""
+        s = self.settings
+        if s.budget is not None and outcome.spends_budget:
+            s.budget.record_failure()
+        decision = decide(
+            self.policy,
+            s.streaming if self.stream else None,
+            outcome,
+            attempt=self.attempts - 1 - self.resumes,
+            resumes=self.resumes,
+            budget=s.budget,
+            now=s.clock(),
+            started_at=self.started_at,
+            rand=s.random(),
+        )
+        if decision.give_up:
+            log.info("giving up on %s %s: %s", self.method, self.path, decision.reason)
+            return decision
+        verb = "retrying" if decision.retry else "resuming"
+        log.info("%s in %.2f s, %s", verb, decision.delay, decision.reason)
+        hook = s.on_retry if decision.retry else s.on_resume
+        if hook is not None:
+            hook(
+                RetryEvent(
+                    decision.action,
+                    decision.delay,
+                    decision.reason,
+                    outcome,
+                    self.attempts,
+                    self.resumes,
+                    self.idempotency_key,
+                )
+            )
+        return decision
+
+    def give_up_error(self, outcome: Outcome, err: StreamsafeError) -> StreamsafeError:
+        """The error to raise when a pre-commit failure is given up: the attempt's own error,
+        or :class:`RetryBudgetExhausted` where only the budget stood in the way."""
+        budget = self.settings.budget
+        if budget is None or budget.allow_retry():
+            return err
+        unthrottled = decide(
+            self.policy,
+            self.settings.streaming if self.stream else None,
+            outcome,
+            attempt=self.attempts - 1 - self.resumes,
+            resumes=self.resumes,
+            budget=None,
+            now=self.settings.clock(),
+            started_at=self.started_at,
+            rand=0.0,
+        )
+        if not unthrottled.retry:
+            return err
+        return RetryBudgetExhausted(
+            f"retry budget exhausted ({budget.tokens:.1f} tokens): {err}",
+            last_error=err,
+            **self._kw(),
+        )
+
+
+Sleep = Callable[[float], None]
+AsyncSleep = Callable[[float], Awaitable[None]]

@@ -1,0 +1,220 @@
+"""Every error the client raises, in one hierarchy::
+
+    StreamsafeError                      anything raised by streamsafe.client
+    ├── APIConnectionError               no usable response: refused, reset before the headers
+    │   └── APITimeoutError              a timeout; .phase says which (connect, first_byte, ...)
+    ├── APIStatusError                   the server answered an error status (.status_code, .body)
+    │   ├── BadRequestError              400
+    │   ├── AuthenticationError          401
+    │   ├── PermissionDeniedError        403
+    │   ├── NotFoundError                404
+    │   ├── ConflictError                409
+    │   ├── UnprocessableEntityError     422
+    │   ├── RateLimitError               429 (.retry_after)
+    │   └── InternalServerError          5xx
+    │       └── ServiceUnavailableError  503 (.retry_after)
+    ├── APIResponseError                 the response is not what the API promises (bad JSON)
+    ├── StreamError                      the server sent an error event inside a stream
+    ├── StreamInterrupted                a committed stream broke and could not be resumed;
+    │                                    carries .chunks and .text received so far
+    └── RetryBudgetExhausted             the client's RetryBudget stopped a retry (.last_error)
+
+Every error carries ``attempts`` (requests sent for the call), ``resumes`` and the call's
+``idempotency_key``, so a log line says what was tried.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "APIConnectionError",
+    "APIResponseError",
+    "APIStatusError",
+    "APITimeoutError",
+    "AuthenticationError",
+    "BadRequestError",
+    "ConflictError",
+    "InternalServerError",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "RateLimitError",
+    "RetryBudgetExhausted",
+    "ServiceUnavailableError",
+    "StreamError",
+    "StreamInterrupted",
+    "StreamsafeError",
+    "UnprocessableEntityError",
+    "status_error",
+]
+
+
+class StreamsafeError(Exception):
+    """Base of every client error. ``attempts``: requests sent for the call (retries
+    included); ``resumes``: resumes made; ``idempotency_key``: the key every one of them
+    carried (``None`` for a GET)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        attempts: int = 0,
+        resumes: int = 0,
+        idempotency_key: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.attempts = attempts
+        self.resumes = resumes
+        self.idempotency_key = idempotency_key
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class APIConnectionError(StreamsafeError):
+    """No usable response: the connection failed, or was lost before the response headers.
+    ``refused`` is True where the port refused the connection (nothing can have started)."""
+
+    refused: bool = False
+
+
+class APITimeoutError(APIConnectionError):
+    """A timeout. ``phase`` is one of ``pool``, ``connect``, ``write``, ``first_byte`` (waiting
+    for the response headers), ``idle`` (between bytes of a body) or ``total``."""
+
+    def __init__(self, message: str, *, phase: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.phase = phase
+
+
+class APIStatusError(StreamsafeError):
+    """The server answered ``status_code``; ``body`` is its parsed JSON (or text), ``headers``
+    its response headers; ``code`` and ``type`` come from an OpenAI-style error body."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.status_code = status_code
+        self.body = body
+        self.headers = headers or {}
+        err = body.get("error") if isinstance(body, dict) else None
+        self.code: Any = err.get("code") if isinstance(err, dict) else None
+        self.type: Any = err.get("type") if isinstance(err, dict) else None
+
+    @property
+    def retry_after(self) -> str | None:
+        """The server's ``Retry-After`` header, if it sent one."""
+        return self.headers.get("retry-after")
+
+
+class BadRequestError(APIStatusError):
+    """400: the request is malformed; fix it, retrying will not help."""
+
+
+class AuthenticationError(APIStatusError):
+    """401: the API key is missing or wrong."""
+
+
+class PermissionDeniedError(APIStatusError):
+    """403: the key may not do this."""
+
+
+class NotFoundError(APIStatusError):
+    """404: no such path or model."""
+
+
+class ConflictError(APIStatusError):
+    """409: conflicts with another request (e.g. same Idempotency-Key, different body)."""
+
+
+class UnprocessableEntityError(APIStatusError):
+    """422: well-formed but refused (e.g. an Idempotency-Key reused with another body)."""
+
+
+class RateLimitError(APIStatusError):
+    """429: too many requests; ``retry_after`` says when to come back."""
+
+
+class InternalServerError(APIStatusError):
+    """5xx: the server failed."""
+
+
+class ServiceUnavailableError(InternalServerError):
+    """503: the server is overloaded or its engine is down; ``retry_after`` says when to retry."""
+
+
+class APIResponseError(StreamsafeError):
+    """The response breaks the API's contract (a body or event that is not JSON)."""
+
+
+class _Partial(StreamsafeError):
+    def __init__(self, message: str, *, chunks: list[Any], text: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.chunks = chunks
+        self.text = text
+
+
+class StreamError(_Partial):
+    """The server reported an error inside a committed stream (``data: {"error": ...}``, vLLM's
+    way). ``error`` is that object; ``chunks`` and ``text`` what arrived before it."""
+
+    def __init__(self, message: str, *, error: Any, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.error = error
+        self.code: Any = error.get("code") if isinstance(error, dict) else None
+        self.type: Any = error.get("type") if isinstance(error, dict) else None
+
+
+class StreamInterrupted(_Partial):
+    """A committed stream broke (reset, idle timeout, truncated before ``[DONE]``) and could not
+    be resumed (the server is not resumable, or resumes ran out). ``chunks`` are the chunks
+    received, ``text`` their text joined, ``reason`` what broke; the cause is chained."""
+
+    def __init__(self, message: str, *, reason: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.reason = reason
+
+
+class RetryBudgetExhausted(StreamsafeError):
+    """A retry was due but the client's :class:`~streamsafe.retry.RetryBudget` refused it: the
+    backend keeps failing. ``last_error`` is the error of the last attempt."""
+
+    def __init__(self, message: str, *, last_error: StreamsafeError, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.last_error = last_error
+
+
+_BY_STATUS: dict[int, type[APIStatusError]] = {
+    400: BadRequestError,
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    409: ConflictError,
+    422: UnprocessableEntityError,
+    429: RateLimitError,
+    503: ServiceUnavailableError,
+}
+
+
+def status_error(
+    status_code: int, body: Any, headers: dict[str, str], **kwargs: Any
+) -> APIStatusError:
+    """The :class:`APIStatusError` subclass for ``status_code``, its message from the body."""
+    cls = _BY_STATUS.get(status_code)
+    if cls is None:
+        cls = InternalServerError if status_code >= 500 else APIStatusError
+    message = f"status {status_code}"
+    err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err, dict) and err.get("message"):
+        message += f": {err['message']}"
+    elif isinstance(body, str) and body:
+        message += f": {body[:200]}"
+    return cls(message, status_code=status_code, body=body, headers=headers, **kwargs)

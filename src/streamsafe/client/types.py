@@ -1,0 +1,144 @@
+"""Typed results: attribute access over the parsed JSON, without copying or validating it.
+
+A result wraps the dict ``orjson`` produced and wraps nested values only when they are read, so
+turning a stream chunk into an object costs one small allocation. ``chunk.choices[0].delta.content``
+works as with openai-python; a field the server did not send reads as ``None`` (as an unset
+optional field of openai-python's models); ``to_dict()`` gives the plain dict back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = [
+    "APIObject",
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "Completion",
+    "Model",
+    "ModelList",
+]
+
+
+def _wrap(value: Any) -> Any:
+    cls = type(value)
+    if cls is dict:
+        return APIObject(value)
+    if cls is list:
+        return _List(value)
+    return value
+
+
+class APIObject:
+    """Attribute access over a JSON object; ``obj["key"]`` and ``obj.get`` work too."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._data = data
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _wrap(self._data.get(name))
+
+    def __getitem__(self, key: str) -> Any:
+        return _wrap(self._data[key])
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The field ``key`` (wrapped), or ``default``."""
+        return _wrap(self._data.get(key, default))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The parsed JSON object itself (not a copy)."""
+        return self._data
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, APIObject):
+            return self._data == other._data
+        if isinstance(other, dict):
+            return self._data == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._data!r})"
+
+
+class _List:
+    """A JSON array whose items are wrapped when read."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: list[Any]) -> None:
+        self._items = items
+
+    def __getitem__(self, index: int) -> Any:
+        return _wrap(self._items[index])
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Any]:
+        return map(_wrap, self._items)
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _List):
+            return self._items == other._items
+        if isinstance(other, list):
+            return self._items == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def to_list(self) -> list[Any]:
+        """The parsed JSON array itself."""
+        return self._items
+
+    def __repr__(self) -> str:
+        return repr(self._items)
+
+
+class ChatCompletion(APIObject):
+    """A ``chat.completion``: ``choices[i].message.content``, ``usage``, ..."""
+
+    __slots__ = ()
+
+
+class ChatCompletionChunk(APIObject):
+    """A ``chat.completion.chunk`` of a stream: ``choices[i].delta.content``, ``finish_reason``."""
+
+    __slots__ = ()
+
+
+class Completion(APIObject):
+    """A ``text_completion`` (whole or one chunk of a stream): ``choices[i].text``."""
+
+    __slots__ = ()
+
+
+class Model(APIObject):
+    """One entry of ``models.list()``: ``id``, ``owned_by``, ..."""
+
+    __slots__ = ()
+
+
+class ModelList(APIObject):
+    """The result of ``models.list()``: ``data`` (a list of :class:`Model`); iterable."""
+
+    __slots__ = ()
+
+    def __iter__(self) -> Iterator[Model]:
+        items = self._data.get("data") or []
+        return (Model(m) if type(m) is dict else m for m in items)
+
+    def __len__(self) -> int:
+        return len(self._data.get("data") or [])
