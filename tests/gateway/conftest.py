@@ -26,7 +26,7 @@ def _stub_llama_stack_client_extras() -> None:
 
 _stub_llama_stack_client_extras()
 
-from gateway_helpers import Stack, make_stack
+from gateway_helpers import Stack, make_stack  # noqa: E402
 
 
 @pytest.fixture

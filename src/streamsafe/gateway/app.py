@@ -184,7 +184,7 @@ class Gateway:
             "breaker_open": self.upstream.breaker.is_open,
             "breaker_trips": self.upstream.breaker.trips,
             "upstream_connect_retries": self.upstream.connect_retries_done,
-            "errors": dict(c.errors),
+            "errors": {str(k): v for k, v in list(c.errors.items())},
             "uptime_s": round(time.monotonic() - self._started, 3),
         }
 
