@@ -327,17 +327,7 @@ class Engine:
                     await wake.wait()
                 next_t = loop.time()
                 continue
-            prefill = 0
-            with self._lock:
-                waiting, running = self._waiting, self._running
-                while waiting and len(running) < cfg.max_num_seqs:
-                    gen = waiting.pop(next(iter(waiting)))
-                    gen.state = GenState.RUNNING
-                    running[gen.id] = gen
-                    prefill += gen.prompt_tokens
-                n = len(running)
-                if n > self._c["peak_active"]:
-                    self._c["peak_active"] = n
+            n, prefill = self.schedule()
             step = cfg.itl_ms + cfg.itl_ms_per_seq * n + cfg.prefill_ms_per_token * prefill
             # Absolute deadlines keep the average step exact despite timer granularity; a late
             # step does not make the next ones burst to catch up.
@@ -348,9 +338,30 @@ class Engine:
             else:
                 next_t = loop.time()
                 await asyncio.sleep(0)
-            self._step()
+            self.step()
 
-    def _step(self) -> None:
+    def schedule(self) -> tuple[int, int]:
+        """Move waiting generations to running (FIFO, up to ``max_num_seqs``); return (running,
+        prompt tokens scheduled now). The loop calls this before each step's delay; tests may
+        drive :meth:`schedule` and :meth:`step` by hand on an engine never started."""
+        prefill = 0
+        with self._lock:
+            waiting, running = self._waiting, self._running
+            if self._dead:
+                return 0, 0
+            while waiting and len(running) < self.config.max_num_seqs:
+                gen = waiting.pop(next(iter(waiting)))
+                gen.state = GenState.RUNNING
+                running[gen.id] = gen
+                prefill += gen.prompt_tokens
+            n = len(running)
+            if n > self._c["peak_active"]:
+                self._c["peak_active"] = n
+        return n, prefill
+
+    def step(self) -> None:
+        """End of a decode step: one token for every running generation, or death if the
+        memory that needs would pass capacity."""
         running = self._running
         with self._lock:
             n = len(running)
@@ -362,6 +373,8 @@ class Engine:
                 return
             self._used = needed
             c = self._c
+            if needed > c["memory_peak_tokens"]:  # held at this instant, before frees below
+                c["memory_peak_tokens"] = needed
             c["tokens_generated"] += n
             c["steps"] += 1
             finished: list[Generation] = []

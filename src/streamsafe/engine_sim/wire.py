@@ -13,6 +13,8 @@ encoding per token.
 
 from __future__ import annotations
 
+import json
+
 import orjson
 
 from streamsafe.sse import DONE_EVENT
@@ -150,4 +152,5 @@ class ChunkEncoder:
 def error_event(message: str, code: int = 500) -> bytes:
     """A mid-stream error event (vLLM's shape when the engine dies under a stream)."""
     body = {"error": {"message": message, "type": error_type(code), "code": code}}
-    return b"data: " + orjson.dumps(body) + b"\n\n"
+    # vLLM writes this event with json.dumps, spaces after separators included.
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
