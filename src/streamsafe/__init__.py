@@ -23,6 +23,7 @@ from streamsafe.client import (
     Timeouts,
 )
 from streamsafe.engine_sim import Fault, SimConfig, Simulator, expected_text
+from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.retry import Decision, Outcome, RetryBudget, RetryPolicy, StreamingConfig, decide
 from streamsafe.sse import ServerSentEvent, SSEDecoder, SSEError, encode_comment, encode_event
 
@@ -35,6 +36,8 @@ __all__ = [
     "Client",
     "Decision",
     "Fault",
+    "Gateway",
+    "GatewayConfig",
     "Outcome",
     "RateLimitError",
     "RetryBudget",
