@@ -100,6 +100,10 @@ class AsyncStream(Generic[T]):
         await self._iterator.aclose()
         await self.response.aclose()
 
+    async def close(self) -> None:
+        """Same as :meth:`aclose` (openai-python's ``AsyncStream`` spells it ``close``)."""
+        await self.aclose()
+
     async def _iter(self) -> AsyncGenerator[T, None]:
         call = self._call
         chunks = self.chunks
@@ -257,6 +261,10 @@ class AsyncClient:
         """Close the connection pool (if this client created it)."""
         if self._owns_http:
             await self._http.aclose()
+
+    async def close(self) -> None:
+        """Same as :meth:`aclose` (openai-python's ``AsyncOpenAI`` spells it ``close``)."""
+        await self.aclose()
 
     async def __aenter__(self) -> AsyncClient:
         return self
