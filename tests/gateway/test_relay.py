@@ -154,3 +154,28 @@ def test_non_streaming_retry_gets_the_same_completion(stack: Stack) -> None:
 def test_resume_of_unknown_generation_is_410(stack: Stack) -> None:
     r = post_stream(stack.url, chat_body(), _keyed("never-seen", **{"Last-Event-ID": "3"}))
     assert r.status_code == 410
+
+
+def test_finished_generation_is_forgotten_after_keep_finished_even_if_replayed() -> None:
+    with make_stack(keep_finished=0.3) as s:
+        body = chat_body(max_tokens=3)
+        post_stream(s.url, body, _keyed("ttl"))
+        post_stream(s.url, body, _keyed("ttl"))  # a replay must not extend retention
+        assert s.gw.stats()["replayed"] == 1
+        wait_for(lambda: s.gw.stats()["kept_generations"] == 0, what="retention expiry")
+        post_stream(s.url, body, _keyed("ttl"))
+        assert s.sim.stats()["generations_started"] == 2
+
+
+def test_memory_cap_evicts_oldest_finished_generation_first() -> None:
+    with make_stack(max_kept_bytes=3000) as s:
+        for i in range(4):
+            post_stream(s.url, chat_body(f"user {i}", max_tokens=6), _keyed(f"cap{i}"))
+        stats = s.gw.stats()
+        assert stats["evicted"] >= 1
+        assert stats["kept_bytes"] <= 3000
+        # The newest is still replayable; the oldest starts over.
+        post_stream(s.url, chat_body("user 3", max_tokens=6), _keyed("cap3"))
+        assert s.gw.stats()["replayed"] == 1
+        post_stream(s.url, chat_body("user 0", max_tokens=6), _keyed("cap0"))
+        assert s.sim.stats()["generations_started"] == 5

@@ -307,7 +307,8 @@ class Registry:
     def _join(self, gen: Generation) -> None:
         gen.subscribers += 1
         self.subscribers += 1
-        if gen.grace_handle is not None:
+        # On a finished generation the handle is its retention timer, which a replay keeps.
+        if gen.grace_handle is not None and not gen.finished:
             gen.grace_handle.cancel()
             gen.grace_handle = None
 
