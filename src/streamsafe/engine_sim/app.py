@@ -213,7 +213,15 @@ class Simulator:
         if kind == "http":
             if not self.engine.started:
                 self.engine.start()
-            route = self._routes.get((scope["method"], scope["path"]))
+            path = scope["path"]
+            if path.startswith(_LLAMA_STACK_PREFIX):
+                # Llama Stack's OpenAI-compatible paths, so the simulator can stand for the
+                # Llama Stack + vLLM deployment of the original report (llama-stack-client 0.2.x
+                # posts there). Llama Stack ends its streams without ``data: [DONE]``.
+                path = path[len("/v1/openai") :]
+                scope = dict(scope, path=path)
+                send = _without_done(send)
+            route = self._routes.get((scope["method"], path))
             if route is None:
                 known = any(path == scope["path"] for _, path in self._routes)
                 code = 405 if known else 404
@@ -491,6 +499,21 @@ async def _read_body(receive: Receive, limit: int) -> bytes | None:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+_LLAMA_STACK_PREFIX = "/v1/openai/v1/"
+
+
+def _without_done(send: Send) -> Send:
+    """``send`` that drops the ``data: [DONE]`` event, as Llama Stack's stream does not send it."""
+
+    async def wrapped(message: dict[str, Any]) -> None:
+        body = message.get("body")
+        if body and body.endswith(DONE_EVENT):
+            message = dict(message, body=body[: -len(DONE_EVENT)])
+        await send(message)
+
+    return wrapped
 
 
 async def _respond(
