@@ -60,11 +60,11 @@ class DemoSettings:
 
     @classmethod
     def full(cls) -> DemoSettings:
-        return cls(Workload(48, 200, 100), 1.0, 16384, 16, 8.0, 0.4)
+        return cls(Workload(48, 240, 100), 1.0, 16384, 16, 8.0, 0.4)
 
     @classmethod
     def quick(cls) -> DemoSettings:
-        return cls(Workload(24, 200, 40), 0.6, 8192, 8, 8.0, 0.4)
+        return cls(Workload(24, 250, 60), 0.5, 8192, 8, 10.0, 0.5)
 
     @property
     def heartbeat_s(self) -> float:

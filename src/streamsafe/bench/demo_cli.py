@@ -52,6 +52,8 @@ def _main(args: argparse.Namespace) -> int:
 
     settings = DemoSettings.quick() if args.quick else DemoSettings.full()
     console = Console()
+    if not console.is_terminal:  # a log or a pipe: do not squeeze the table to 80 columns
+        console = Console(width=160)
     w = settings.workload
     console.print(
         f"[bold]streamsafe demo[/]: {w.requests} concurrent streaming chats of ~{w.prompt_tokens}"

@@ -23,6 +23,7 @@ from streamsafe.serving import ServerThread
 
 __all__ = [
     "ClientKind",
+    "Driver",
     "Outcome",
     "PathKind",
     "Stack",

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the benchmark's heavy imports wait until it runs, so --help stays fast
     from streamsafe.bench.demo import DemoSettings, Scenario
-    from streamsafe.bench.harness import Outcome, Workload
+    from streamsafe.bench.harness import Driver, Outcome, Workload
 
 __all__ = ["measure_capacity", "register", "run", "run_default"]
 
@@ -53,7 +53,7 @@ async def measure_capacity(settings: DemoSettings, window_s: float) -> float:
 
 
 async def _open_loop(
-    driver: Any, workload: Workload, rate: float, window_s: float
+    driver: Driver, workload: Workload, rate: float, window_s: float
 ) -> list[Outcome]:
     n = max(1, round(rate * window_s))
 
