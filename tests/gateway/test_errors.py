@@ -134,13 +134,35 @@ def test_slow_reader_does_not_stall_a_fast_one() -> None:
 
 
 def test_client_vanishing_while_queued_frees_its_place() -> None:
+    # first-token commit: a queued request has no headers yet; the client times out waiting.
     sim = fast_sim(itl_ms=20.0)
-    with make_stack(sim, max_inflight=1, grace=0.0, queue_timeout=5.0) as s:
+    with make_stack(sim, max_inflight=1, grace=0.0, queue_timeout=5.0, commit="first-token") as s:
         first = threading.Thread(target=post_stream, args=(s.url, chat_body("a", max_tokens=30)))
         first.start()
         wait_for(lambda: s.gw.stats()["inflight"] == 1, what="first admitted")
         with pytest.raises(httpx2.ReadTimeout):
             httpx2.post(s.url + "/v1/chat/completions", json=chat_body("b"), timeout=0.2)
+        wait_for(lambda: s.gw.stats()["queued"] == 0, what="queued request withdrawn")
+        first.join(10)
+        assert s.sim.stats()["requests_received"] == 1
+
+
+def test_early_commit_answers_and_heartbeats_while_queued_and_a_leaver_frees_its_place() -> None:
+    sim = fast_sim(itl_ms=20.0)
+    with make_stack(
+        sim, max_inflight=1, grace=0.0, queue_timeout=5.0, commit="early", heartbeat=0.05
+    ) as s:
+        first = threading.Thread(target=post_stream, args=(s.url, chat_body("a", max_tokens=100)))
+        first.start()
+        wait_for(lambda: s.gw.stats()["inflight"] == 1, what="first admitted")
+        with (
+            httpx2.Client(timeout=5) as client,
+            client.stream("POST", s.url + "/v1/chat/completions", json=chat_body("b")) as resp,
+        ):
+            assert resp.status_code == 200  # committed while still queued
+            assert s.gw.stats()["queued"] == 1
+            first_bytes = next(resp.iter_raw())
+            assert first_bytes.startswith(b": keep-alive")
         wait_for(lambda: s.gw.stats()["queued"] == 0, what="queued request withdrawn")
         first.join(10)
         assert s.sim.stats()["requests_received"] == 1

@@ -18,6 +18,7 @@ _COLUMNS = (
     ("crashes", "engine_crashes"),
     ("done", "completed"),
     ("failed", "failed"),
+    ("truncated", "silently_truncated"),
     ("lost", "tokens_lost"),
     ("repeated", "tokens_repeated"),
     ("p50 s", "p50_s"),
@@ -38,7 +39,10 @@ def render_table(rows: list[dict[str, Any]], title: str) -> Any:
         cells = []
         for _, key in _COLUMNS:
             value = row[key]
-            cells.append(f"{value:g}" if isinstance(value, float) else str(value))
+            if value is None:
+                cells.append("-")
+            else:
+                cells.append(f"{value:g}" if isinstance(value, float) else str(value))
         style = "red" if row["engine_crashes"] else "green"
         table.add_row(*cells, style=style)
     return table

@@ -82,7 +82,7 @@ async def run_point(
     completed = [o for o in outcomes if o.ok]
     latencies = sorted(o.seconds for o in completed)
     n = len(outcomes)
-    generations = sim["generations_started"] - sim.get("continuations", 0)
+    generations = sim["generations_started"] - sim["continuations"]
     return {
         "scenario": sc.name,
         "client": sc.client,

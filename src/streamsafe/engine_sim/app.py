@@ -384,7 +384,11 @@ class Simulator:
         )
 
     def _admit(self, job: _Job, client: _Client) -> Generation:
-        gen = self.engine.submit(job.prompt_tokens, job.max_tokens)
+        gen = self.engine.submit(
+            job.prompt_tokens,
+            job.max_tokens,
+            continuation=job.body.get("continue_final_message") is True,
+        )
         client.gen = gen
         if client.gone:  # vanished between the watcher's check and admission
             self.engine.client_gone(gen)

@@ -132,6 +132,7 @@ class Engine:
             (
                 "requests_received",
                 "generations_started",
+                "continuations",
                 "generations_completed",
                 "generations_aborted",
                 "generations_failed",
@@ -198,9 +199,12 @@ class Engine:
         with self._lock:
             self._c[key] += n
 
-    def submit(self, prompt_tokens: int, max_tokens: int) -> Generation:
+    def submit(
+        self, prompt_tokens: int, max_tokens: int, *, continuation: bool = False
+    ) -> Generation:
         """Admit a generation to the waiting queue; raise EngineDeadError if the engine is dead
-        or dies of this admission."""
+        or dies of this admission. ``continuation``: it continues a partial answer
+        (``continue_final_message``); counted apart, since it repeats no generated token."""
         with self._lock:
             if self._dead:
                 raise EngineDeadError(self._dead_message)
@@ -212,6 +216,8 @@ class Engine:
             self._used = needed
             self._waiting[gen.id] = gen
             self._c["generations_started"] += 1
+            if continuation:
+                self._c["continuations"] += 1
             self._note_memory()
         if self._wake_loop is not None:
             self._wake_loop.set()
@@ -256,6 +262,7 @@ class Engine:
             return {
                 "requests_received": c["requests_received"],
                 "generations_started": c["generations_started"],
+                "continuations": c["continuations"],
                 "generations_completed": c["generations_completed"],
                 "generations_aborted": c["generations_aborted"],
                 "generations_failed": c["generations_failed"],

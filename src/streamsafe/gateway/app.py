@@ -25,7 +25,6 @@ from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.metrics import Metrics
 from streamsafe.gateway.registry import (
     DONE_STATE,
-    RUNNING,
     Failure,
     Generation,
     GenerationRequest,
@@ -172,6 +171,7 @@ class Gateway:
             "key_conflicts": c.key_conflicts,
             "evicted": c.evicted,
             "events_relayed": c.events_relayed,
+            "continued": c.continued,
             "live_generations": self.registry.live_generations,
             "kept_generations": max(
                 0, self.registry.generation_count - self.registry.live_generations
@@ -442,9 +442,12 @@ class Gateway:
             now = time.monotonic()
             timeout: float | None = None
             if not committed:
-                if early and gen.state == RUNNING:
-                    assert gen.admitted_at is not None
-                    deadline = gen.admitted_at + self._commit_wait
+                if early and gen.live:
+                    # Queued or running: commit once the engine accepted the request, or after
+                    # a short wait, so heartbeats cover the queue and the first token alike (a
+                    # slow but healthy request must never trip a client's read timeout).
+                    since = gen.admitted_at if gen.admitted_at is not None else gen.created_at
+                    deadline = since + self._commit_wait
                     if gen.upstream_status == 200 or now >= deadline:
                         await send(start_msg)
                         committed = True

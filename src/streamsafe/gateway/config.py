@@ -70,6 +70,11 @@ class GatewayConfig:
     connect_retries: int = 2
     #: Seconds before the first connect retry (doubles each time; default 0.05).
     connect_backoff: float = 0.05
+    #: Times a broken upstream chat stream is continued (default 5, 0 for never): when the
+    #: connection to the engine breaks mid-stream with no error and no ``[DONE]``, the gateway
+    #: asks the engine to continue the partial answer (``continue_final_message``) for the tokens
+    #: still owed, and its subscribers see one unbroken stream. Generates nothing twice.
+    max_continuations: int = 5
     #: Seconds between ``/health`` probes while the breaker is open (default 1).
     probe_interval: float = 1.0
     #: Upstream connections kept alive in the pool (default 512).

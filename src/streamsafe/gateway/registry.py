@@ -140,6 +140,7 @@ class Counters:
     key_conflicts: int = 0
     evicted: int = 0
     events_relayed: int = 0
+    continued: int = 0
     errors: dict[int, int] = field(default_factory=dict)
 
 
@@ -154,7 +155,9 @@ class Generation:
     __slots__ = (
         "admitted_at",
         "changed",
+        "continuations",
         "cost",
+        "created_at",
         "failure",
         "fingerprint",
         "finished_at",
@@ -190,8 +193,10 @@ class Generation:
         self.changed = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.grace_handle: asyncio.TimerHandle | None = None
+        self.created_at = time.monotonic()
         self.admitted_at: float | None = None
         self.finished_at: float | None = None
+        self.continuations = 0
         self.multiline = False
 
     @property
@@ -377,19 +382,47 @@ class Registry:
                 self.admission.release(ticket)
 
     async def _call_upstream(self, gen: Generation) -> None:
+        body = gen.request.body
+        while True:
+            cut = await self._upstream_once(gen, body)
+            if cut is None:
+                return
+            # The upstream stream broke with no error and no [DONE] (a proxy or the connection
+            # died). The engine aborted its copy when the connection closed, so continuing
+            # the partial answer duplicates no work: it generates only the missing tokens.
+            partial = None
+            if gen.continuations < self.config.max_continuations:
+                partial = await _read_partial(gen)
+            if partial is not None and partial.finished:  # only [DONE] was missing
+                gen.length = await gen.log.append((DONE,))
+                self._finish(gen, DONE_STATE)
+                return
+            continuation = _continuation_body(gen.request, partial) if partial else None
+            if continuation is None:
+                await self._fail_mid_stream(gen, cut)
+                return
+            gen.continuations += 1
+            self.counters.continued += 1
+            log.info("%s: %s; continuing upstream (%d)", gen.id, cut, gen.continuations)
+            body = continuation
+
+    async def _upstream_once(self, gen: Generation, body: bytes) -> str | None:
+        """One upstream request for ``gen``. Returns why the stream broke where it can be
+        continued, ``None`` where the generation has ended (done or failed)."""
         req = gen.request
+        continuing = gen.continuations > 0
         try:
             response = await self.upstream.open(
                 "POST",
                 req.path,
-                content=req.body,
+                content=body,
                 headers={"content-type": "application/json"},
                 retry_connect=not req.no_upstream_retry,
             )
         except httpx2.HTTPError as exc:
             msg = f"upstream unreachable: {type(exc).__name__}"
             await self._fail(gen, Failure(503, error_body(msg, "service_unavailable", 503), 1))
-            return
+            return None
         try:
             status = response.status_code
             gen.upstream_status = status
@@ -402,31 +435,44 @@ class Registry:
                         self.upstream.suspect()
                 retry_after = _parse_retry_after(response.headers.get("retry-after"))
                 await self._fail(gen, Failure(status, body, retry_after))
-                return
+                return None
             gen.wake()  # upstream accepted the request: an early commit may go now
             if gen.stream:
-                await self._pump(gen, response)
-            else:
-                body = await response.aread()
-                gen.length = await gen.log.append((body,))
-                self._finish(gen, DONE_STATE)
+                return await self._pump(gen, response, skip_role=continuing)
+            body = await response.aread()
+            gen.length = await gen.log.append((body,))
+            self._finish(gen, DONE_STATE)
+            return None
         except httpx2.HTTPError as exc:
-            await self._fail_mid_stream(gen, f"upstream connection failed: {type(exc).__name__}")
+            cut = f"upstream connection failed: {type(exc).__name__}"
+            if gen.stream and gen.upstream_status == 200 and not gen.finished:
+                return cut
+            await self._fail_mid_stream(gen, cut)
+            return None
         finally:
             await response.aclose()
 
-    async def _pump(self, gen: Generation, response: httpx2.Response) -> None:
+    async def _pump(
+        self, gen: Generation, response: httpx2.Response, *, skip_role: bool = False
+    ) -> str | None:
         decoder = SSEDecoder()
         log_ = gen.log
         counters = self.counters
         errored = False
-        done = False
         try:
             async for chunk in response.aiter_raw():
                 events = decoder.feed(chunk)
                 if not events:
                     continue
                 payloads = [ev.raw for ev in events]
+                if skip_role:
+                    # A continuation opens with the assistant's role chunk again; the log has
+                    # it already.
+                    skip_role = False
+                    if _is_role_chunk(payloads[0]):
+                        del payloads[0]
+                        if not payloads:
+                            continue
                 for p in payloads:
                     if p.startswith(_ERROR_PREFIXES):
                         errored = True
@@ -438,15 +484,15 @@ class Registry:
                 counters.events_relayed += len(payloads)
                 gen.wake()
                 if payloads[-1] == DONE:
-                    done = True
-                    break
+                    self._finish(gen, FAILED if errored else DONE_STATE)
+                    return None
         except SSEError as exc:
             await self._fail_mid_stream(gen, f"upstream sent a broken event stream: {exc}")
-            return
-        if not done:
-            await self._fail_mid_stream(gen, "upstream stream ended before [DONE]")
-        else:
-            self._finish(gen, FAILED if errored else DONE_STATE)
+            return None
+        if errored:
+            await self._fail_mid_stream(gen, "upstream stream ended after an error event")
+            return None
+        return "upstream stream ended before [DONE]"
 
     # -- endings --------------------------------------------------------------------------------
 
@@ -567,6 +613,78 @@ class Registry:
             await asyncio.gather(*tasks, return_exceptions=True)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _is_role_chunk(payload: bytes) -> bool:
+    """A chat chunk that carries only the assistant's role (and empty content)."""
+    if b'"role"' not in payload:
+        return False
+    try:
+        delta = orjson.loads(payload)["choices"][0]["delta"]
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        return False
+    return isinstance(delta, dict) and not delta.get("content") and not delta.get("tool_calls")
+
+
+@dataclass(slots=True)
+class _Partial:
+    """What a broken stream delivered: its text, content chunks and whether it had ended."""
+
+    text: str
+    chunks: int
+    finished: bool
+
+
+async def _read_partial(gen: Generation) -> _Partial | None:
+    """The partial answer in ``gen``'s log, or ``None`` where it cannot be continued (an error
+    event, tool calls, several choices, unparsable chunks). Read once, when a stream breaks: the
+    per-chunk path never parses JSON for this."""
+    parts: list[str] = []
+    chunks = 0
+    finished = False
+    for payload in await gen.log.read(0):
+        if payload == DONE or payload.startswith(_ERROR_PREFIXES):
+            return None
+        try:
+            choices = orjson.loads(payload).get("choices") or ()
+        except (orjson.JSONDecodeError, AttributeError):
+            return None
+        for choice in choices:
+            if choice.get("index", 0) != 0:
+                return None
+            delta = choice.get("delta") or {}
+            if delta.get("tool_calls"):
+                return None
+            content = delta.get("content")
+            if content:
+                parts.append(content)
+                chunks += 1
+            finished = finished or bool(choice.get("finish_reason"))
+    return _Partial("".join(parts), chunks, finished)
+
+
+def _continuation_body(req: GenerationRequest, partial: _Partial) -> bytes | None:
+    """The request that continues a partial chat answer (vLLM's ``continue_final_message``
+    with ``add_generation_prompt=false``), asking only for the tokens still owed; ``None`` for
+    what cannot be continued (not a chat request, ``n`` > 1)."""
+    if not req.path.endswith("/chat/completions"):
+        return None
+    try:
+        body = orjson.loads(req.body)
+    except orjson.JSONDecodeError:
+        return None
+    messages = body.get("messages")
+    if not isinstance(messages, list) or body.get("n", 1) != 1:
+        return None
+    body["messages"] = [*messages, {"role": "assistant", "content": partial.text}]
+    body["continue_final_message"] = True
+    body["add_generation_prompt"] = False
+    for name in ("max_tokens", "max_completion_tokens"):
+        limit = body.get(name)
+        if isinstance(limit, int):
+            # vLLM streams one token per content chunk; that is the count already delivered.
+            body[name] = max(1, limit - partial.chunks)
+    return orjson.dumps(body)
 
 
 async def _read_bounded(response: httpx2.Response) -> bytes:

@@ -1,0 +1,74 @@
+"""A broken upstream stream is continued (vLLM's continue_final_message), not failed and not
+re-generated: subscribers see one unbroken stream with exactly the engine's text."""
+
+from __future__ import annotations
+
+import orjson
+from gateway_helpers import chat_body, content_of, fast_sim, make_stack, post_stream, sse_payloads
+
+from streamsafe.engine_sim import Fault, expected_text
+from streamsafe.gateway.registry import GenerationRequest, _continuation_body, _Partial
+
+
+def test_cut_upstream_stream_is_continued_and_the_client_sees_the_exact_text() -> None:
+    # Every engine response is cut after 5 data events (the role chunk and 4 tokens).
+    sim = fast_sim(faults=(Fault.parse("cut:5:1"),))
+    body = chat_body("continue me", max_tokens=20)
+    with make_stack(sim, max_continuations=5) as s:
+        resp = post_stream(s.url, body)
+        assert resp.status_code == 200
+        payloads = sse_payloads(resp.text)
+        assert payloads[-1][1] == "[DONE]"
+        assert content_of(payloads) == expected_text(body, 20)
+        assert [i for i, _ in payloads] == list(range(len(payloads)))  # one numbering
+        roles = [p for _, p in payloads if '"role"' in p]
+        assert len(roles) == 1  # the continuations' role chunks are not repeated
+        sim_stats = s.sim.stats()
+        assert sim_stats["continuations"] >= 1
+        assert sim_stats["generations_started"] - sim_stats["continuations"] == 1
+        gw = s.gw.stats()
+        assert gw["continued"] == sim_stats["continuations"]
+        assert gw["generations_completed"] == 1
+
+
+def test_continuations_are_bounded_then_the_stream_ends_with_an_error_event() -> None:
+    sim = fast_sim(faults=(Fault.parse("cut:5:1"),))
+    with make_stack(sim, max_continuations=1) as s:
+        resp = post_stream(s.url, chat_body("too broken", max_tokens=40))
+        payloads = sse_payloads(resp.text)
+        assert payloads[-1][1] == "[DONE]"
+        error = orjson.loads(payloads[-2][1])["error"]
+        assert error["message"].startswith("upstream")
+        assert s.sim.stats()["continuations"] == 1
+        assert s.gw.stats()["generations_failed"] == 1
+
+
+def test_no_continuation_when_disabled() -> None:
+    sim = fast_sim(faults=(Fault.parse("cut:5:1"),))
+    with make_stack(sim, max_continuations=0) as s:
+        resp = post_stream(s.url, chat_body("x", max_tokens=40))
+        assert "error" in sse_payloads(resp.text)[-2][1]
+        assert s.sim.stats()["continuations"] == 0
+
+
+def _request(path: str, body: dict[str, object]) -> GenerationRequest:
+    return GenerationRequest("t", path, orjson.dumps(body), b"fp", 1, True)
+
+
+def test_continuation_body_asks_only_for_the_tokens_still_owed() -> None:
+    body = chat_body("q", max_tokens=10)
+    out = _continuation_body(_request("/v1/chat/completions", body), _Partial("a b c", 3, False))
+    assert out is not None
+    cont = orjson.loads(out)
+    assert cont["messages"][-1] == {"role": "assistant", "content": "a b c"}
+    assert cont["continue_final_message"] is True
+    assert cont["add_generation_prompt"] is False
+    assert cont["max_tokens"] == 7
+    assert cont["messages"][:-1] == body["messages"]
+
+
+def test_only_single_choice_chat_streams_are_continued() -> None:
+    partial = _Partial("a", 1, False)
+    assert _continuation_body(_request("/v1/completions", {"prompt": "p"}), partial) is None
+    two = {**chat_body("q"), "n": 2}
+    assert _continuation_body(_request("/v1/chat/completions", two), partial) is None
