@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import uvicorn
@@ -148,14 +148,25 @@ def serve_in_thread(app: Any, **kwargs: Any) -> Iterator[ServerThread]:
 
 
 def run_server(
-    app: Any, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info"
+    app: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    announce: Callable[[str], None] | None = None,
 ) -> None:
-    """Serve ``app`` in the foreground until interrupted (uvloop where available)."""
+    """Serve ``app`` in the foreground until interrupted (uvloop where available).
+
+    ``announce`` is called with the base URL once the socket is bound, before serving: with
+    ``port=0`` it is how the caller learns the port the system picked."""
     loop = "uvloop"
     try:
         import uvloop  # noqa: F401
     except ImportError:  # pragma: no cover - platform without uvloop
         loop = "asyncio"
     sock = bind_socket(host, port)
+    if announce is not None:
+        bound = sock.getsockname()[1]
+        announce(f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}")
     server = uvicorn.Server(_config(app, log_level=log_level, loop=loop))
     server.run(sockets=[sock])

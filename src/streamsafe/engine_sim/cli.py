@@ -92,11 +92,19 @@ def _main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"streamsafe simulate: {exc}", file=sys.stderr)
         return 2
-    print(
-        f"simulating {config.model} on http://{args.host}:{args.port}/v1 "
-        f"(memory {config.memory_tokens} tokens, max {config.max_num_seqs} running)",
-        file=sys.stderr,
-        flush=True,
+
+    def announce(url: str) -> None:
+        print(
+            f"simulating {config.model} on {url}/v1 "
+            f"(memory {config.memory_tokens} tokens, max {config.max_num_seqs} running)",
+            flush=True,
+        )
+
+    run_server(
+        Simulator(config),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        announce=announce,
     )
-    run_server(Simulator(config), host=args.host, port=args.port, log_level=args.log_level)
     return 0

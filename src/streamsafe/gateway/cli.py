@@ -112,6 +112,12 @@ def register(subparsers: Any) -> None:
         help="seconds between /health probes of a dead engine (default 1)",
     )
     p.add_argument(
+        "--max-continuations",
+        type=int,
+        default=5,
+        help="times a broken upstream chat stream is continued (default 5; 0: never)",
+    )
+    p.add_argument(
         "--sim-memory-tokens",
         type=int,
         default=32768,
@@ -144,6 +150,7 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
         on_live_duplicate=args.on_live_duplicate,
         upstream_api_key=args.upstream_api_key,
         probe_interval=args.probe_interval,
+        max_continuations=args.max_continuations,
     )
 
 
@@ -168,13 +175,22 @@ def _run(args: argparse.Namespace) -> int:
         print(f"streamsafe serve: {exc}")
         return 2
     keys = len(gateway.config.api_keys)
-    print(
-        f"streamsafe gateway on http://{args.host}:{args.port} -> {upstream} "
-        f"(commit {args.commit}, grace {args.grace:g} s, {keys} API key(s))",
-        flush=True,
-    )
+
+    def announce(url: str) -> None:
+        print(
+            f"streamsafe gateway on {url} -> {upstream} "
+            f"(commit {args.commit}, grace {args.grace:g} s, {keys} API key(s))",
+            flush=True,
+        )
+
     try:
-        run_server(gateway, host=args.host, port=args.port, log_level=args.log_level)
+        run_server(
+            gateway,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            announce=announce,
+        )
     finally:
         if sim_server is not None:
             sim_server.stop()
