@@ -1,0 +1,38 @@
+"""The README's code answers to the original report's three questions run, as written, against
+a gateway with the simulator behind it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from streamsafe.engine_sim import SimConfig, Simulator
+from streamsafe.gateway import Gateway, GatewayConfig
+from streamsafe.serving import ServerThread
+
+_README = Path(__file__).resolve().parent.parent / "README.md"
+_BLOCK = re.compile(r"<!-- readme-test -->\n```python\n(.*?)```", re.S)
+_BLOCKS = _BLOCK.findall(_README.read_text())
+
+
+@pytest.fixture(scope="module")
+def base_url() -> Iterator[str]:
+    sim = Simulator(SimConfig(itl_ms=1.0, itl_ms_per_seq=0.0, prefill_ms_per_token=0.0))
+    with ServerThread(sim) as engine:
+        gw = Gateway(GatewayConfig(upstream=engine.url, heartbeat=0.5))
+        with ServerThread(gw) as gateway:
+            yield gateway.url + "/v1"
+
+
+def test_readme_has_the_three_answers():
+    assert len(_BLOCKS) == 3
+
+
+@pytest.mark.parametrize("index", range(len(_BLOCKS)))
+def test_readme_example_runs(index: int, base_url: str, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("OPENAI_BASE_URL", base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "none")
+    exec(compile(_BLOCKS[index], f"README block {index + 1}", "exec"), {})
