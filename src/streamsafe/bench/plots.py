@@ -32,15 +32,22 @@ def plot_demo(rows: list[dict[str, Any]], series: list[list[tuple[float, int]]],
         ys = [m for _, m in points]
         style = "--" if row["engine_crashes"] else "-"
         label = row["name"] + ("  (engine died)" if row["engine_crashes"] else "")
-        ax_mem.plot(xs, ys, style, label=label, linewidth=1.6)
+        (line,) = ax_mem.plot(xs, ys, style, label=label, linewidth=1.6)
+        if row["engine_crashes"]:
+            peak = max(range(len(ys)), key=ys.__getitem__)
+            ax_mem.plot([xs[peak]], [ys[peak]], "X", color=line.get_color(), markersize=12)
     ax_mem.axhline(capacity, color="black", linewidth=2, label="engine memory capacity")
     ax_mem.set_xlabel("seconds since the scenario started")
     ax_mem.set_ylabel("engine memory in use (tokens)")
-    ax_mem.set_title("Engine memory: retries of an in-flight stream pile up")
+    ax_mem.set_title("Engine memory in use (X: the engine died)")
     ax_mem.legend(fontsize=7, loc="upper right")
     ax_mem.set_ylim(0, capacity * 1.35 if capacity else None)
 
-    names = [r["name"].split(" ", 1)[0] + " " + r["client"] + "\n" + r["path"] for r in rows]
+    short = {"llama-stack-client": "llama-stack", "openai": "openai", "streamsafe": "streamsafe"}
+    names = [
+        f"{r['name'].split('.', 1)[0]}\n{short.get(r['client'], r['client'])}\n{r['path']}"
+        for r in rows
+    ]
     amps = [r["amplification"] for r in rows]
     colors = ["#d62728" if r["engine_crashes"] else "#2ca02c" for r in rows]
     bars = ax_amp.bar(range(len(rows)), amps, color=colors)
