@@ -201,3 +201,13 @@ def test_fields_held_from_an_earlier_read_apply_to_a_whole_event_read():
     assert dec.feed(b"event: delta\nid: 4\n") == []
     assert dec.feed(b"data: x\n\n") == [ServerSentEvent(b"x", "delta", "4")]
     assert dec.feed(b"data: y\n\n") == [ServerSentEvent(b"y", None, "4")]
+
+
+def test_whole_event_reads_with_an_id_line_take_the_id():
+    dec = SSEDecoder()
+    assert dec.feed(b"id: 0\ndata: a\n\n") == [ServerSentEvent(b"a", None, "0")]
+    assert dec.feed(b"id:  1\ndata: b\n\n") == [ServerSentEvent(b"b", None, " 1")]
+    assert dec.feed(b"id: x\x00\ndata: c\n\n") == [ServerSentEvent(b"c", None, " 1")]
+    assert dec.last_event_id == " 1"
+    # two data lines are not the single-event shape: the general path joins them
+    assert dec.feed(b"id: 2\ndata: d\ndata: e\n\n") == [ServerSentEvent(b"d\ne", None, "2")]

@@ -148,19 +148,27 @@ class SSEDecoder:
         if not chunk:
             return []
         if (
-            # Fast path: exactly one "data: ...\n\n" event in this read, nothing held over (what
-            # vLLM sends, one flush per token).
-            chunk.startswith(b"data: ")
-            and chunk.endswith(b"\n\n")
-            and chunk.find(b"\n") == len(chunk) - 2
+            # Fast paths: exactly one event in this read, nothing held over: "data: ...\n\n"
+            # (vLLM flushes one per token) or "id: n\ndata: ...\n\n" (the gateway's).
+            chunk.endswith(b"\n\n")
             and not self._partial
             and not self._data
             and self._event is None
             and self._retry_field is None
             and b"\r" not in chunk
         ):
-            self._at_start = self._skip_lf = False
-            return [ServerSentEvent(chunk[6:-2], None, self.last_event_id, None)]
+            end = len(chunk) - 2
+            if chunk.startswith(b"data: ") and chunk.find(b"\n") == end:
+                self._at_start = self._skip_lf = False
+                return [ServerSentEvent(chunk[6:-2], None, self.last_event_id, None)]
+            if chunk.startswith(b"id: "):
+                nl = chunk.find(b"\n")
+                if chunk.startswith(b"data: ", nl + 1) and chunk.find(b"\n", nl + 1) == end:
+                    self._at_start = self._skip_lf = False
+                    ident = chunk[4:nl]
+                    if b"\0" not in ident:
+                        self.last_event_id = _text(ident)
+                    return [ServerSentEvent(chunk[nl + 7 : -2], None, self.last_event_id, None)]
         if self._partial:
             chunk = self._partial + chunk
             self._partial = b""
@@ -207,6 +215,10 @@ class SSEDecoder:
                 self._retry_field = None
             elif line.startswith(b"data:"):
                 data.append(line[6:] if line[5:6] == b" " else line[5:])
+            elif line.startswith(b"id:"):  # every event of the gateway's streams
+                value = line[4:] if line[3:4] == b" " else line[3:]
+                if b"\0" not in value:
+                    self.last_event_id = _text(value)
             elif line[0] != 58:  # ":" starts a comment
                 self._field(line)
         return events

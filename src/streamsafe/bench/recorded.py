@@ -40,9 +40,12 @@ def recorded_chat_events(n_chunks: int = 10_000, *, with_ids: bool = False) -> l
     return events
 
 
-def recorded_chat_stream(n_chunks: int = 10_000, *, coalesce: int = 1) -> list[bytes]:
-    """The recorded stream as network reads of ``coalesce`` events each."""
-    events = recorded_chat_events(n_chunks)
+def recorded_chat_stream(
+    n_chunks: int = 10_000, *, coalesce: int = 1, with_ids: bool = False
+) -> list[bytes]:
+    """The recorded stream as network reads of ``coalesce`` events each (``with_ids``: framed
+    as the gateway sends it, ``id: n`` on every event)."""
+    events = recorded_chat_events(n_chunks, with_ids=with_ids)
     if coalesce <= 1:
         return events
     return [b"".join(events[i : i + coalesce]) for i in range(0, len(events), coalesce)]

@@ -3,6 +3,7 @@
 Both decode the same recorded stream (10,000 chat chunks by default) in the same process, best of
 several rounds each, interleaved so that machine noise hits both alike. Two shapes of input: one
 event per network read (vLLM's flushing) and 16 events per read (a proxy or slow reader). Two
+framings: vLLM's (``data:`` lines only) and the gateway's (``id: n`` on every event). Two
 depths: events only, and events with their payload as ``str`` (what openai-python's decoder
 always builds; streamsafe builds it only when asked, and its client never does).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import time
 from collections.abc import Callable
@@ -59,8 +61,8 @@ def _best(fn: Callable[[], int], rounds: int) -> tuple[float, int]:
 def run(n_chunks: int = 10_000, rounds: int = 7) -> dict[str, Any]:
     """Measure; return a report dict (events/s for each decoder and their ratio per case)."""
     cases = []
-    for coalesce in (1, 16):
-        chunks = recorded_chat_stream(n_chunks, coalesce=coalesce)
+    for framing, coalesce in itertools.product(("vllm", "gateway"), (1, 16)):
+        chunks = recorded_chat_stream(n_chunks, coalesce=coalesce, with_ids=framing == "gateway")
         for with_text in (False, True):
             ours_t = theirs_t = float("inf")
             events = 0
@@ -73,6 +75,7 @@ def run(n_chunks: int = 10_000, rounds: int = 7) -> dict[str, Any]:
                     raise AssertionError(f"decoders disagree: {events} vs {theirs_events}")
             cases.append(
                 {
+                    "framing": framing,
                     "events_per_read": coalesce,
                     "payload_as_str": with_text,
                     "events": events,
@@ -91,10 +94,18 @@ def _print(report: dict[str, Any]) -> None:
     table = Table(
         title=f"SSE decode, {report['n_chunks']} chat chunks (best of {report['rounds']})"
     )
-    for col in ("events/read", "payload as str", "streamsafe ev/s", "openai ev/s", "ratio"):
+    for col in (
+        "framing",
+        "events/read",
+        "payload as str",
+        "streamsafe ev/s",
+        "openai ev/s",
+        "ratio",
+    ):
         table.add_column(col, justify="right")
     for c in report["cases"]:
         table.add_row(
+            c["framing"],
             str(c["events_per_read"]),
             "yes" if c["payload_as_str"] else "no",
             f"{c['streamsafe_events_per_s']:,.0f}",
