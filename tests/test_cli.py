@@ -35,7 +35,7 @@ def test_bench_sse_reports_a_ratio_for_every_case(tmp_path):
     path = tmp_path / "sse.json"
     assert main(["bench", "sse", "--chunks", "200", "--rounds", "1", "--json", str(path)]) == 0
     report = json.loads(path.read_text())
-    assert len(report["cases"]) == 4
+    assert len(report["cases"]) == 8
     for case in report["cases"]:
         assert case["events"] == 201
         assert case["ratio"] > 0
