@@ -142,3 +142,21 @@ def test_stats_endpoint_reports_every_issue_key(serve, body):
     assert stats["requests_received"] == stats["generations_completed"] == 1
     assert stats["tokens_generated"] == 3 and stats["tokens_unread"] == 0
     assert sim.memory_series()[-1][1] >= 0
+
+
+def test_llama_stack_paths_serve_llama_stack_client_without_done(serve, body):
+    import httpx
+    from llama_stack_client import LlamaStackClient
+
+    _sim, server = serve()
+    client = LlamaStackClient(base_url=server.url, timeout=httpx.Timeout(10), max_retries=0)
+    stream = client.chat.completions.create(**body("hi", max_tokens=3), stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert len(text.split()) == 3
+    raw = httpx.post(
+        server.url + "/v1/openai/v1/chat/completions",
+        json={**body("hi", max_tokens=2), "stream": True},
+        timeout=10,
+    ).text
+    assert "[DONE]" not in raw
+    assert raw.count("data: ") == 3  # the role event and two tokens, no [DONE]
