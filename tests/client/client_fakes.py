@@ -4,6 +4,7 @@ through the sync or the async client alike."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import socket
@@ -150,13 +151,126 @@ def serve(app: Any) -> ServerThread:
     return server  # use as `with serve(app) as server:`
 
 
-def refused_url() -> str:
-    """A loopback URL whose port refuses connections (bound, then closed)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return f"http://127.0.0.1:{port}/v1"
+class RefusingPort:
+    """A loopback port that refuses every connection for as long as this object holds it: the
+    socket is bound (so no other process can take the port) but not listening, so the kernel
+    answers a SYN with a reset. :meth:`listen` turns it into a :class:`RawServer` on the very same
+    port, so "refused, then up" needs no race for a freed port."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.server: RawServer | None = None
+
+    def listen(self, handler: RawHandler) -> RawServer:
+        self.server = RawServer(handler, sock=self.sock)
+        return self.server
+
+    def __enter__(self) -> RefusingPort:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.server is not None:
+            self.server.stop()
+        else:
+            self.sock.close()
+
+
+RawHandler = Callable[["RawConn"], None]
+
+
+class RawConn:
+    """One accepted connection of a :class:`RawServer`: read the request, answer by hand."""
+
+    def __init__(self, sock: socket.socket, index: int) -> None:
+        self.sock = sock
+        self.index = index
+        self.head = b""
+        self.body = b""
+
+    def read_request(self) -> None:
+        """Read the request line, headers and a Content-Length body (what httpx2 sends)."""
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            data = self.sock.recv(65536)
+            if not data:
+                return
+            buf += data
+        self.head, _, rest = buf.partition(b"\r\n\r\n")
+        length = 0
+        for line in self.head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        while len(rest) < length:
+            data = self.sock.recv(65536)
+            if not data:
+                break
+            rest += data
+        self.body = rest
+
+    @property
+    def headers(self) -> dict[str, str]:
+        out = {}
+        for line in self.head.decode().split("\r\n")[1:]:
+            name, _, value = line.partition(":")
+            out[name.strip().lower()] = value.strip()
+        return out
+
+    def respond(self, status: int, content_type: str, body: bytes) -> None:
+        head = (
+            f"HTTP/1.1 {status} X\r\ncontent-type: {content_type}\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        )
+        self.sock.sendall(head.encode() + body)
+
+
+class RawServer:
+    """A loopback TCP server answering each connection by hand in its own thread, for the
+    shapes an ASGI server will not produce (a request read and then the socket closed without a
+    word). ``conns`` records every connection, in order."""
+
+    def __init__(self, handler: RawHandler, *, sock: socket.socket | None = None) -> None:
+        if sock is None:
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        self.sock = sock
+        self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.handler = handler
+        self.conns: list[RawConn] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.sock.accept()
+            except OSError:
+                return  # stopped
+            conn = RawConn(sock, len(self.conns))
+            self.conns.append(conn)
+            try:
+                self.handler(conn)
+            except OSError:
+                pass
+            finally:
+                sock.close()
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self._thread.join(10)
+
+    def __enter__(self) -> RawServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 # -- stream content -------------------------------------------------------------------------

@@ -8,18 +8,21 @@ from __future__ import annotations
 import asyncio
 import random
 
+import orjson
 import pytest
 from client_fakes import (
     Cut,
     FakeClock,
     FakeServer,
+    RawConn,
+    RawServer,
+    RefusingPort,
     Req,
     ServerThread,
     chunk,
     completion,
     events,
     plain_stream,
-    refused_url,
     resumable_stream,
     run,
     serve,
@@ -160,33 +163,87 @@ def test_retry_after_beyond_the_cap_is_not_waited_for(mode):
         assert clock.sleeps == [] and len(app.requests) == 1
 
 
+def sse_over_raw(conn: RawConn) -> None:
+    """Answer a raw connection with the 8-word stream (vLLM's shape) and close."""
+    conn.read_request()
+    body = b"".join(encode_event(e) for e in events(8)) + DONE_EVENT
+    conn.respond(200, "text/event-stream", body)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_connection_refused_is_retried_until_the_server_is_up(mode):
-    base = refused_url()
-    port = int(base.rsplit(":", 1)[1].split("/")[0])
-    app = FakeServer(ok)
-    servers: list[ServerThread] = []
+    with RefusingPort() as port:
+        seen = []
 
-    def start_server(event):
-        if not servers:
-            servers.append(ServerThread(app, port=port).start())
+        def start_listening(event):
+            # The port stayed bound (never free for anyone else) and refused; now it listens.
+            seen.append(event.outcome)
+            if port.server is None:
+                port.listen(sse_over_raw)
 
-    try:
-        [res] = run(mode, {"base_url": base, "on_retry": start_server})
+        [res] = run(mode, {"base_url": port.url, "on_retry": start_listening})
         assert res.error is None and res.text == FULL
-        assert len(app.requests) == 1
-        assert app.requests[0].headers["x-retry-count"] == "1"
-    finally:
-        for s in servers:
-            s.stop()
+        assert len(seen) == 1 and seen[0].refused
+        assert len(port.server.conns) == 1
+        assert port.server.conns[0].headers["x-retry-count"] == "1"
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_connection_refused_everywhere_fails_after_the_policy_retries(mode):
     clock = FakeClock()
-    [res] = run(mode, {"base_url": refused_url()}, clock=clock)
+    with RefusingPort() as port:
+        [res] = run(mode, {"base_url": port.url}, clock=clock)
     assert isinstance(res.error, APIConnectionError) and res.error.refused
     assert res.error.attempts == 3 and len(clock.sleeps) == 2
+
+
+# -- connection lost after the request was sent, before the headers ---------------------------
+
+
+def lose_first(n: int):
+    """A raw server that reads each of the first ``n`` requests in full and then closes the
+    socket without a word (the engine may have the request); later ones are answered."""
+
+    def handler(conn: RawConn) -> None:
+        conn.read_request()
+        if conn.index < n:
+            return  # closed by RawServer without answering
+        if orjson.loads(conn.body).get("stream"):
+            body = b"".join(encode_event(e) for e in events(8)) + DONE_EVENT
+            conn.respond(200, "text/event-stream", body)
+        else:
+            conn.respond(200, "application/json", orjson.dumps(completion(FULL)))
+
+    return handler
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stream_whose_connection_is_lost_before_the_headers_is_not_retried(mode):
+    with RawServer(lose_first(1)) as server:
+        [res] = run(mode, {"base_url": server.url})
+    assert type(res.error) is APIConnectionError and not res.error.refused
+    assert "before the response" in str(res.error) and res.error.attempts == 1
+    assert len(server.conns) == 1 and server.conns[0].body  # the request did arrive
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_plain_call_whose_connection_is_lost_before_the_headers_is_retried_by_policy(mode):
+    clock = FakeClock()
+    with RawServer(lose_first(2)) as server:
+        [res] = run(mode, {"base_url": server.url}, stream=False, clock=clock)
+    assert res.error is None and res.value.choices[0].message.content == FULL
+    assert [c.headers["x-retry-count"] for c in server.conns] == ["0", "1", "2"]
+    assert len({c.headers["idempotency-key"] for c in server.conns}) == 1
+    assert clock.sleeps == [0.25, 0.5]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stream_whose_connection_is_lost_before_the_headers_is_retried_when_opted_in(mode):
+    streaming = StreamingConfig(max_retries=1, retry_on_server_error=True)
+    with RawServer(lose_first(1)) as server:
+        [res] = run(mode, {"base_url": server.url, "streaming": streaming})
+    assert res.error is None and res.text == FULL
+    assert len(server.conns) == 2
 
 
 # -- server errors on a stream -----------------------------------------------------------
