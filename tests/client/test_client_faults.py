@@ -460,6 +460,51 @@ def test_malformed_stream_event_and_body_raise_a_clear_error(mode):
     with serve(FakeServer(bad_body)) as server:
         [res] = run(mode, {"base_url": url(server)}, stream=False)
         assert isinstance(res.error, APIResponseError) and "oops" in str(res.error)
+        assert res.error.body == "<html>oops</html>" and res.error.attempts == 1
+        assert res.error.idempotency_key is not None
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stream_answered_with_a_json_error_body_raises_that_error(mode):
+    body = {"error": {"message": "model overloaded", "type": "EngineError", "code": 507}}
+    app = FakeServer(status(200, body=body))
+    with serve(app) as server:
+        [res] = run(mode, {"base_url": url(server)})
+    err = res.error
+    assert isinstance(err, StreamError), err
+    assert "model overloaded" in str(err) and "application/json" in str(err)
+    assert err.code == 507 and err.type == "EngineError" and err.chunks == []
+    assert len(app.requests) == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stream_answered_with_a_whole_json_completion_raises_api_response_error_with_it(mode):
+    app = FakeServer(status(200, body=completion(FULL)))
+    with serve(app) as server:
+        [res] = run(mode, {"base_url": url(server)})
+    err = res.error
+    assert type(err) is APIResponseError, err
+    assert "not an event stream" in str(err) and "application/json" in str(err)
+    assert err.body == completion(FULL) and err.idempotency_key == app.keys()[0]
+    assert len(app.requests) == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_resume_answered_with_json_ends_in_stream_interrupted(mode):
+    async def handler(req: Req) -> None:
+        if req.index == 0:
+            await req.start_stream(resumable=True)
+            await req.write(encode_event(chunk(0, "a"), id=0))
+            raise Cut
+        await req.status(200, {"error": {"message": "generation expired", "code": "gone"}})
+
+    app = FakeServer(handler)
+    with serve(app) as server:
+        [res] = run(mode, {"base_url": url(server)})
+    assert isinstance(res.error, StreamInterrupted) and res.error.text == "a"
+    assert isinstance(res.error.__cause__, StreamError)
+    assert "generation expired" in str(res.error.__cause__)
+    assert len(app.requests) == 2
 
 
 # -- budget ------------------------------------------------------------------------------

@@ -18,11 +18,12 @@ from streamsafe.client._core import (
     Hook,
     Settings,
     finished,
+    is_event_stream,
     make_settings,
     override,
     text_of,
 )
-from streamsafe.client.errors import APIResponseError, StreamsafeError
+from streamsafe.client.errors import APIResponseError, StreamError, StreamsafeError
 from streamsafe.client.timeouts import Timeouts
 from streamsafe.client.types import (
     APIObject,
@@ -297,6 +298,16 @@ class AsyncClient:
             return None, outcome, err
         if response.status_code < 300:
             call.committed(response, ext)
+            if call.stream and not is_event_stream(response):
+                # Committed (the server may have done the work), so never re-sent: surface
+                # what it said instead of an empty stream.
+                try:
+                    raw = await _read_capped(response)
+                except httpx2.TransportError:
+                    raw = b""
+                finally:
+                    await response.aclose()
+                raise call.not_an_event_stream(response, raw)
             return response, None, None
         try:
             raw = await _read_capped(response)
@@ -330,7 +341,14 @@ class AsyncClient:
                 raise call.interrupted(outcome, decision, chunks) from cause
             await self._sleep(decision.delay)
             call.resumes += 1
-            response, failed, err = await self._send_once(call, resume=True)
+            try:
+                response, failed, err = await self._send_once(call, resume=True)
+            except (APIResponseError, StreamError) as exc:
+                cause = exc
+                outcome = Outcome.broken(
+                    events=len(chunks), resumable=False, detail=f"resume answered: {exc}"
+                )
+                continue
             if response is not None:
                 if call.resumable:
                     return response
@@ -364,10 +382,14 @@ class AsyncClient:
             data = orjson.loads(raw)
         except orjson.JSONDecodeError:
             raise APIResponseError(
-                f"response is not JSON: {raw[:200]!r}", attempts=call.attempts
+                f"response is not JSON: {raw[:200]!r}",
+                body=raw[:MAX_ERROR_BODY].decode("utf-8", "replace"),
+                **call.kw(),
             ) from None
         if type(data) is not dict:
-            raise APIResponseError(f"response is not a JSON object: {raw[:200]!r}")
+            raise APIResponseError(
+                f"response is not a JSON object: {raw[:200]!r}", body=data, **call.kw()
+            )
         return result(data)
 
     async def _post(

@@ -161,6 +161,13 @@ def parse_error_body(raw: bytes) -> Any:
         return raw.decode("utf-8", "replace")
 
 
+def is_event_stream(response: httpx2.Response) -> bool:
+    """Whether a 2xx answer to a streaming request is an event stream. A missing
+    ``Content-Type`` is given the benefit of the doubt (the SSE decoder will tell)."""
+    ctype = response.headers.get("content-type")
+    return ctype is None or ctype.lstrip().lower().startswith("text/event-stream")
+
+
 def text_of(chunks: list[Any]) -> str:
     """The text of choice 0 across stream chunks (chat ``delta.content`` or completion
     ``text``): what a caller shows."""
@@ -295,7 +302,8 @@ class Call:
 
     # -- classifying what went wrong -----------------------------------------------------
 
-    def _kw(self) -> dict[str, Any]:
+    def kw(self) -> dict[str, Any]:
+        """What every error of this call carries: attempts, resumes, idempotency_key."""
         return {
             "attempts": self.attempts,
             "resumes": self.resumes,
@@ -304,7 +312,7 @@ class Call:
 
     def request_failure(self, exc: httpx2.TransportError) -> tuple[Outcome, StreamsafeError]:
         """A request that got no response headers: what happened, and the error to raise."""
-        kw = self._kw()
+        kw = self.kw()
         if isinstance(exc, httpx2.TimeoutException):
             if isinstance(exc, httpx2.PoolTimeout):
                 phase = "pool"
@@ -334,7 +342,7 @@ class Call:
         self, response: httpx2.Response, raw: bytes
     ) -> tuple[Outcome, StreamsafeError]:
         headers = {k.lower(): v for k, v in response.headers.items()}
-        err = status_error(response.status_code, parse_error_body(raw), headers, **self._kw())
+        err = status_error(response.status_code, parse_error_body(raw), headers, **self.kw())
         return Outcome.status(response.status_code, headers), err
 
     def stream_failure(self, exc: BaseException | None, events: int) -> Outcome:
@@ -352,7 +360,7 @@ class Call:
 
     def body_failure(self, exc: httpx2.TransportError) -> StreamsafeError:
         """The error for a plain call whose body was lost after the headers."""
-        kw = self._kw()
+        kw = self.kw()
         if isinstance(exc, httpx2.ReadTimeout):
             phase = "total" if self.past_deadline() else "idle"
             return APITimeoutError(f"{phase} timeout reading the response body", phase=phase, **kw)
@@ -367,7 +375,7 @@ class Call:
             reason=outcome.describe(),
             chunks=chunks,
             text=text,
-            **self._kw(),
+            **self.kw(),
         )
 
     def stream_error(self, data: dict[str, Any], chunks: list[Any]) -> StreamError:
@@ -378,12 +386,36 @@ class Call:
             error=error,
             chunks=chunks,
             text=text_of(chunks),
-            **self._kw(),
+            **self.kw(),
+        )
+
+    def not_an_event_stream(self, response: httpx2.Response, raw: bytes) -> StreamsafeError:
+        """The error for a stream answered 2xx with a body that is not an event stream (a JSON
+        error or a whole completion): the server's own error where it sent one, else
+        :class:`APIResponseError` carrying the body. Committed: never re-sent."""
+        ctype = response.headers.get("content-type", "")
+        body = parse_error_body(raw)
+        error = body.get("error") if isinstance(body, dict) else None
+        if error is not None:
+            message = error.get("message") if isinstance(error, dict) else None
+            return StreamError(
+                f"stream answered with {ctype} instead of an event stream, carrying an error: "
+                f"{message or error!r}",
+                error=error,
+                chunks=[],
+                text="",
+                **self.kw(),
+            )
+        return APIResponseError(
+            f"a streaming request was answered with {ctype}, not an event stream "
+            f"(status {response.status_code}): {raw[:200]!r}",
+            body=body,
+            **self.kw(),
         )
 
     def bad_event(self, raw: bytes, chunks: list[Any]) -> APIResponseError:
         return APIResponseError(
-            f"stream event is not JSON after {len(chunks)} chunks: {raw[:200]!r}", **self._kw()
+            f"stream event is not JSON after {len(chunks)} chunks: {raw[:200]!r}", **self.kw()
         )
 
     # -- deciding ------------------------------------------------------------------------
@@ -446,7 +478,7 @@ class Call:
         return RetryBudgetExhausted(
             f"retry budget exhausted ({budget.tokens:.1f} tokens): {err}",
             last_error=err,
-            **self._kw(),
+            **self.kw(),
         )
 
 

@@ -13,7 +13,8 @@
     │   ├── RateLimitError               429 (.retry_after)
     │   └── InternalServerError          5xx
     │       └── ServiceUnavailableError  503 (.retry_after)
-    ├── APIResponseError                 the response is not what the API promises (bad JSON)
+    ├── APIResponseError                 the response is not what the API promises (bad JSON,
+    │                                    a stream answered without an event stream; .body)
     ├── StreamError                      the server sent an error event inside a stream
     ├── StreamInterrupted                a committed stream broke and could not be resumed;
     │                                    carries .chunks and .text received so far
@@ -152,7 +153,13 @@ class ServiceUnavailableError(InternalServerError):
 
 
 class APIResponseError(StreamsafeError):
-    """The response breaks the API's contract (a body or event that is not JSON)."""
+    """The response breaks the API's contract: a body or event that is not JSON, or a stream
+    answered with something other than ``text/event-stream``. ``body`` is what the server sent
+    instead (parsed JSON where it is JSON, else text; ``None`` where not kept)."""
+
+    def __init__(self, message: str, *, body: Any = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.body = body
 
 
 class _Partial(StreamsafeError):
