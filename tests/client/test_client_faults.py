@@ -6,6 +6,7 @@ Retries wait on a fake clock (no real sleeps); what the server saw is counted on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 
 import orjson
@@ -33,8 +34,10 @@ from streamsafe.client import (
     APIConnectionError,
     APIResponseError,
     APITimeoutError,
+    AsyncClient,
     AuthenticationError,
     BadRequestError,
+    Client,
     InternalServerError,
     NotFoundError,
     RateLimitError,
@@ -527,17 +530,59 @@ def test_budget_stops_retries_when_a_backend_keeps_failing_and_refills_on_succes
 # -- connection hygiene and headers -------------------------------------------------------
 
 
+async def endless(req: Req) -> None:
+    await req.start_stream()
+    gone = asyncio.ensure_future(req.wait_disconnect())
+    i = 0
+    while not gone.done():  # uvicorn drops writes after a disconnect; receive() tells
+        await req.write(encode_event(chunk(i, "x")))
+        i += 1
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("how", ["break", "raise"])
+def test_leaving_a_for_loop_early_without_with_or_close_drops_the_connection(mode, how):
+    # The stream object stays referenced: only leaving the loop may close the connection.
+    app = FakeServer(endless)
+
+    def body(i: int) -> bool:
+        if i == 2 and how == "raise":
+            raise LookupError("caller's own error")
+        return i == 2
+
+    with serve(app) as server:
+        if mode == "sync":
+            with Client(base_url=url(server)) as client:
+                stream = client.chat.completions.create(model="m", messages=[], stream=True)
+                with contextlib.suppress(LookupError):
+                    for i, _ in enumerate(stream):
+                        if body(i):
+                            break
+                assert wait_disconnect(app.requests[0], 5.0)
+                assert stream.response.is_closed and len(stream.chunks) == 3
+        else:
+
+            async def go() -> None:
+                async with AsyncClient(base_url=url(server)) as client:
+                    stream = await client.chat.completions.create(
+                        model="m", messages=[], stream=True
+                    )
+                    i = 0
+                    with contextlib.suppress(LookupError):
+                        async for _ in stream:
+                            if body(i):
+                                break
+                            i += 1
+                    # Wait off the loop: the close runs on this loop.
+                    assert await asyncio.to_thread(wait_disconnect, app.requests[0], 5.0)
+                    assert stream.response.is_closed and len(stream.chunks) == 3
+
+            asyncio.run(go())
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_stream_closed_early_by_the_caller_is_seen_as_a_disconnect(mode):
-    async def endless(req: Req) -> None:
-        await req.start_stream()
-        gone = asyncio.ensure_future(req.wait_disconnect())
-        i = 0
-        while not gone.done():  # uvicorn drops writes after a disconnect; receive() tells
-            await req.write(encode_event(chunk(i, "x")))
-            i += 1
-            await asyncio.sleep(0.01)
-
     app = FakeServer(endless)
     with serve(app) as server:
         if mode == "sync":

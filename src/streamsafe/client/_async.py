@@ -42,7 +42,9 @@ T = TypeVar("T", bound=APIObject)
 
 class AsyncStream(Generic[T]):
     """A streaming result: ``async for`` it for chunks; use it as an async context manager or
-    call :meth:`aclose` to drop the connection early (the server sees the disconnect).
+    call :meth:`aclose` to drop the connection early (the server sees the disconnect). Leaving
+    an ``async for`` over it early (``break``, an exception) closes it too, at the loop's next
+    turn; ``await anext(stream)`` reads one chunk without that.
 
     A break after the headers is resumed where the server is resumable, invisibly but for a log
     line; otherwise :class:`~streamsafe.client.errors.StreamInterrupted` is raised with what
@@ -80,7 +82,20 @@ class AsyncStream(Generic[T]):
         return self._call.resumes if self._call else 0
 
     def __aiter__(self) -> AsyncIterator[T]:
-        return self._iterator
+        return _Loop(self)
+
+    def _abandoned(self) -> None:
+        """An ``async for`` was left early: close the connection on this loop now, not when
+        the garbage collector finds the stream."""
+        if self.response.is_closed:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop left to close it on; the pool's close will
+        task = loop.create_task(self.aclose())
+        _CLOSING.add(task)
+        task.add_done_callback(_CLOSING.discard)
 
     async def __anext__(self) -> T:
         return await self._iterator.__anext__()
@@ -151,6 +166,31 @@ class AsyncStream(Generic[T]):
             outcome = call.stream_failure(failure, len(chunks))
             response = await self._client._resume(call, outcome, chunks, failure)
             self.response = response
+
+
+# Closing tasks started by _abandoned, held until done (the loop keeps only weak references).
+_CLOSING: set[asyncio.Task[None]] = set()
+
+
+class _Loop(Generic[T]):
+    """What one ``async for`` over an :class:`AsyncStream` holds, and nothing else does: when
+    the loop is left early it is dropped at once, and that closes the stream. Its ``__anext__``
+    hands out the stream generator's own awaitable, so a chunk costs one call more, no more."""
+
+    __slots__ = ("_next", "_stream")
+
+    def __init__(self, stream: AsyncStream[T]) -> None:
+        self._stream = stream
+        self._next = stream._iterator.__anext__
+
+    def __aiter__(self) -> _Loop[T]:
+        return self
+
+    def __anext__(self) -> Awaitable[T]:
+        return self._next()
+
+    def __del__(self) -> None:
+        self._stream._abandoned()
 
 
 def _int_id(value: str | None) -> int | None:

@@ -41,7 +41,9 @@ T = TypeVar("T", bound=APIObject)
 
 class Stream(Generic[T]):
     """A streaming result: iterate it for chunks; use it as a context manager or call
-    :meth:`close` to drop the connection early (the server sees the disconnect).
+    :meth:`close` to drop the connection early (the server sees the disconnect). Leaving a
+    ``for`` loop over it early (``break``, an exception) closes it too; ``next(stream)`` reads
+    one chunk without that.
 
     A break after the headers is resumed where the server is resumable, invisibly but for a log
     line; otherwise :class:`~streamsafe.client.errors.StreamInterrupted` is raised with what
@@ -79,7 +81,16 @@ class Stream(Generic[T]):
         return self._call.resumes if self._call else 0
 
     def __iter__(self) -> Iterator[T]:
-        return self._iterator
+        return self._loop()
+
+    def _loop(self) -> Generator[T, None, None]:
+        # Each for loop gets a generator of its own that only the loop holds. Leaving the loop
+        # early (break, an exception) drops it at once, and its finally closes the connection,
+        # so the server sees the disconnect even while the caller keeps the Stream.
+        try:
+            yield from self._iterator
+        finally:
+            self.close()
 
     def __next__(self) -> T:
         return next(self._iterator)
