@@ -341,6 +341,61 @@ def test_non_resumable_server_cut_raises_stream_interrupted_with_the_exact_parti
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_resumable_stream_without_event_ids_is_not_resumed_once_chunks_arrived(mode):
+    # Without an id there is no Last-Event-ID: a resume would replay from the start and the
+    # caller would see the first chunks twice.
+    evs = events(6)
+
+    async def handler(req: Req) -> None:
+        await req.start_stream(resumable=True)
+        for i, ev in enumerate(evs):
+            if req.index == 0 and i == 2:
+                raise Cut
+            await req.write(encode_event(ev))
+        await req.write(DONE_EVENT, more=False)
+
+    app = FakeServer(handler)
+    with serve(app) as server:
+        [res] = run(mode, {"base_url": url(server)})
+    assert isinstance(res.error, StreamInterrupted), res.text
+    assert res.error.text == "w0 w1 " and len(app.requests) == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_resumable_stream_broken_before_any_event_is_resumed_from_the_start(mode):
+    async def handler(req: Req) -> None:
+        await req.start_stream(resumable=True)
+        if req.index == 0:
+            await req.write(encode_comment("keep-alive"))
+            raise Cut
+        for ev in events(8):
+            await req.write(encode_event(ev))
+        await req.write(DONE_EVENT, more=False)
+
+    app = FakeServer(handler)
+    with serve(app) as server:
+        [res] = run(mode, {"base_url": url(server)})
+    assert res.error is None and res.text == FULL
+    assert [r.headers.get("last-event-id") for r in app.requests] == [None, None]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_first_byte_timeout_does_not_apply_between_chunks(mode):
+    async def handler(req: Req) -> None:
+        await req.start_stream()
+        await req.write(encode_event(chunk(0, "slow ")))
+        await asyncio.sleep(0.4)  # past first_byte, well within idle
+        await req.write(encode_event(chunk(1, "but fine", "stop")))
+        await req.write(DONE_EVENT, more=False)
+
+    app = FakeServer(handler)
+    with serve(app) as server:
+        kw = {"base_url": url(server), "timeout": Timeouts(first_byte=0.2, idle=30.0)}
+        [res] = run(mode, kw)
+    assert res.error is None and res.text == "slow but fine"
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_idle_timeout_on_a_resumable_stream_resumes(mode):
     evs = events(6)
 

@@ -348,15 +348,20 @@ class Call:
     def stream_failure(self, exc: BaseException | None, events: int) -> Outcome:
         """A committed stream broke: ``exc`` is the transport error, ``None`` for a clean end
         before ``[DONE]``."""
+        # Resuming needs a Last-Event-ID once chunks were delivered: without one the server
+        # replays from the start and the caller would see those chunks twice.
+        resumable = self.resumable and (events == 0 or self.last_event_id is not None)
         if isinstance(exc, httpx2.ReadTimeout):
             if self.past_deadline():
                 return Outcome.timed_out("total", committed=True, events=events)
-            return Outcome.timed_out("idle", events=events, resumable=self.resumable)
+            return Outcome.timed_out("idle", events=events, resumable=resumable)
         if exc is None:
             detail = "stream truncated before [DONE]"
         else:
             detail = f"connection lost ({type(exc).__name__})"
-        return Outcome.broken(events=events, resumable=self.resumable, detail=detail)
+        if self.resumable and not resumable:
+            detail += ", no event id to resume from"
+        return Outcome.broken(events=events, resumable=resumable, detail=detail)
 
     def body_failure(self, exc: httpx2.TransportError) -> StreamsafeError:
         """The error for a plain call whose body was lost after the headers."""
