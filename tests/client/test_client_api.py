@@ -133,3 +133,49 @@ def test_chat_command_prints_the_reply_as_it_streams(capsys):
     )
     assert streamed == want + "\n" and plain == want + "\n"
     assert "404" in err
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_with_options_none_keeps_settings_and_an_unknown_name_is_refused(mode):
+    import asyncio
+
+    import httpx2
+
+    app = FakeServer(plain_stream(2))
+    with serve(app) as server:
+        base = server.url + "/v1"
+        if mode == "sync":
+            client = Client(base_url=base, api_key="sk-1")
+            other_http = httpx2.Client()
+            copy = client.with_options(
+                base_url=None, api_key=None, retry=None, streaming=None, http_client=other_http
+            )
+            assert copy._http is other_http
+            with copy.chat.completions.create(model="m", messages=[], stream=True) as stream:
+                assert stream.text == "" and len(list(stream)) == 3
+            with pytest.raises(TypeError, match="bogus"):
+                client.with_options(bogus=1)
+            client.close()
+            assert not other_http.is_closed  # not ours to close
+            other_http.close()
+        else:
+
+            async def go() -> AsyncClient:
+                client = AsyncClient(base_url=base, api_key="sk-1")
+                other_http = httpx2.AsyncClient()
+                copy = client.with_options(
+                    base_url=None, api_key=None, retry=None, streaming=None, http_client=other_http
+                )
+                assert copy._http is other_http
+                stream = await copy.chat.completions.create(model="m", messages=[], stream=True)
+                async with stream:
+                    assert len([c async for c in stream]) == 3
+                with pytest.raises(TypeError, match="bogus"):
+                    client.with_options(bogus=1)
+                await client.aclose()
+                await other_http.aclose()
+                return copy
+
+            copy = asyncio.run(go())
+    assert copy.base_url == base and copy.settings.api_key == "sk-1"
+    assert app.requests[0].headers["authorization"] == "Bearer sk-1"

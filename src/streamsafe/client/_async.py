@@ -285,14 +285,21 @@ class AsyncClient:
     def with_options(self, **changes: Any) -> AsyncClient:
         """A client with some settings changed (``base_url``, ``api_key``, ``timeout``, ``retry``,
         ``streaming``, ``budget``, ``default_headers``, ``on_retry``, ``on_resume``, ``clock``,
-        ``rand``, ``sleep``), sharing this one's connection pool and budget."""
+        ``rand``, ``sleep``, ``http_client``), sharing this one's connection pool and budget
+        unless those are given. ``None`` keeps the current ``base_url``, ``api_key``, ``retry``,
+        ``streaming`` and ``default_headers`` (as ``None`` per call does); ``budget=None`` turns
+        throttling off and ``timeout=None`` lifts every limit. An unknown name raises
+        :class:`TypeError`. Closing the copy never closes the shared pool."""
         other = object.__new__(AsyncClient)
         other.__dict__.update(self.__dict__)
         sleep = changes.pop("sleep", None)
+        http_client: httpx2.AsyncClient | None = changes.pop("http_client", None)
         other._settings = override(self._settings, changes)
         other._owns_http = False
         if sleep is not None:
             other._sleep = sleep
+        if http_client is not None:
+            other._http = http_client
         other.chat = _Chat(other)
         other.completions = _Completions(other)
         other.models = _Models(other)

@@ -119,11 +119,39 @@ def make_settings(
     )
 
 
+#: What ``with_options`` changes (besides ``sleep`` and ``http_client``, kept on the client).
+OPTION_NAMES = frozenset(
+    {
+        "base_url",
+        "api_key",
+        "timeout",
+        "retry",
+        "streaming",
+        "budget",
+        "default_headers",
+        "on_retry",
+        "on_resume",
+        "clock",
+        "rand",
+    }
+)
+# ``None`` for these means "keep what the client has" (openai-python's with_options does the
+# same for base_url and api_key); for budget and timeout it is a value (off, no limits).
+_NONE_KEEPS = frozenset({"base_url", "api_key", "retry", "streaming", "default_headers"})
+
+
 def override(settings: Settings, changes: dict[str, Any]) -> Settings:
-    """``settings`` with the per-call or ``with_options`` changes applied (NOT_GIVEN skipped)."""
+    """``settings`` with the per-call or ``with_options`` changes applied (NOT_GIVEN skipped,
+    ``None`` skipped where it means "keep"); an unknown name is a :class:`TypeError`."""
+    unknown = set(changes) - OPTION_NAMES
+    if unknown:
+        raise TypeError(
+            f"unknown option(s) {', '.join(sorted(unknown))}; "
+            f"known: {', '.join(sorted(OPTION_NAMES | {'sleep', 'http_client'}))}"
+        )
     out: dict[str, Any] = {}
     for name, value in changes.items():
-        if value is NOT_GIVEN:
+        if value is NOT_GIVEN or (value is None and name in _NONE_KEEPS):
             continue
         if name == "timeout":
             out["timeouts"] = Timeouts.of(value)
