@@ -49,6 +49,7 @@ class Seen:
     headers: dict[str, str]
     body: bytes
     disconnected: threading.Event = field(default_factory=threading.Event)
+    names: list[str] = field(default_factory=list)  # every header name, repeats kept
 
     def json(self) -> Any:
         return orjson.loads(self.body)
@@ -128,7 +129,8 @@ class FakeServer:
             if not msg.get("more_body"):
                 break
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
-        seen = Seen(scope["method"], scope["path"], headers, body)
+        names = [k.decode().lower() for k, _ in scope["headers"]]
+        seen = Seen(scope["method"], scope["path"], headers, body, names=names)
         index = len(self.requests)
         self.requests.append(seen)
         req = Req(seen, index, receive, send)

@@ -692,6 +692,19 @@ def test_idempotency_key_is_the_same_across_attempts_and_resumes_and_differs_bet
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", ["Idempotency-Key", "idempotency-key"])
+def test_a_callers_own_idempotency_key_header_is_the_calls_key_on_every_attempt(mode, name):
+    app = FakeServer(scripted(status(503, {"Retry-After": "0"}), ok))
+    with serve(app) as server:
+        [res] = run(mode, {"base_url": url(server)}, extra_headers={name: "mine", "ACCEPT": "*/*"})
+    assert res.error is None and res.key == "mine"
+    assert app.keys() == ["mine", "mine"]
+    for seen in app.requests:
+        assert seen.names.count("idempotency-key") == 1 and seen.names.count("accept") == 1
+        assert seen.headers["accept"] == "*/*"
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_headers_and_environment_fallbacks(mode, monkeypatch):
     app = FakeServer(ok)
     with serve(app) as server:

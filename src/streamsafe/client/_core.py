@@ -242,6 +242,7 @@ class Call:
         "started_at",
         "stream",
         "url",
+        "user_headers",
     )
 
     def __init__(
@@ -260,7 +261,11 @@ class Call:
         self.url = settings.base_url + path
         self.body = None if body is None else orjson.dumps(body)
         self.stream = stream
-        self.idempotency_key = (idempotency_key or str(uuid.uuid4())) if method == "POST" else None
+        # Header names are matched case-insensitively: a caller's own "idempotency-key" header
+        # is the call's key (not a second, different one next to ours).
+        self.user_headers = {k.lower(): v for k, v in settings.headers.items()}
+        given = idempotency_key or self.user_headers.pop("idempotency-key", None)
+        self.idempotency_key = (given or str(uuid.uuid4())) if method == "POST" else None
         self.attempts = 0  # requests sent (first attempt, retries and resumes)
         self.resumes = 0
         self.last_event_id: str | None = None
@@ -277,23 +282,25 @@ class Call:
     # -- building a request --------------------------------------------------------------
 
     def headers(self, *, resume: bool) -> dict[str, str]:
+        """The headers of the next request (lower-case names, so a caller's header replaces
+        ours instead of travelling beside it; the call's own are set last)."""
         s = self.settings
         h = {
-            "Accept": "text/event-stream" if self.stream else "application/json",
-            "User-Agent": f"streamsafe/{__version__}",
-            **s.headers,
+            "accept": "text/event-stream" if self.stream else "application/json",
+            "user-agent": f"streamsafe/{__version__}",
+            **self.user_headers,
         }
         if s.api_key:
-            h["Authorization"] = f"Bearer {s.api_key}"
+            h["authorization"] = f"Bearer {s.api_key}"
         if self.body is not None:
-            h["Content-Type"] = "application/json"
+            h["content-type"] = "application/json"
         if self.idempotency_key is not None:
-            h["Idempotency-Key"] = self.idempotency_key
-        h["X-Retry-Count"] = str(self.attempts)
+            h["idempotency-key"] = self.idempotency_key
+        h["x-retry-count"] = str(self.attempts)
         if self.stream:
-            h["X-LlamaStack-Streaming"] = "true"
+            h["x-llamastack-streaming"] = "true"
         if resume and self.last_event_id is not None:
-            h["Last-Event-ID"] = self.last_event_id
+            h["last-event-id"] = self.last_event_id
         return h
 
     def _remaining(self) -> float | None:
