@@ -64,6 +64,7 @@ class AsyncStream(Generic[T]):
         self._type = chunk_type
         self._call = call
         self._client = client
+        self._closed = False
         self._iterator = self._iter()
 
     @property
@@ -87,7 +88,7 @@ class AsyncStream(Generic[T]):
     def _abandoned(self) -> None:
         """An ``async for`` was left early: close the connection on this loop now, not when
         the garbage collector finds the stream."""
-        if self.response.is_closed:
+        if self._closed or self.response.is_closed:
             return
         try:
             loop = asyncio.get_running_loop()
@@ -112,8 +113,11 @@ class AsyncStream(Generic[T]):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the connection now (idempotent)."""
-        await self._iterator.aclose()
+        """Close the connection now (idempotent, and safe to call while a close started by
+        leaving a loop early is under way)."""
+        if not self._closed:
+            self._closed = True
+            await self._iterator.aclose()
         await self.response.aclose()
 
     async def close(self) -> None:
