@@ -34,7 +34,7 @@ from streamsafe.gateway.registry import (
     Registry,
     error_body,
 )
-from streamsafe.gateway.store import MemoryStore, Store
+from streamsafe.gateway.store import MemoryEventLog, MemoryStore, Store
 from streamsafe.gateway.upstream import Upstream
 from streamsafe.sse import DONE, DONE_EVENT
 
@@ -96,6 +96,8 @@ class _Subscriber:
 def _frame(batch: list[bytes], start: int, multiline: bool) -> bytes:
     """SSE frames with ids ``start, start+1, ...`` for the payloads of ``batch``."""
     if not multiline:
+        if len(batch) == 1:  # the usual case: the subscriber keeps up, one event per wake
+            return b"id: %d\ndata: %s\n\n" % (start, batch[0])
         return b"".join([b"id: %d\ndata: %s\n\n" % (i, p) for i, p in enumerate(batch, start)])
     out = []
     for i, p in enumerate(batch, start):
@@ -376,7 +378,6 @@ class Gateway:
     async def _serve_json(self, sub: _Subscriber, send: Send) -> None:
         gen = sub.gen
         while not sub.gone:
-            changed = gen.changed
             if gen.finished:
                 if gen.failure is not None:
                     await _send_failure(send, gen.failure)
@@ -389,7 +390,7 @@ class Gateway:
                     msg = error_body("the generation was aborted", "upstream_error", 502)
                     await _respond(send, 502, msg)
                 return
-            await changed.wait()
+            await gen.next_change()
 
     async def _serve_stream(
         self, sub: _Subscriber, start: int, send: Send, drop_done: bool
@@ -409,10 +410,13 @@ class Gateway:
             (b"x-streamsafe-generation", gen.id.encode()),
         ]
         start_msg = {"type": "http.response.start", "status": 200, "headers": headers}
+        log_ = gen.log
+        # An in-process log is read without a coroutine per chunk.
+        read_now = log_.read_nowait if isinstance(log_, MemoryEventLog) else None
         while not sub.gone:
-            changed = gen.changed
+            version = gen.version
             if cursor < gen.length:
-                batch = await gen.log.read(cursor)
+                batch = read_now(cursor) if read_now is not None else await log_.read(cursor)
                 if not committed:
                     await send(start_msg)
                     committed = True
@@ -461,12 +465,17 @@ class Gateway:
                     )
                     next_beat = now + heartbeat
                 timeout = next_beat - now
+            if gen.version != version:  # changed while a heartbeat or the headers went out
+                continue
+            waiter = gen.next_change()
             if timeout is None:
-                await changed.wait()
+                await waiter
             else:
-                with contextlib.suppress(TimeoutError):
+                try:
                     async with asyncio.timeout(max(0.0, timeout)):
-                        await changed.wait()
+                        await waiter
+                except TimeoutError:
+                    gen.forget_waiter(waiter)
 
 
 async def _watch_disconnect(receive: Receive, sub: _Subscriber) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import logging
 import os
@@ -29,7 +30,7 @@ import orjson
 
 from streamsafe.gateway.admission import Admission, Shed, Ticket
 from streamsafe.gateway.config import GatewayConfig
-from streamsafe.gateway.store import EventLog, Store
+from streamsafe.gateway.store import EventLog, MemoryEventLog, Store
 from streamsafe.gateway.upstream import Upstream, is_engine_death
 from streamsafe.sse import DONE, SSEDecoder, SSEError
 
@@ -147,14 +148,16 @@ class Counters:
 class Generation:
     """One upstream request and everything that follows from it.
 
-    ``changed`` is replaced on every change (events appended, state changed), after setting the
-    old one: a waiter takes the current event, checks, and awaits it, so one ``set()`` per batch
-    wakes every subscriber and no change is missed.
+    Every change (events appended, state changed) bumps ``version`` and resolves the futures of
+    the subscribers waiting for it. A subscriber notes ``version``, checks, and waits on
+    :meth:`next_change` only if ``version`` has not moved meanwhile, so no change is missed and a
+    change costs one integer increment plus one ``set_result`` per waiting subscriber (no new
+    ``asyncio.Event`` per batch).
     """
 
     __slots__ = (
+        "_waiters",
         "admitted_at",
-        "changed",
         "continuations",
         "cost",
         "created_at",
@@ -174,6 +177,7 @@ class Generation:
         "task",
         "tenant",
         "upstream_status",
+        "version",
     )
 
     def __init__(self, gen_id: str, request: GenerationRequest, log_: EventLog, key: str | None):
@@ -190,7 +194,8 @@ class Generation:
         self.failure: Failure | None = None
         self.upstream_status: int | None = None
         self.subscribers = 0
-        self.changed = asyncio.Event()
+        self.version = 0
+        self._waiters: list[asyncio.Future[None]] = []
         self.task: asyncio.Task[None] | None = None
         self.grace_handle: asyncio.TimerHandle | None = None
         self.created_at = time.monotonic()
@@ -211,9 +216,25 @@ class Generation:
 
     def wake(self) -> None:
         """Wake every subscriber waiting on this generation."""
-        event = self.changed
-        self.changed = asyncio.Event()
-        event.set()
+        self.version += 1
+        waiters = self._waiters
+        if waiters:
+            self._waiters = []
+            for waiter in waiters:
+                if not waiter.done():  # cancelled by its subscriber's timeout
+                    waiter.set_result(None)
+
+    def next_change(self) -> asyncio.Future[None]:
+        """A future the next :meth:`wake` resolves. Check ``version`` first (see the class)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        return waiter
+
+    def forget_waiter(self, waiter: asyncio.Future[None]) -> None:
+        """Drop a waiter that stopped waiting (timed out), so idle generations do not collect
+        them."""
+        with contextlib.suppress(ValueError):
+            self._waiters.remove(waiter)
 
     def __repr__(self) -> str:
         return f"Generation({self.id}, {self.state}, events={self.length}, subs={self.subscribers})"
@@ -457,6 +478,8 @@ class Registry:
     ) -> str | None:
         decoder = SSEDecoder()
         log_ = gen.log
+        # An in-process log is appended to without a coroutine per chunk.
+        append_now = log_.append_nowait if isinstance(log_, MemoryEventLog) else None
         counters = self.counters
         errored = False
         try:
@@ -480,7 +503,10 @@ class Registry:
                             self.upstream.engine_died("error event")
                     elif b"\n" in p:
                         gen.multiline = True
-                gen.length = await log_.append(payloads)
+                if append_now is not None:
+                    gen.length = append_now(payloads)
+                else:
+                    gen.length = await log_.append(payloads)
                 counters.events_relayed += len(payloads)
                 gen.wake()
                 if payloads[-1] == DONE:

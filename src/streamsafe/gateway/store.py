@@ -88,12 +88,21 @@ class MemoryEventLog:
 
     async def append(self, payloads: Sequence[bytes]) -> int:
         """Append payloads; return the new length."""
+        return self.append_nowait(payloads)
+
+    async def read(self, start: int) -> list[bytes]:
+        """Payloads from ``start`` on."""
+        return self._items[start:]
+
+    def append_nowait(self, payloads: Sequence[bytes]) -> int:
+        """:meth:`append` without a coroutine: the relay's per-chunk fast path for a log that
+        lives in this process (a networked log has only the awaitable form)."""
         self._items.extend(payloads)
         self._nbytes += sum(map(len, payloads)) + EVENT_OVERHEAD_BYTES * len(payloads)
         return len(self._items)
 
-    async def read(self, start: int) -> list[bytes]:
-        """Payloads from ``start`` on."""
+    def read_nowait(self, start: int) -> list[bytes]:
+        """:meth:`read` without a coroutine (see :meth:`append_nowait`)."""
         return self._items[start:]
 
     @property
