@@ -22,9 +22,10 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["register", "run", "run_default"]
 
@@ -64,42 +65,132 @@ def _completion_id(body: bytes) -> bytes | None:
     return body[start : body.index(b'"', start)]
 
 
-async def _stream_load(
-    url: str, streams: int, chunks: int, tag: str
-) -> tuple[list[tuple[bytes, list[float]]], float]:
-    import httpx2
+class _Reader(asyncio.Protocol):
+    """One stream of the load generator: an asyncio protocol that counts SSE events as bytes
+    arrive, with no HTTP or SSE parsing beyond finding the status and the completion id, so the
+    load generator costs far less per chunk than the gateway it measures."""
 
-    from streamsafe.sse import SSEDecoder
+    def __init__(self, request: bytes, done: asyncio.Future[None]) -> None:
+        self.request = request
+        self.done = done
+        self.head = b""
+        self.in_body = False
+        self.status = 0
+        self.cid = b"?"
+        self.prefix = b""  # body bytes kept until the completion id is seen
+        self.last_nl = False
+        self.arrivals: list[float] = []
 
-    limits = httpx2.Limits(max_connections=None, max_keepalive_connections=streams)
-    timeout = httpx2.Timeout(connect=30.0, read=120.0, write=30.0, pool=None)
-    async with httpx2.AsyncClient(limits=limits, timeout=timeout) as client:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        cast(asyncio.Transport, transport).write(self.request)
 
-        async def one(i: int) -> tuple[bytes, list[float]]:
-            body = {
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        if not self.in_body:
+            self.head += data
+            end = self.head.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            self.status = int(self.head[9:12])
+            data = self.head[end + 4 :]
+            self.in_body = True
+        if self.cid == b"?" and len(self.prefix) < 65536:
+            self.prefix += data
+            self.cid = _completion_id(self.prefix) or b"?"
+        # An event ends with a blank line ("\n\n"); chunked-encoding framing never makes one.
+        n = data.count(b"\n\n") - data.count(b"keep-alive\n\n")
+        if self.last_nl and data[:1] == b"\n":
+            n += 1
+        self.last_nl = data[-1:] == b"\n"
+        if n > 0:
+            self.arrivals.extend([now] * n)
+
+    def eof_received(self) -> bool:
+        return False  # let the transport close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+async def _load(url: str, streams: int, chunks: int, tag: str) -> dict[str, Any]:
+    """N concurrent streams of M chunks against ``url``; one connection each."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    loop = asyncio.get_running_loop()
+
+    async def one(i: int) -> tuple[bytes, list[float]]:
+        body = json.dumps(
+            {
                 "model": "sim-llama-8b",
                 "messages": [{"role": "user", "content": f"{tag} stream {i}"}],
                 "max_tokens": chunks,
                 "stream": True,
             }
-            decoder = SSEDecoder()
-            arrivals: list[float] = []
-            cid = b"?"
-            async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
-                if r.status_code != 200:
-                    raise RuntimeError(f"{tag}: status {r.status_code}: {await r.aread()!r}")
-                async for raw in r.aiter_raw():
-                    events = decoder.feed(raw)
-                    if events:
-                        now = time.perf_counter()
-                        if cid == b"?":
-                            cid = _completion_id(events[0].raw) or b"?"
-                        arrivals.extend([now] * len(events))
-            return cid, arrivals
+        ).encode()
+        request = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: %s:%d\r\n"
+            b"content-type: application/json\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n\r\n%s" % (host.encode(), port, len(body), body)
+        )
+        done: asyncio.Future[None] = loop.create_future()
+        reader = _Reader(request, done)
+        transport, _ = await loop.create_connection(lambda: reader, host, port)
+        try:
+            await done
+        finally:
+            transport.close()
+        if reader.status != 200:
+            raise RuntimeError(f"{tag}: status {reader.status}: {reader.prefix[:500]!r}")
+        return reader.cid, reader.arrivals
 
-        t0 = time.perf_counter()
-        results = await asyncio.gather(*(one(i) for i in range(streams)))
-        return list(results), time.perf_counter() - t0
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(one(i) for i in range(streams)))
+    wall = time.perf_counter() - t0
+    return {"streams": [[cid.decode(), arr] for cid, arr in results], "wall_s": wall}
+
+
+def _load_worker() -> None:
+    """Entry of the load-generator process: argv is URL STREAMS CHUNKS TAG; prints JSON."""
+    import resource
+
+    url, streams, chunks, tag = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    try:
+        import uvloop
+
+        report = uvloop.run(_load(url, streams, chunks, tag))
+    except ImportError:  # pragma: no cover - platform without uvloop
+        report = asyncio.run(_load(url, streams, chunks, tag))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    report["cpu_s"] = (usage.ru_utime - before.ru_utime) + (usage.ru_stime - before.ru_stime)
+    sys.stdout.write(json.dumps(report))
+
+
+def _run_load(
+    url: str, streams: int, chunks: int, tag: str, sample: Any = None
+) -> tuple[list[tuple[bytes, list[float]]], dict[str, Any]]:
+    """Run the load generator in its own process (so it never competes with the simulator or
+    the gateway for a GIL) and return per-stream arrivals. ``sample`` is called every 50 ms
+    while it runs."""
+    code = "from streamsafe.bench.overhead import _load_worker; _load_worker()"
+    cmd = [sys.executable, "-c", code, url, str(streams), str(chunks), tag]
+    # The report goes through a file: a pipe would fill up while this process samples.
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+        while proc.poll() is None:
+            if sample is not None:
+                sample()
+            time.sleep(0.05)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            raise RuntimeError(f"load generator failed ({tag}): {err.read().decode()[-2000:]}")
+        report: dict[str, Any] = json.load(out)
+    results = [(cid.encode(), arrivals) for cid, arrivals in report.pop("streams")]
+    return results, report
 
 
 def _latencies(tap: _Tap, results: list[tuple[bytes, list[float]]]) -> list[float]:
@@ -165,8 +256,47 @@ def _gateway_process(upstream: str) -> Iterator[tuple[str, int]]:
             proc.wait()
 
 
-def run(streams: int = 200, chunks: int = 500, itl_ms: float = 5.0) -> dict[str, Any]:
-    """Run the benchmark and return the report."""
+def _cpu(proc: Any) -> float:
+    t = proc.cpu_times()
+    return float(t.user + t.system)
+
+
+def _phase(
+    url: str, streams: int, chunks: int, tag: str, sim_proc: Any, gw_proc: Any = None
+) -> dict[str, Any]:
+    """One load against ``url``: arrivals, wall time, and the CPU each process spent on it."""
+    rss_base = gw_proc.memory_info().rss if gw_proc is not None else 0
+    peak = [rss_base]
+
+    def sample() -> None:
+        if gw_proc is not None:
+            peak[0] = max(peak[0], gw_proc.memory_info().rss)
+
+    sim0 = _cpu(sim_proc)
+    gw0 = _cpu(gw_proc) if gw_proc is not None else 0.0
+    results, load = _run_load(url, streams, chunks, tag, sample)
+    return {
+        "results": results,
+        "chunks": sum(len(a) for _, a in results),
+        "wall_s": load["wall_s"],
+        "loadgen_cpu_s": load["cpu_s"],
+        "sim_cpu_s": _cpu(sim_proc) - sim0,
+        "gw_cpu_s": (_cpu(gw_proc) - gw0) if gw_proc is not None else 0.0,
+        "rss_base": rss_base,
+        "rss_peak": peak[0],
+    }
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else float("nan")
+
+
+def run(
+    streams: int = 200, chunks: int = 500, itl_ms: float = 5.0, repeat: int = 1
+) -> dict[str, Any]:
+    """Run the benchmark and return the report. With ``repeat`` > 1 the direct and gateway loads
+    alternate that many times and every figure is the median over the rounds."""
     import psutil  # type: ignore[import-untyped]
 
     from streamsafe.engine_sim import SimConfig, Simulator
@@ -183,55 +313,83 @@ def run(streams: int = 200, chunks: int = 500, itl_ms: float = 5.0) -> dict[str,
         )
     )
     tap = _Tap(sim)
-    with ServerThread(tap) as sim_server:
-        direct, direct_wall = asyncio.run(_stream_load(sim_server.url, streams, chunks, "direct"))
-        with _gateway_process(sim_server.url) as (gw_url, pid):
-            gw = psutil.Process(pid)
-            asyncio.run(_stream_load(gw_url, min(streams, 8), 8, "warmup"))
-            rss_base = gw.memory_info().rss
-            cpu0 = gw.cpu_times()
-            peak = [rss_base]
-
-            async def sampled() -> tuple[list[tuple[bytes, list[float]]], float]:
-                task = asyncio.ensure_future(_stream_load(gw_url, streams, chunks, "gateway"))
-                while not task.done():
-                    peak[0] = max(peak[0], gw.memory_info().rss)
-                    await asyncio.sleep(0.05)
-                return await task
-
-            via, via_wall = asyncio.run(sampled())
-            cpu1 = gw.cpu_times()
-            gw_stats = httpx2_get_json(gw_url + "/stats")
-    lat_direct = _latencies(tap, direct)
-    lat_gw = _latencies(tap, via)
-    chunks_via = sum(len(a) for _, a in via)
-    cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    me = psutil.Process()  # the simulator's process (the bench itself only waits and samples)
+    rounds: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    with ServerThread(tap) as sim_server, _gateway_process(sim_server.url) as (gw_url, pid):
+        gw = psutil.Process(pid)
+        warm = min(streams, 8)
+        _run_load(sim_server.url, warm, 8, "warmup-direct")
+        _run_load(gw_url, warm, 8, "warmup")
+        for r in range(max(1, repeat)):
+            direct = _phase(sim_server.url, streams, chunks, f"direct{r}", me)
+            via = _phase(gw_url, streams, chunks, f"gateway{r}", me, gw)
+            rounds.append((direct, via))
+        gw_stats = httpx2_get_json(gw_url + "/stats")
     ms = 1000.0
+    per_round = []
+    for direct, via in rounds:
+        lat_d = _latencies(tap, direct["results"])
+        lat_g = _latencies(tap, via["results"])
+        n_d, n_g = max(direct["chunks"], 1), max(via["chunks"], 1)
+        per_round.append(
+            {
+                "direct_p50": _pct(lat_d, 0.5) * ms,
+                "direct_p99": _pct(lat_d, 0.99) * ms,
+                "gw_p50": _pct(lat_g, 0.5) * ms,
+                "gw_p99": _pct(lat_g, 0.99) * ms,
+                "added_p50": (_pct(lat_g, 0.5) - _pct(lat_d, 0.5)) * ms,
+                "added_p99": (_pct(lat_g, 0.99) - _pct(lat_d, 0.99)) * ms,
+                "gw_us_per_chunk": via["gw_cpu_s"] / n_g * 1e6,
+                "sim_us_per_chunk_direct": direct["sim_cpu_s"] / n_d * 1e6,
+                "sim_us_per_chunk_via": via["sim_cpu_s"] / n_g * 1e6,
+                "loadgen_us_per_chunk": via["loadgen_cpu_s"] / n_g * 1e6,
+                "direct_wall": direct["wall_s"],
+                "gw_wall": via["wall_s"],
+                "mem_per_stream": (via["rss_peak"] - via["rss_base"]) / max(streams, 1),
+            }
+        )
+
+    def med(key: str, digits: int = 3) -> float:
+        return round(_median([r[key] for r in per_round]), digits)
+
+    last_direct, last_via = rounds[-1]
+    gw_us, sim_us = med("gw_us_per_chunk", 2), med("sim_us_per_chunk_via", 2)
     return {
         "bench": "overhead",
         "streams": streams,
         "chunks_per_stream": chunks,
         "itl_ms": itl_ms,
+        "repeat": len(rounds),
         "cpus": os.cpu_count(),
         "direct": {
-            "chunks": sum(len(a) for _, a in direct),
-            "wall_s": round(direct_wall, 3),
-            "latency_ms_p50": round(_pct(lat_direct, 0.5) * ms, 3),
-            "latency_ms_p99": round(_pct(lat_direct, 0.99) * ms, 3),
+            "chunks": last_direct["chunks"],
+            "wall_s": med("direct_wall"),
+            "latency_ms_p50": med("direct_p50"),
+            "latency_ms_p99": med("direct_p99"),
         },
         "gateway": {
-            "chunks": chunks_via,
-            "wall_s": round(via_wall, 3),
-            "latency_ms_p50": round(_pct(lat_gw, 0.5) * ms, 3),
-            "latency_ms_p99": round(_pct(lat_gw, 0.99) * ms, 3),
+            "chunks": last_via["chunks"],
+            "wall_s": med("gw_wall"),
+            "latency_ms_p50": med("gw_p50"),
+            "latency_ms_p99": med("gw_p99"),
             "generations_started": gw_stats.get("generations_started"),
         },
-        "added_latency_ms_p50": round((_pct(lat_gw, 0.5) - _pct(lat_direct, 0.5)) * ms, 3),
-        "added_latency_ms_p99": round((_pct(lat_gw, 0.99) - _pct(lat_direct, 0.99)) * ms, 3),
-        "gateway_cpu_s": round(cpu, 3),
-        "gateway_cpu_s_per_100k_chunks": round(cpu / max(chunks_via, 1) * 100_000, 3),
-        "gateway_rss_base_bytes": rss_base,
-        "gateway_memory_per_live_stream_bytes": int((peak[0] - rss_base) / max(streams, 1)),
+        "added_latency_ms_p50": med("added_p50"),
+        "added_latency_ms_p99": med("added_p99"),
+        "gateway_cpu_s": round(last_via["gw_cpu_s"], 3),
+        "gateway_cpu_s_per_100k_chunks": round(gw_us / 10, 3),
+        "gateway_cpu_us_per_chunk": gw_us,
+        "simulator_cpu_us_per_chunk": sim_us,
+        "simulator_cpu_us_per_chunk_direct": med("sim_us_per_chunk_direct", 2),
+        "gateway_vs_simulator_cpu": round(gw_us / sim_us, 3) if sim_us else None,
+        "loadgen_cpu_us_per_chunk": med("loadgen_us_per_chunk", 2),
+        # Wall time over the time the load needs at the set ITL: well above 1 means the box (not
+        # the gateway alone) was saturated, and latencies then include queueing for a CPU.
+        "direct_slowdown": round(med("direct_wall") / (chunks * itl_ms / 1000.0), 3),
+        "gateway_slowdown": round(med("gw_wall") / (chunks * itl_ms / 1000.0), 3),
+        "nominal_chunks_per_s": round(streams * 1000.0 / itl_ms) if itl_ms > 0 else None,
+        "gateway_rss_base_bytes": last_via["rss_base"],
+        "gateway_memory_per_live_stream_bytes": int(med("mem_per_stream", 0)),
     }
 
 
@@ -245,22 +403,31 @@ def httpx2_get_json(url: str) -> dict[str, Any]:
 
 def _print(report: dict[str, Any]) -> None:
     d, g = report["direct"], report["gateway"]
+    rounds = f", median of {report['repeat']} rounds" if report["repeat"] > 1 else ""
     print(
-        f"overhead: {report['streams']} streams x {report['chunks_per_stream']} chunks\n"
+        f"overhead: {report['streams']} streams x {report['chunks_per_stream']} chunks, "
+        f"itl {report['itl_ms']:g} ms{rounds}\n"
         f"  latency per chunk  direct p50 {d['latency_ms_p50']:.2f} ms  p99 "
         f"{d['latency_ms_p99']:.2f} ms | via gateway p50 {g['latency_ms_p50']:.2f} ms  p99 "
         f"{g['latency_ms_p99']:.2f} ms\n"
         f"  added latency      p50 {report['added_latency_ms_p50']:.2f} ms  p99 "
         f"{report['added_latency_ms_p99']:.2f} ms\n"
-        f"  gateway CPU        {report['gateway_cpu_s_per_100k_chunks']:.2f} s per 100,000 chunks\n"
+        f"  gateway CPU        {report['gateway_cpu_s_per_100k_chunks']:.2f} s per 100,000 chunks "
+        f"({report['gateway_cpu_us_per_chunk']:.1f} us/chunk; simulator "
+        f"{report['simulator_cpu_us_per_chunk']:.1f} us/chunk, ratio "
+        f"{report['gateway_vs_simulator_cpu']}; load generator "
+        f"{report['loadgen_cpu_us_per_chunk']:.1f} us/chunk)\n"
         f"  gateway memory     {report['gateway_memory_per_live_stream_bytes'] / 1024:.1f} KiB "
-        f"per live stream",
+        f"per live stream\n"
+        f"  wall / ideal       direct {report['direct_slowdown']:.2f}x  via gateway "
+        f"{report['gateway_slowdown']:.2f}x (above ~1.1x the box is saturated: latencies then "
+        f"include waiting for a CPU)",
         flush=True,
     )
 
 
 def _main(args: argparse.Namespace) -> int:
-    report = run(streams=args.streams, chunks=args.chunks, itl_ms=args.itl_ms)
+    report = run(streams=args.streams, chunks=args.chunks, itl_ms=args.itl_ms, repeat=args.repeat)
     _print(report)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
@@ -272,7 +439,11 @@ def _main(args: argparse.Namespace) -> int:
 def run_default(out_dir: str) -> int:
     """``streamsafe bench all`` entry: default sizes, JSON into ``out_dir``."""
     ns = argparse.Namespace(
-        streams=200, chunks=500, itl_ms=5.0, json=os.path.join(out_dir, "bench-overhead.json")
+        streams=200,
+        chunks=500,
+        itl_ms=5.0,
+        repeat=1,
+        json=os.path.join(out_dir, "bench-overhead.json"),
     )
     return _main(ns)
 
@@ -285,5 +456,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--streams", type=int, default=200, help="concurrent streams (default 200)")
     p.add_argument("--chunks", type=int, default=500, help="chunks per stream (default 500)")
     p.add_argument("--itl-ms", type=float, default=5.0, help="simulator ms per token (default 5)")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="alternate direct and gateway loads this many times; report medians (default 1)",
+    )
     p.add_argument("--json", help="also write the report to this JSON file")
     p.set_defaults(func=_main)
