@@ -442,7 +442,7 @@ def run_default(out_dir: str) -> int:
         streams=200,
         chunks=500,
         itl_ms=5.0,
-        repeat=1,
+        repeat=3,
         json=os.path.join(out_dir, "bench-overhead.json"),
     )
     return _main(ns)
@@ -459,8 +459,8 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--repeat",
         type=int,
-        default=1,
-        help="alternate direct and gateway loads this many times; report medians (default 1)",
+        default=3,
+        help="alternate direct and gateway loads this many times; report medians (default 3)",
     )
     p.add_argument("--json", help="also write the report to this JSON file")
     p.set_defaults(func=_main)
