@@ -174,7 +174,7 @@ class Simulator:
     # -- the public surface ------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """The ``/stats`` counters (see docs/engine_sim.md for each key)."""
+        """The ``/stats`` counters (each key is explained in the README)."""
         return self.engine.stats()
 
     def memory_series(self) -> list[tuple[float, int]]:
