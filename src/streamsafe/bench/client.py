@@ -13,15 +13,14 @@ wrap the parsed dict lazily).
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx2
 
 from streamsafe.bench.recorded import recorded_chat_stream
+from streamsafe.bench.report import write_json
 
 __all__ = ["register", "run", "run_default"]
 
@@ -129,9 +128,7 @@ def _print(report: dict[str, Any]) -> None:
 def _main(args: argparse.Namespace) -> int:
     report = run(args.chunks, args.rounds)
     _print(report)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2))
+    write_json(args.json, report)
     return 0
 
 

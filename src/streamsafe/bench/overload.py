@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the benchmark's heavy imports wait until it runs, so --help stays fast
     from streamsafe.bench.demo import DemoSettings, Scenario
     from streamsafe.bench.harness import Driver, Outcome, Workload
+
+from streamsafe.bench.report import write_json
 
 __all__ = ["measure_capacity", "register", "run", "run_default"]
 
@@ -164,9 +164,7 @@ def _main(args: argparse.Namespace) -> int:
     only = [int(x) for x in args.only.split(",")] if args.only else None
     report = run(loads, quick=args.quick, window_s=args.window, only=only)
     _print(report)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2))
+    write_json(args.json, report)
     if args.plot:
         from streamsafe.bench.plots import plot_overload
 
