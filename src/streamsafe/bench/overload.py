@@ -79,7 +79,9 @@ async def run_point(
             outcomes = await _open_loop(driver, w, rate, window_s)
             elapsed = time.monotonic() - t0
         sim = stack.simulator.stats()
-    completed = [o for o in outcomes if o.ok]
+    # Completed means the whole answer arrived: a call that ended quietly but short (as
+    # llama-stack-client 0.2.x does on an in-stream error event) does not count.
+    completed = [o for o in outcomes if o.ok and len(o.text.split()) == w.max_tokens]
     latencies = sorted(o.seconds for o in completed)
     n = len(outcomes)
     generations = sim["generations_started"] - sim["continuations"]
