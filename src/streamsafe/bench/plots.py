@@ -77,7 +77,7 @@ def plot_overload(rows: list[dict[str, Any]], path: str) -> None:
     fig, (ax_good, ax_amp) = plt.subplots(1, 2, figsize=(12, 4.5))
     series: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
-        series.setdefault(f"{row['client']} / {row['path']}", []).append(row)
+        series.setdefault(row["scenario"], []).append(row)
     for label, points in series.items():
         points.sort(key=lambda r: r["load"])
         loads = [p["load"] for p in points]
@@ -90,7 +90,7 @@ def plot_overload(rows: list[dict[str, Any]], path: str) -> None:
     ax_good.set_xlabel("offered load (x engine capacity)")
     ax_good.set_ylabel("goodput (fraction of engine capacity)")
     ax_good.set_title("Goodput (x: the engine died)")
-    ax_good.legend(fontsize=8)
+    ax_good.legend(fontsize=7)
     ax_amp.set_xlabel("offered load (x engine capacity)")
     ax_amp.set_ylabel("engine generations per logical request")
     ax_amp.set_title("Amplification")
