@@ -198,7 +198,8 @@ class Generation:
         self._waiters: list[asyncio.Future[None]] = []
         self.task: asyncio.Task[None] | None = None
         self.grace_handle: asyncio.TimerHandle | None = None
-        self.created_at = time.monotonic()
+        #: When it was created (the registry's clock); early commit counts its wait from here.
+        self.created_at = 0.0
         self.admitted_at: float | None = None
         self.finished_at: float | None = None
         self.continuations = 0
@@ -323,6 +324,7 @@ class Registry:
                 await self.store.release(store_key, new_id)
             raise NotResumable
         gen = Generation(new_id, req, self.store.log(new_id), store_key)
+        gen.created_at = self._clock()
         self._gens[new_id] = gen
         self._by_fingerprint[(req.tenant, req.fingerprint)] = gen
         self.live_generations += 1
