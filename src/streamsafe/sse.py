@@ -44,7 +44,7 @@ _DONE = b"[DONE]"
 
 #: The payload that ends an OpenAI-style stream.
 DONE = _DONE
-#: The whole ``data: [DONE]`` event, ready to write.
+#: The whole ``data: [DONE]`` event, ready to write (what :func:`encode_event` gives for it).
 DONE_EVENT = b"data: [DONE]\n\n"
 
 #: Default bound on one line (and so on one partial line held between chunks): a peer that never
@@ -292,10 +292,13 @@ def encode_event(
     id: str | int | None = None,
     retry: int | None = None,
 ) -> bytes:
-    """Encode one event. Multi-line data becomes several ``data:`` lines (CR and CRLF inside the
-    data come back as LF). ``event`` and ``id`` must be single lines; an ``id`` must not contain
-    NUL (a decoder would ignore it)."""
+    """Encode one event: the one place an event's bytes are written (:func:`encode_events`
+    frames a batch with ids, fast for single-line payloads). Multi-line data becomes several
+    ``data:`` lines (CR and CRLF inside the data come back as LF). ``event`` and ``id`` must be
+    single lines; an ``id`` must not contain NUL (a decoder would ignore it)."""
     raw = data.encode() if isinstance(data, str) else data
+    if event is None and id is None and retry is None and b"\n" not in raw and b"\r" not in raw:
+        return b"data: %s\n\n" % raw  # the usual event: one data line
     out = bytearray()
     if event is not None:
         if "\n" in event or "\r" in event:
