@@ -57,7 +57,7 @@ class _Client:
 
 
 class Simulator:
-    """An OpenAI-compatible server that behaves like vLLM under load (see DESIGN section 6).
+    """An OpenAI-compatible server that behaves like vLLM under load (see docs/simulator.md).
 
     An ASGI app: ASGI lifespan starts and stops its engine task (and the first request starts it
     if the server has no lifespan). ``stats()``, ``memory_series()`` and ``restart()`` are safe
@@ -81,7 +81,7 @@ class Simulator:
     # -- the public surface ------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """The ``/stats`` counters (each key is explained in the README)."""
+        """The ``/stats`` counters (each key is explained in docs/simulator.md)."""
         return self.engine.stats()
 
     def memory_series(self) -> list[tuple[float, int]]:

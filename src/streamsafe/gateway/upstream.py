@@ -17,8 +17,7 @@ import asyncio
 import contextlib
 import logging
 import math
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import httpcore2
 import httpx2
@@ -48,21 +47,19 @@ def is_engine_death(body: bytes) -> bool:
 
 
 class Breaker:
-    """Open while the engine is known dead. ``clock`` is injectable for tests."""
+    """Open while the engine is known dead; ``probe_interval`` is the seconds between
+    ``/health`` probes while open."""
 
-    def __init__(self, probe_interval: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, probe_interval: float) -> None:
         self.probe_interval = probe_interval
         self.is_open = False
-        self.opened_at = 0.0
         self.trips = 0
-        self._clock = clock
 
     def trip(self) -> bool:
         """Open the breaker; True if it was closed."""
         if self.is_open:
             return False
         self.is_open = True
-        self.opened_at = self._clock()
         self.trips += 1
         return True
 
