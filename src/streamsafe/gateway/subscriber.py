@@ -21,7 +21,16 @@ from streamsafe.gateway.errors import error_body, send_failure
 from streamsafe.gateway.generation import Generation, State
 from streamsafe.sse import DONE, DONE_EVENT, encode_comment, encode_event, encode_events
 
-__all__ = ["Pacing", "StreamRules", "Subscriber", "serve_json", "serve_stream"]
+__all__ = [
+    "COMMIT",
+    "HEARTBEAT",
+    "WAIT",
+    "Pacing",
+    "StreamRules",
+    "Subscriber",
+    "serve_json",
+    "serve_stream",
+]
 
 _HEARTBEAT = encode_comment("keep-alive")
 _HEARTBEAT_MSG: Message = {"type": "http.response.body", "body": _HEARTBEAT, "more_body": True}
@@ -58,8 +67,9 @@ class StreamRules:
     early: bool
     #: Seconds between heartbeats before the first event (0: none).
     heartbeat: float
-    #: Seconds an early commit waits for upstream to accept before committing anyway: at most
-    #: one heartbeat (capped at 1 s), so the first heartbeat is never late.
+    #: Seconds an early commit waits for upstream to accept before committing anyway: one
+    #: heartbeat interval, at most 1 s, so the headers and then the heartbeats reach a client
+    #: whose request waits in the queue long before its read timeout.
     commit_wait: float
     #: The ``x-stream-resumable`` header value.
     resumable: bytes
