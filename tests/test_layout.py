@@ -136,3 +136,9 @@ def test_the_pure_core_imports_no_other_part() -> None:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_inside_the_gateway_the_relay_and_the_metrics_import_no_owner() -> None:
+    assert "streamsafe.gateway.registry" not in GRAPH["streamsafe.gateway.relay"]
+    assert "streamsafe.gateway.app" not in GRAPH["streamsafe.gateway.metrics"]
+    assert "streamsafe.engine_sim" not in {_part(m) for m in GRAPH["streamsafe.gateway.cli"]}

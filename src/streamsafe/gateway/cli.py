@@ -111,7 +111,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=5,
         help="times a broken upstream chat stream is continued (default 5; 0: never)",
     )
-    p.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
 
 
 def build_config(args: argparse.Namespace, upstream: str) -> Any:
@@ -142,8 +141,8 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
 
 
 def serve(args: argparse.Namespace, upstream: str) -> int:
-    """Run the gateway the parsed arguments describe in front of ``upstream`` until interrupted;
-    the exit code."""
+    """Run the gateway the parsed arguments describe in front of ``upstream`` until interrupted
+    (``args`` as ``streamsafe serve`` parses them, ``--log-level`` included); the exit code."""
     from streamsafe.gateway.app import Gateway
     from streamsafe.serving import run_server
 
