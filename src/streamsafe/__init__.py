@@ -1,31 +1,78 @@
 """streamsafe: retry-safe, resumable streaming for OpenAI-compatible LLM inference.
 
-The public API is re-exported here; everything not listed in ``__all__`` is private.
+The client side is re-exported here: the clients and their errors (:mod:`streamsafe.client`), the
+retry core (:mod:`streamsafe.retry`) and the SSE codec (:mod:`streamsafe.sse`). The servers are
+imported from their subpackages (:mod:`streamsafe.gateway`, :mod:`streamsafe.engine_sim`).
+Names load on first use, so ``import streamsafe.retry`` loads the retry core alone, not the HTTP
+client, a JSON library or a server.
 """
 
 from __future__ import annotations
 
-from streamsafe._version import __version__
-from streamsafe.client import (
-    APIConnectionError,
-    APIStatusError,
-    APITimeoutError,
-    AsyncClient,
-    AsyncStream,
-    Client,
-    RateLimitError,
-    RetryBudgetExhausted,
-    ServiceUnavailableError,
-    Stream,
-    StreamError,
-    StreamInterrupted,
-    StreamsafeError,
-    Timeouts,
-)
-from streamsafe.engine_sim import Fault, SimConfig, Simulator, expected_text
-from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.retry import Decision, Outcome, RetryBudget, RetryPolicy, StreamingConfig, decide
-from streamsafe.sse import ServerSentEvent, SSEDecoder, SSEError, encode_comment, encode_event
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from streamsafe.client import (
+        APIConnectionError,
+        APIStatusError,
+        APITimeoutError,
+        AsyncClient,
+        AsyncStream,
+        Client,
+        RateLimitError,
+        RetryBudgetExhausted,
+        ServiceUnavailableError,
+        Stream,
+        StreamError,
+        StreamInterrupted,
+        StreamsafeError,
+        Timeouts,
+    )
+    from streamsafe.retry import (
+        Decision,
+        Outcome,
+        RetryBudget,
+        RetryPolicy,
+        StreamingConfig,
+        decide,
+    )
+    from streamsafe.sse import (
+        ServerSentEvent,
+        SSEDecoder,
+        SSEError,
+        encode_comment,
+        encode_event,
+    )
+
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    "APIConnectionError": "streamsafe.client",
+    "APIStatusError": "streamsafe.client",
+    "APITimeoutError": "streamsafe.client",
+    "AsyncClient": "streamsafe.client",
+    "AsyncStream": "streamsafe.client",
+    "Client": "streamsafe.client",
+    "RateLimitError": "streamsafe.client",
+    "RetryBudgetExhausted": "streamsafe.client",
+    "ServiceUnavailableError": "streamsafe.client",
+    "Stream": "streamsafe.client",
+    "StreamError": "streamsafe.client",
+    "StreamInterrupted": "streamsafe.client",
+    "StreamsafeError": "streamsafe.client",
+    "Timeouts": "streamsafe.client",
+    "Decision": "streamsafe.retry",
+    "Outcome": "streamsafe.retry",
+    "RetryBudget": "streamsafe.retry",
+    "RetryPolicy": "streamsafe.retry",
+    "StreamingConfig": "streamsafe.retry",
+    "decide": "streamsafe.retry",
+    "ServerSentEvent": "streamsafe.sse",
+    "SSEDecoder": "streamsafe.sse",
+    "SSEError": "streamsafe.sse",
+    "encode_comment": "streamsafe.sse",
+    "encode_event": "streamsafe.sse",
+}
 
 __all__ = [
     "APIConnectionError",
@@ -35,9 +82,6 @@ __all__ = [
     "AsyncStream",
     "Client",
     "Decision",
-    "Fault",
-    "Gateway",
-    "GatewayConfig",
     "Outcome",
     "RateLimitError",
     "RetryBudget",
@@ -47,8 +91,6 @@ __all__ = [
     "SSEError",
     "ServerSentEvent",
     "ServiceUnavailableError",
-    "SimConfig",
-    "Simulator",
     "Stream",
     "StreamError",
     "StreamInterrupted",
@@ -59,5 +101,21 @@ __all__ = [
     "decide",
     "encode_comment",
     "encode_event",
-    "expected_text",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from streamsafe._version import __version__
+
+        return __version__
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'streamsafe' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -18,7 +18,7 @@ from streamsafe._version import __version__
 # (subcommand, module that registers it), in the order --help lists them.
 _COMMANDS: tuple[tuple[str, str], ...] = (
     ("demo", "streamsafe.bench.demo_cli"),
-    ("serve", "streamsafe.gateway.cli"),
+    ("serve", "streamsafe.serve_cli"),
     ("simulate", "streamsafe.engine_sim.cli"),
     ("chat", "streamsafe.client.cli"),
     ("bench", "streamsafe.bench.cli"),

@@ -3,7 +3,8 @@ the foreground (``streamsafe serve`` / ``simulate``).
 
 Every server here binds its own socket first, so port 0 gives a free port with no race, and the
 caller learns the port before the first request. ASGI lifespan is on: apps start and stop their
-background tasks (the simulator's engine loop, the gateway's sweeper) in ``lifespan``.
+background work (the simulator's engine loop, the gateway's upstream connection pool) in
+``lifespan``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ import orjson
 from gateway_helpers import chat_body, content_of, fast_sim, make_stack, post_stream, sse_payloads
 
 from streamsafe.engine_sim import Fault, expected_text
-from streamsafe.gateway.registry import GenerationRequest, _continuation_body, _Partial
+from streamsafe.gateway.continuation import Partial, continuation_body
+from streamsafe.gateway.generation import GenerationRequest
 
 
 def test_cut_upstream_stream_is_continued_and_the_client_sees_the_exact_text() -> None:
@@ -57,7 +58,7 @@ def _request(path: str, body: dict[str, object]) -> GenerationRequest:
 
 def test_continuation_body_asks_only_for_the_tokens_still_owed() -> None:
     body = chat_body("q", max_tokens=10)
-    out = _continuation_body(_request("/v1/chat/completions", body), _Partial("a b c", 3, False))
+    out = continuation_body(_request("/v1/chat/completions", body), Partial("a b c", 3, False))
     assert out is not None
     cont = orjson.loads(out)
     assert cont["messages"][-1] == {"role": "assistant", "content": "a b c"}
@@ -68,7 +69,7 @@ def test_continuation_body_asks_only_for_the_tokens_still_owed() -> None:
 
 
 def test_only_single_choice_chat_streams_are_continued() -> None:
-    partial = _Partial("a", 1, False)
-    assert _continuation_body(_request("/v1/completions", {"prompt": "p"}), partial) is None
+    partial = Partial("a", 1, False)
+    assert continuation_body(_request("/v1/completions", {"prompt": "p"}), partial) is None
     two = {**chat_body("q"), "n": 2}
-    assert _continuation_body(_request("/v1/chat/completions", two), partial) is None
+    assert continuation_body(_request("/v1/chat/completions", two), partial) is None

@@ -7,10 +7,10 @@ import asyncio
 import httpx2
 import pytest
 
-from streamsafe.gateway.app import _frame
-from streamsafe.gateway.registry import Generation, GenerationRequest
+from streamsafe.gateway.generation import Generation, GenerationRequest
 from streamsafe.gateway.store import MemoryEventLog
 from streamsafe.gateway.upstream import Upstream
+from streamsafe.sse import encode_events
 
 
 async def _serve_raw(
@@ -145,5 +145,7 @@ async def test_nowait_log_matches_the_awaitable_log() -> None:
 
 
 def test_one_event_frame_equals_the_general_frame() -> None:
-    assert _frame([b"{}"], 7, False) == b"id: 7\ndata: {}\n\n"
-    assert _frame([b"{}", b"[DONE]"], 7, False) == b"id: 7\ndata: {}\n\nid: 8\ndata: [DONE]\n\n"
+    assert encode_events([b"{}"], 7, False) == b"id: 7\ndata: {}\n\n"
+    assert (
+        encode_events([b"{}", b"[DONE]"], 7, False) == b"id: 7\ndata: {}\n\nid: 8\ndata: [DONE]\n\n"
+    )

@@ -8,9 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamsafe.gateway.admission import Admission, AdmissionCore, Shed, request_cost
-from streamsafe.gateway.app import _frame
 from streamsafe.gateway.store import MemoryStore
-from streamsafe.sse import SSEDecoder
+from streamsafe.sse import SSEDecoder, encode_events
 
 ops = st.lists(
     st.one_of(
@@ -147,7 +146,7 @@ async def test_memory_store_claim_is_set_nx_and_release_is_compare_and_delete() 
 @given(st.lists(st.binary(min_size=1, max_size=30).filter(lambda b: b"\r" not in b), max_size=20))
 def test_frames_decode_back_to_the_same_payloads_and_ids(payloads: list[bytes]) -> None:
     multiline = any(b"\n" in p for p in payloads)
-    framed = _frame(payloads, 5, multiline)
+    framed = encode_events(payloads, 5, multiline)
     events = SSEDecoder().feed(framed)
     assert [e.raw for e in events] == payloads
     assert [e.id for e in events] == [str(i) for i in range(5, 5 + len(payloads))]

@@ -1,4 +1,5 @@
-"""The pure retry core: every rule of DESIGN section 4, without a network, a clock or a sleep."""
+"""The pure retry core: every rule of docs/design.md, Client retries and budget, without a
+network, a clock or a sleep."""
 
 from __future__ import annotations
 

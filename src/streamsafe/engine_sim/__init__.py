@@ -6,7 +6,7 @@
 
 Finite memory in tokens, a running limit with an unbounded waiting queue, prefill and batch-
 dependent inter-token delays, death past capacity (until restart), abort on disconnect (or not),
-injected faults, and deterministic text (:func:`expected_text`). See the README, "Engine simulator".
+injected faults, and deterministic text (:func:`expected_text`). See docs/simulator.md.
 """
 
 from __future__ import annotations

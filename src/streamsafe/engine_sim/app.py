@@ -14,71 +14,35 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import logging
-import random
-import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 
-from streamsafe.engine_sim.config import Fault, SimConfig
+from streamsafe._asgi import (
+    BodyTooLarge,
+    Disconnected,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    respond,
+    serve_lifespan,
+)
+from streamsafe.engine_sim.config import SimConfig
 from streamsafe.engine_sim.engine import Engine, EngineDeadError, Generation, GenState
+from streamsafe.engine_sim.faults import Drawn, FaultDraw, StreamCut
 from streamsafe.engine_sim.text import TextStream
+from streamsafe.engine_sim.validation import BadRequest, Job, validate
 from streamsafe.engine_sim.wire import DONE_EVENT, ChunkEncoder, error_body, error_event
-from streamsafe.tokens import estimate_prompt_tokens
 
 __all__ = ["Simulator"]
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-
-_JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
-_FAULT_HEADER = b"x-sim-fault"
-
-
-class _StreamCut(Exception):
-    """Raised out of the app to make uvicorn drop the connection mid-body (a cut fault)."""
-
-
-class _QuietCut(logging.Filter):
-    # uvicorn logs every exception escaping an app; the cut is intended, so drop that record.
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not isinstance(exc, _StreamCut)
-
-
-_quiet_cut = _QuietCut()
-
-
-class _BadRequest(Exception):
-    def __init__(self, message: str, code: int = 400) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-@dataclass
-class _Job:
-    """A validated completion request."""
-
-    chat: bool
-    body: dict[str, Any]
-    stream: bool
-    include_usage: bool
-    prompt_tokens: int
-    max_tokens: int
-
-
-@dataclass
-class _Faults:
-    status: Fault | None = None
-    cut_after: int | None = None
-    stall_s: float = 0.0
+_METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
 
 class _Client:
@@ -92,63 +56,8 @@ class _Client:
         self.gone_event = asyncio.Event()
 
 
-def _int_field(body: Mapping[str, Any], name: str) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _BadRequest(f"'{name}' must be an integer, got {value!r}")
-    return value
-
-
-def _validate(body: Any, chat: bool, cfg: SimConfig) -> _Job:
-    if not isinstance(body, dict):
-        raise _BadRequest("the request body must be a JSON object")
-    model = body.get("model", cfg.model)
-    if not isinstance(model, str):
-        raise _BadRequest("'model' must be a string")
-    if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _BadRequest("'messages' is required: a non-empty list of messages")
-        for i, msg in enumerate(messages):
-            if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
-                raise _BadRequest(f"messages[{i}] must be an object with a 'role'")
-            content = msg.get("content")
-            if content is not None and not isinstance(content, str | list):
-                raise _BadRequest(f"messages[{i}].content must be a string or a list of parts")
-    else:
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str | list) or (isinstance(prompt, list) and not prompt):
-            raise _BadRequest("'prompt' is required: a string or a non-empty list")
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise _BadRequest("'stream' must be a boolean")
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise _BadRequest("'stream_options' must be an object")
-    include_usage = bool(options and options.get("include_usage"))
-    if options is not None and not stream:
-        raise _BadRequest("Stream options can only be defined when `stream=True`.")
-    max_tokens = _int_field(body, "max_completion_tokens") if chat else None
-    if max_tokens is None:
-        max_tokens = _int_field(body, "max_tokens")
-    if max_tokens is None:
-        max_tokens = cfg.default_max_tokens
-    if max_tokens < 1:
-        raise _BadRequest(f"max_tokens must be at least 1, got {max_tokens}.")
-    n = _int_field(body, "n")
-    if n is not None and n != 1:
-        raise _BadRequest("the simulator serves n=1 only")
-    if model != cfg.model:
-        raise _BadRequest(f"The model `{model}` does not exist.", 404)
-    return _Job(chat, body, stream, include_usage, estimate_prompt_tokens(body), max_tokens)
-
-
 class Simulator:
-    """An OpenAI-compatible server that behaves like vLLM under load (see DESIGN section 6).
+    """An OpenAI-compatible server that behaves like vLLM under load (see docs/simulator.md).
 
     An ASGI app: ASGI lifespan starts and stops its engine task (and the first request starts it
     if the server has no lifespan). ``stats()``, ``memory_series()`` and ``restart()`` are safe
@@ -158,9 +67,7 @@ class Simulator:
     def __init__(self, config: SimConfig | None = None) -> None:
         self.config = config or SimConfig()
         self.engine = Engine(self.config)
-        self._rng = random.Random(self.config.seed)
-        self._rng_lock = threading.Lock()
-        logging.getLogger("uvicorn.error").addFilter(_quiet_cut)
+        self._faults = FaultDraw(self.config)
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
@@ -174,7 +81,7 @@ class Simulator:
     # -- the public surface ------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """The ``/stats`` counters (each key is explained in the README)."""
+        """The ``/stats`` counters (each key is explained in docs/simulator.md)."""
         return self.engine.stats()
 
     def memory_series(self) -> list[tuple[float, int]]:
@@ -226,22 +133,14 @@ class Simulator:
                 known = any(path == scope["path"] for _, path in self._routes)
                 code = 405 if known else 404
                 msg = "Method Not Allowed" if known else f"Not Found: {scope['path']}"
-                await _respond(send, code, error_body(msg, code))
+                await respond(send, code, error_body(msg, code))
                 return
             await route(scope, receive, send)
         elif kind == "lifespan":
-            await self._lifespan(receive, send)
+            await serve_lifespan(receive, send, self._startup, self.engine.stop)
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                self.engine.start()
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.engine.stop()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+    async def _startup(self) -> None:
+        self.engine.start()
 
     # -- small routes ------------------------------------------------------------------------
 
@@ -261,29 +160,28 @@ class Simulator:
                 }
             ],
         }
-        await _respond(send, 200, orjson.dumps(body))
+        await respond(send, 200, orjson.dumps(body))
 
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.engine.dead:
-            await _respond(send, 503, error_body(self.engine.dead_message, 503))
+            await respond(send, 503, error_body(self.engine.dead_message, 503))
         else:
-            await _respond(send, 200, b"", headers=[])
+            await respond(send, 200, b"", content_type=None)
 
     async def _stats(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await _respond(send, 200, orjson.dumps(self.stats()))
+        await respond(send, 200, orjson.dumps(self.stats()))
 
     async def _restart(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.engine.restart()
         stats = self.stats()
         body = {"restarted": True, "crashes": stats["crashes"], "restarts": stats["restarts"]}
-        await _respond(send, 200, orjson.dumps(body))
+        await respond(send, 200, orjson.dumps(body))
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         from streamsafe.engine_sim.metrics import render_metrics
 
         text = render_metrics(self.config.model, self.stats())
-        headers = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
-        await _respond(send, 200, text.encode(), headers=headers)
+        await respond(send, 200, text.encode(), content_type=_METRICS_TYPE)
 
     # -- completions -------------------------------------------------------------------------
 
@@ -293,59 +191,40 @@ class Simulator:
     async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._complete(scope, receive, send, chat=False)
 
-    def _draw_faults(self, scope: Scope) -> _Faults:
-        faults = self.config.faults
-        if self.config.fault_header:
-            for name, value in scope.get("headers", ()):
-                if name == _FAULT_HEADER:
-                    specs = value.decode("latin-1").split(",")
-                    faults = tuple(Fault.parse(s) for s in specs if s.strip())
-        out = _Faults()
-        if not faults:
-            return out
-        with self._rng_lock:
-            rng = self._rng
-            for fault in faults:
-                if rng.random() >= fault.probability:
-                    continue
-                if fault.kind == "status" and out.status is None:
-                    out.status = fault
-                elif fault.kind == "cut" and out.cut_after is None:
-                    out.cut_after = rng.randint(fault.cut_low, fault.cut_high)
-                elif fault.kind == "stall":
-                    out.stall_s += fault.stall_s
-        return out
-
     async def _complete(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
         engine = self.engine
-        raw = await _read_body(receive, self.config.max_body_bytes)
-        engine.count("requests_received")
-        if raw is None:
-            await _respond(send, 413, error_body("request body too large", 413))
-            return
         try:
-            job = _validate(orjson.loads(raw), chat, self.config)
-            faults = self._draw_faults(scope)
-        except orjson.JSONDecodeError as exc:
-            await _respond(send, 400, error_body(f"malformed JSON body: {exc}", 400))
+            raw = await read_body(receive, self.config.max_body_bytes)
+        except BodyTooLarge:
+            engine.count("requests_received")
+            await respond(send, 413, error_body("request body too large", 413))
             return
-        except _BadRequest as exc:
-            await _respond(send, exc.code, error_body(str(exc), exc.code))
+        except Disconnected:
+            raw = b""  # refused below as malformed; nobody reads the answer
+        engine.count("requests_received")
+        try:
+            job = validate(orjson.loads(raw), chat, self.config)
+            faults = self._faults.draw(scope.get("headers", ()))
+        except orjson.JSONDecodeError as exc:
+            await respond(send, 400, error_body(f"malformed JSON body: {exc}", 400))
+            return
+        except BadRequest as exc:
+            await respond(send, exc.code, error_body(str(exc), exc.code))
             return
         except ValueError as exc:  # a bad x-sim-fault header
-            await _respond(send, 400, error_body(str(exc), 400))
+            await respond(send, 400, error_body(str(exc), 400))
             return
         if engine.dead:
-            await _respond(send, 500, error_body(engine.dead_message, 500))
+            await respond(send, 500, error_body(engine.dead_message, 500))
             return
         if faults.status is not None:
             engine.count("faults_status")
             fault = faults.status
-            headers = list(_JSON)
+            headers = []
             if fault.retry_after is not None and fault.status in (429, 503):
                 headers.append((b"retry-after", f"{fault.retry_after:g}".encode()))
             msg = f"injected fault: status {fault.status}"
-            await _respond(send, fault.status, error_body(msg, fault.status), headers=headers)
+            await respond(send, fault.status, error_body(msg, fault.status), headers=headers)
             return
 
         client = _Client()
@@ -368,13 +247,13 @@ class Simulator:
         if client.gen is not None:
             self.engine.client_gone(client.gen)
 
-    async def _stall(self, faults: _Faults, client: _Client) -> None:
+    async def _stall(self, faults: Drawn, client: _Client) -> None:
         if faults.stall_s > 0:
             self.engine.count("faults_stall")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(client.gone_event.wait(), faults.stall_s)
 
-    def _encoder(self, job: _Job) -> ChunkEncoder:
+    def _encoder(self, job: Job) -> ChunkEncoder:
         prefix = "chatcmpl-" if job.chat else "cmpl-"
         return ChunkEncoder(
             chat=job.chat,
@@ -383,7 +262,7 @@ class Simulator:
             model=self.config.model,
         )
 
-    def _admit(self, job: _Job, client: _Client) -> Generation:
+    def _admit(self, job: Job, client: _Client) -> Generation:
         gen = self.engine.submit(
             job.prompt_tokens,
             job.max_tokens,
@@ -394,28 +273,28 @@ class Simulator:
             self.engine.client_gone(gen)
         return gen
 
-    async def _unary(self, send: Send, job: _Job, faults: _Faults, client: _Client) -> None:
+    async def _unary(self, send: Send, job: Job, faults: Drawn, client: _Client) -> None:
         await self._stall(faults, client)
         if client.gone:
             return
         try:
             gen = self._admit(job, client)
         except EngineDeadError as exc:
-            await _respond(send, 500, error_body(str(exc), 500))
+            await respond(send, 500, error_body(str(exc), 500))
             return
         await gen.wait_end()
         if gen.state == GenState.FAILED:
             if not client.gone:
-                await _respond(send, 500, error_body(gen.error, 500))
+                await respond(send, 500, error_body(gen.error, 500))
             return
         if gen.state != GenState.DONE or client.gone:
             return
         text = TextStream(job.body, self.config.seed).text(gen.generated)
         body = self._encoder(job).complete(text, job.prompt_tokens, gen.generated)
-        await _respond(send, 200, body)
+        await respond(send, 200, body)
         gen.sent = gen.generated
 
-    async def _stream(self, send: Send, job: _Job, faults: _Faults, client: _Client) -> None:
+    async def _stream(self, send: Send, job: Job, faults: Drawn, client: _Client) -> None:
         cfg = self.config
         started = False
         if not cfg.headers_after_first_token:
@@ -430,7 +309,7 @@ class Simulator:
             if started:
                 await _finish(send, error_event(str(exc)) + DONE_EVENT)
             else:
-                await _respond(send, 500, error_body(str(exc), 500))
+                await respond(send, 500, error_body(str(exc), 500))
             return
         enc = self._encoder(job)
         text = TextStream(job.body, cfg.seed)
@@ -456,7 +335,7 @@ class Simulator:
             elif state == GenState.FAILED:
                 end = error_event(gen.error) + DONE_EVENT
                 if not started and not parts:
-                    await _respond(send, 500, error_body(gen.error, 500))
+                    await respond(send, 500, error_body(gen.error, 500))
                     return
                 parts.append(end)
             if budget is not None and len(parts) - (end is not None) >= budget:
@@ -486,23 +365,7 @@ class Simulator:
         tokens = sum(1 for p in parts if b'"delta":{"role"' not in p)
         gen.sent = min(n, gen.sent + tokens)
         self.engine.client_gone(gen)
-        raise _StreamCut("injected fault: connection cut")
-
-
-async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return b""
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+        raise StreamCut("injected fault: connection cut")
 
 
 _LLAMA_STACK_PREFIX = "/v1/openai/v1/"
@@ -511,26 +374,13 @@ _LLAMA_STACK_PREFIX = "/v1/openai/v1/"
 def _without_done(send: Send) -> Send:
     """``send`` that drops the ``data: [DONE]`` event, as Llama Stack's stream does not send it."""
 
-    async def wrapped(message: dict[str, Any]) -> None:
+    async def wrapped(message: Message) -> None:
         body = message.get("body")
         if body and body.endswith(DONE_EVENT):
             message = dict(message, body=body[: -len(DONE_EVENT)])
         await send(message)
 
     return wrapped
-
-
-async def _respond(
-    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": _JSON if headers is None else headers,
-        }
-    )
-    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 async def _finish(send: Send, body: bytes) -> None:

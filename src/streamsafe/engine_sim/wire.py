@@ -7,8 +7,8 @@ each token is one event; the last token's event carries ``finish_reason``; with
 ``data: [DONE]``. Keys absent from vLLM's output for these requests (``usage`` on ordinary chunks)
 are absent here too.
 
-Per-token work is a byte join of a pre-encoded head, the word and a pre-encoded tail: no JSON
-encoding per token.
+Per-token work is a byte join of a pre-encoded head, the word and a pre-encoded tail, framed by
+:func:`streamsafe.sse.encode_event`: no JSON encoding per token.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import json
 
 import orjson
 
-from streamsafe.sse import DONE_EVENT
+from streamsafe.sse import DONE_EVENT, encode_event
 
 __all__ = ["DONE_EVENT", "ChunkEncoder", "error_body"]
 
@@ -84,37 +84,32 @@ class ChunkEncoder:
             + orjson.dumps(model)
         )
         if chat:
-            self._head = b"data: " + self._base + b',"choices":[{"index":0,"delta":{"content":"'
-            self._tail = b'"},"logprobs":null,"finish_reason":null}]}\n\n'
-            self._tail_last = (
-                b'"},"logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
-            )
+            self._head = self._base + b',"choices":[{"index":0,"delta":{"content":"'
+            self._tail = b'"},"logprobs":null,"finish_reason":null}]}'
+            self._tail_last = b'"},"logprobs":null,"finish_reason":"length","stop_reason":null}]}'
         else:
-            self._head = b"data: " + self._base + b',"choices":[{"index":0,"text":"'
-            self._tail = b'","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
-            self._tail_last = (
-                b'","logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
-            )
+            self._head = self._base + b',"choices":[{"index":0,"text":"'
+            self._tail = b'","logprobs":null,"finish_reason":null,"stop_reason":null}]}'
+            self._tail_last = b'","logprobs":null,"finish_reason":"length","stop_reason":null}]}'
 
     def role(self) -> bytes:
         """The chat stream's opening event."""
-        return (
-            b"data: " + self._base + b',"choices":[{"index":0,"delta":{"role":"assistant",'
-            b'"content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+        return encode_event(
+            self._base + b',"choices":[{"index":0,"delta":{"role":"assistant",'
+            b'"content":""},"logprobs":null,"finish_reason":null}]}'
         )
 
     def token(self, word: bytes, last: bool) -> bytes:
         """One token's event; ``last`` carries ``finish_reason: "length"``."""
-        return b"".join((self._head, word, self._tail_last if last else self._tail))
+        return encode_event(b"".join((self._head, word, self._tail_last if last else self._tail)))
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
         """The ``include_usage`` event: empty choices and the usage object."""
-        return (
-            b"data: "
-            + self._base
+        return encode_event(
+            self._base
             + b',"choices":[],"usage":'
             + orjson.dumps(usage(prompt_tokens, completion_tokens))
-            + b"}\n\n"
+            + b"}"
         )
 
     def complete(self, text: str, prompt_tokens: int, completion_tokens: int) -> bytes:
@@ -153,4 +148,4 @@ def error_event(message: str, code: int = 500) -> bytes:
     """A mid-stream error event (vLLM's shape when the engine dies under a stream)."""
     body = {"error": {"message": message, "type": error_type(code), "code": code}}
     # vLLM writes this event with json.dumps, spaces after separators included.
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
+    return encode_event(json.dumps(body).encode())

@@ -1,7 +1,7 @@
-"""``streamsafe serve``: run the gateway in the foreground.
+"""The gateway's command-line options and running it in the foreground.
 
-Without ``--upstream`` the engine simulator is started in-process (on its own loopback server
-thread) and used as the upstream, so any OpenAI client can be pointed at the gateway at once.
+``streamsafe serve`` is assembled in :mod:`streamsafe.serve_cli`, which adds the in-process
+simulator used when no ``--upstream`` is given; this module knows only the gateway.
 """
 
 from __future__ import annotations
@@ -10,17 +10,11 @@ import argparse
 import os
 from typing import Any
 
-__all__ = ["build_config", "register"]
+__all__ = ["add_arguments", "build_config", "serve"]
 
 
-def register(subparsers: Any) -> None:
-    """Add ``serve`` to the ``streamsafe`` command line."""
-    p = subparsers.add_parser(
-        "serve",
-        help="run the gateway (in front of --upstream, or of an in-process simulator)",
-        description="Run the streamsafe gateway: one generation per logical request, "
-        "resumable streams, admission control, abort of abandoned work.",
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the gateway's options to ``p``."""
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument(
@@ -117,14 +111,6 @@ def register(subparsers: Any) -> None:
         default=5,
         help="times a broken upstream chat stream is continued (default 5; 0: never)",
     )
-    p.add_argument(
-        "--sim-memory-tokens",
-        type=int,
-        default=32768,
-        help="simulator KV memory when no --upstream (default 32768)",
-    )
-    p.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
-    p.set_defaults(func=_run)
 
 
 def build_config(args: argparse.Namespace, upstream: str) -> Any:
@@ -154,21 +140,12 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
     )
 
 
-def _run(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace, upstream: str) -> int:
+    """Run the gateway the parsed arguments describe in front of ``upstream`` until interrupted
+    (``args`` as ``streamsafe serve`` parses them, ``--log-level`` included); the exit code."""
     from streamsafe.gateway.app import Gateway
-    from streamsafe.serving import ServerThread, run_server
+    from streamsafe.serving import run_server
 
-    sim_server = None
-    upstream = args.upstream
-    if upstream is None:
-        from streamsafe.engine_sim import SimConfig, Simulator
-
-        sim = Simulator(SimConfig(memory_tokens=args.sim_memory_tokens))
-        sim_server = ServerThread(sim).start()
-        upstream = sim_server.url
-        print(
-            f"streamsafe: no --upstream given; engine simulator running at {upstream}", flush=True
-        )
     try:
         gateway = Gateway(build_config(args, upstream))
     except ValueError as exc:
@@ -183,15 +160,5 @@ def _run(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    try:
-        run_server(
-            gateway,
-            host=args.host,
-            port=args.port,
-            log_level=args.log_level,
-            announce=announce,
-        )
-    finally:
-        if sim_server is not None:
-            sim_server.stop()
+    run_server(gateway, host=args.host, port=args.port, log_level=args.log_level, announce=announce)
     return 0

@@ -1,72 +1,118 @@
-"""Prometheus metrics for ``/metrics``.
+"""The gateway's counters and gauges, defined once, and their two views: ``/stats`` (JSON) and
+``/metrics`` (Prometheus text).
 
-Read from the gateway's counters at scrape time by a custom collector, so the hot path pays
-nothing for them: no per-chunk ``Counter.inc()`` and its lock. Each gateway has its own registry,
-so several gateways in one process (tests, benchmarks) do not collide.
+Each series is a field of :class:`Counters` (incremented by the gateway as things happen) or of
+:class:`Readings` (read from admission, the registry and the upstream at scrape time); its help
+text sits in the field's metadata, so adding a series is one line. Prometheus reads the
+``/stats`` document through a custom collector at scrape time, so the hot path pays nothing for
+metrics: no per-chunk ``Counter.inc()`` and its lock. Each gateway has its own Prometheus
+registry, so several gateways in one process (tests, benchmarks) do not collide.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+import dataclasses
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-if TYPE_CHECKING:
-    from streamsafe.gateway.app import Gateway
+__all__ = ["CONTENT_TYPE", "Counters", "Metrics", "Readings", "stats_document"]
 
-__all__ = ["Metrics"]
+CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+_PREFIX = "streamsafe_gateway_"
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-_COUNTERS = (
-    ("requests_received", "Completion requests received"),
-    (
-        "retries_seen",
-        "Requests marked as client retries (X-Retry-Count or x-stainless-retry-count)",
-    ),
-    ("attached", "Requests attached to a live generation instead of starting one"),
-    ("replayed", "Requests answered by replaying a finished generation"),
-    ("resumed", "Requests resuming a stream with Last-Event-ID"),
-    ("generations_started", "Generations sent upstream"),
-    ("generations_completed", "Generations finished with [DONE]"),
-    ("generations_failed", "Generations that failed"),
-    ("generations_aborted", "Generations aborted after their last subscriber left"),
-    ("shed", "Requests refused with 429 by admission control"),
-    ("breaker_rejections", "Requests refused with 503 while the engine was down"),
-    ("key_conflicts", "Idempotency-Keys reused with a different body (422)"),
-    ("evicted", "Finished generations evicted to cap memory"),
-    ("events_relayed", "SSE events read from upstream"),
-    ("breaker_trips", "Times the engine was found dead"),
-    ("upstream_connect_retries", "Upstream connections retried after being refused"),
+def _counter(doc: str) -> Any:
+    return field(default=0, metadata={"doc": doc, "kind": "counter"})
+
+
+def _gauge(doc: str) -> Any:
+    return field(default=0, metadata={"doc": doc, "kind": "gauge"})
+
+
+@dataclass(slots=True)
+class Counters:
+    """Monotonic counters the gateway increments (plain ints: no lock on the hot path)."""
+
+    requests_received: int = _counter("Completion requests received")
+    retries_seen: int = _counter(
+        "Requests marked as client retries (X-Retry-Count or x-stainless-retry-count)"
+    )
+    attached: int = _counter("Requests attached to a live generation instead of starting one")
+    replayed: int = _counter("Requests answered by replaying a finished generation")
+    resumed: int = _counter("Requests resuming a stream with Last-Event-ID")
+    generations_started: int = _counter("Generations sent upstream")
+    generations_completed: int = _counter("Generations finished with [DONE]")
+    generations_failed: int = _counter("Generations that failed")
+    generations_aborted: int = _counter("Generations aborted after their last subscriber left")
+    shed: int = _counter("Requests refused with 429 by admission control")
+    breaker_rejections: int = _counter("Requests refused with 503 while the engine was down")
+    key_conflicts: int = _counter("Idempotency-Keys reused with a different body (422)")
+    evicted: int = _counter("Finished generations evicted to cap memory")
+    events_relayed: int = _counter("SSE events read from upstream")
+    continued: int = _counter("Broken upstream streams continued where they stopped")
+    #: Requests refused by the gateway, by status (its own labelled series).
+    errors: dict[int, int] = field(default_factory=dict)
+
+    def count_error(self, status: int) -> None:
+        """One more refusal with ``status``."""
+        self.errors[status] = self.errors.get(status, 0) + 1
+
+
+@dataclass(frozen=True, slots=True)
+class Readings:
+    """Values read from the gateway's parts when ``/stats`` or ``/metrics`` is asked for."""
+
+    live_generations: int = _gauge("Generations queued or running")
+    kept_generations: int = _gauge("Finished generations kept for replay")
+    queued: int = _gauge("Generations waiting for admission")
+    inflight: int = _gauge("Generations admitted upstream")
+    memory_tokens: int = _gauge("Estimated engine memory held by admitted generations (tokens)")
+    subscribers: int = _gauge("Connected subscribers")
+    kept_bytes: int = _gauge("Bytes held by finished generations")
+    breaker_open: bool = _gauge("1 while the engine is considered dead")
+    breaker_trips: int = _counter("Times the engine was found dead")
+    upstream_connect_retries: int = _counter("Upstream connections retried after being refused")
+
+
+_COUNTER_NAMES = tuple(f.name for f in dataclasses.fields(Counters) if f.metadata)
+_READING_NAMES = tuple(f.name for f in dataclasses.fields(Readings))
+#: (name, help, kind) of every unlabelled series, in /stats order.
+_SERIES = tuple(
+    (f.name, f.metadata["doc"], f.metadata["kind"])
+    for cls in (Counters, Readings)
+    for f in dataclasses.fields(cls)
+    if f.metadata
 )
-_GAUGES = (
-    ("live_generations", "Generations queued or running"),
-    ("kept_generations", "Finished generations kept for replay"),
-    ("queued", "Generations waiting for admission"),
-    ("inflight", "Generations admitted upstream"),
-    ("memory_tokens", "Estimated engine memory held by admitted generations (tokens)"),
-    ("subscribers", "Connected subscribers"),
-    ("kept_bytes", "Bytes held by finished generations"),
-    ("breaker_open", "1 while the engine is considered dead"),
-)
+
+
+def stats_document(counters: Counters, readings: Readings, uptime_s: float) -> dict[str, Any]:
+    """The ``/stats`` document: every counter and reading, ``errors`` by status, uptime.
+    Reads plain ints only, so it is safe to call from another thread."""
+    doc: dict[str, Any] = {name: getattr(counters, name) for name in _COUNTER_NAMES}
+    for name in _READING_NAMES:
+        doc[name] = getattr(readings, name)
+    doc["errors"] = {str(k): v for k, v in list(counters.errors.items())}
+    doc["uptime_s"] = round(uptime_s, 3)
+    return doc
 
 
 class _Collector:
-    def __init__(self, gateway: Gateway) -> None:
-        self._gateway = gateway
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self._stats = stats
 
     def collect(self) -> Iterator[Any]:
-        stats = self._gateway.stats()
-        for name, doc in _COUNTERS:
-            yield CounterMetricFamily(f"streamsafe_gateway_{name}", doc, value=stats[name])
-        for name, doc in _GAUGES:
-            yield GaugeMetricFamily(f"streamsafe_gateway_{name}", doc, value=float(stats[name]))
+        stats = self._stats()
+        for name, doc, kind in _SERIES:
+            if kind == "counter":
+                yield CounterMetricFamily(_PREFIX + name, doc, value=stats[name])
+            else:
+                yield GaugeMetricFamily(_PREFIX + name, doc, value=float(stats[name]))
         errors = CounterMetricFamily(
-            "streamsafe_gateway_errors",
-            "Requests refused by the gateway, by status",
-            labels=["status"],
+            _PREFIX + "errors", "Requests refused by the gateway, by status", labels=["status"]
         )
         for status, count in sorted(stats["errors"].items()):
             errors.add_metric([str(status)], count)
@@ -74,12 +120,13 @@ class _Collector:
 
 
 class Metrics:
-    """The gateway's Prometheus registry; :meth:`render` gives the ``/metrics`` body."""
+    """A Prometheus registry over ``stats`` (a callable returning :func:`stats_document`);
+    :meth:`render` gives the ``/metrics`` body."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(gateway))
+        self.registry.register(_Collector(stats))
 
-    def render(self) -> tuple[bytes, str]:
-        """The exposition text and its content type."""
-        return generate_latest(self.registry), CONTENT_TYPE
+    def render(self) -> bytes:
+        """The exposition text (its content type is :data:`CONTENT_TYPE`)."""
+        return generate_latest(self.registry)

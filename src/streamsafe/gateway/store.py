@@ -37,6 +37,18 @@ class EventLog(Protocol):
         ...
 
     @property
+    def append_nowait(self) -> Callable[[Sequence[bytes]], int] | None:
+        """:meth:`append` without a coroutine where the log lives in this process (the relay's
+        per-chunk fast path); ``None`` for a log that needs I/O."""
+        ...
+
+    @property
+    def read_nowait(self) -> Callable[[int], list[bytes]] | None:
+        """:meth:`read` without a coroutine where the log lives in this process (a subscriber's
+        per-chunk fast path); ``None`` for a log that needs I/O."""
+        ...
+
+    @property
     def length(self) -> int:
         """Events appended so far (as known to this process)."""
         ...
@@ -168,11 +180,6 @@ class MemoryStore:
     async def drop_log(self, gen_id: str) -> None:
         """Forget the log of ``gen_id``."""
         self._logs.pop(gen_id, None)
-
-    @property
-    def key_count(self) -> int:
-        """Keys held (including lapsed ones not yet looked at)."""
-        return len(self._keys)
 
     @property
     def log_count(self) -> int:

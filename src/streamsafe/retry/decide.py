@@ -1,4 +1,4 @@
-"""The one retry decision: every rule of DESIGN section 4, in one place.
+"""The one retry decision: every rule of docs/design.md, Client retries and budget, in one place.
 
 Pure (sans-I/O, like h11): the caller passes the time, the random draw and the budget; nothing
 here sleeps, reads a clock or draws a number. The same inputs always give the same decision.

@@ -1,0 +1,107 @@
+"""Plain ASGI underneath both servers (the gateway and the engine simulator).
+
+The types of the three ASGI callables, one way to answer a request, one way to read a request
+body within a limit, and the lifespan loop. No framework: each server is an ASGI callable that
+routes by path itself, so reading one file teaches that server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any
+
+__all__ = [
+    "BodyTooLarge",
+    "Disconnected",
+    "Message",
+    "Receive",
+    "Scope",
+    "Send",
+    "header",
+    "read_body",
+    "respond",
+    "serve_lifespan",
+]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_JSON = b"application/json"
+
+
+class BodyTooLarge(Exception):
+    """The request body went past the limit given to :func:`read_body`."""
+
+
+class Disconnected(Exception):
+    """The client left before the request body was complete."""
+
+
+async def respond(
+    send: Send,
+    status: int,
+    body: bytes,
+    *,
+    content_type: bytes | None = _JSON,
+    headers: Sequence[tuple[bytes, bytes]] = (),
+) -> None:
+    """A whole response in two messages: ``content-type`` (default JSON, ``None`` for none),
+    ``content-length`` and ``headers``, then ``body``."""
+    all_headers = [(b"content-length", b"%d" % len(body))]
+    if content_type is not None:
+        all_headers.insert(0, (b"content-type", content_type))
+    all_headers.extend(headers)
+    await send({"type": "http.response.start", "status": status, "headers": all_headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    """The request body, at most ``limit`` bytes. Raises :class:`BodyTooLarge` past the limit
+    (without reading the rest) and :class:`Disconnected` if the client left first."""
+    parts: list[bytes] = []
+    total = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise Disconnected
+        chunk = message.get("body", b"")
+        if chunk:
+            total += len(chunk)
+            if total > limit:
+                raise BodyTooLarge
+            parts.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of header ``name`` (lower case), or ``None``."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
+
+
+async def serve_lifespan(
+    receive: Receive,
+    send: Send,
+    startup: Callable[[], Awaitable[None]],
+    shutdown: Callable[[], Awaitable[None]],
+) -> None:
+    """Answer ASGI lifespan messages: ``startup`` at start (its exception is reported as
+    ``lifespan.startup.failed``), ``shutdown`` at the end."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            try:
+                await startup()
+            except Exception as exc:
+                await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                return
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await shutdown()
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,79 @@
+"""Injected faults: which ones a request draws, and the cut that drops its connection.
+
+Faults come from :attr:`SimConfig.faults <streamsafe.engine_sim.config.SimConfig.faults>`, or
+per request from an ``x-sim-fault`` header (comma-separated specs) where the config allows it.
+Each is drawn with its probability from one seeded generator, so a run is repeatable.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from streamsafe.engine_sim.config import Fault, SimConfig
+
+__all__ = ["Drawn", "FaultDraw", "StreamCut"]
+
+_FAULT_HEADER = b"x-sim-fault"
+
+
+class StreamCut(Exception):
+    """Raised out of the app to make uvicorn drop the connection mid-body (a cut fault)."""
+
+
+class _QuietCut(logging.Filter):
+    # uvicorn logs every exception escaping an app; the cut is intended, so drop that record.
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, StreamCut)
+
+
+_quiet_cut = _QuietCut()
+
+
+@dataclass
+class Drawn:
+    """The faults one request drew: an error status, a cut after so many events, a stall."""
+
+    status: Fault | None = None
+    cut_after: int | None = None
+    stall_s: float = 0.0
+
+
+class FaultDraw:
+    """Draws each request's faults from one generator seeded with ``config.seed``; safe from
+    any thread."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self._config = config
+        self._rng = random.Random(config.seed)
+        self._lock = threading.Lock()
+        logging.getLogger("uvicorn.error").addFilter(_quiet_cut)
+
+    def draw(self, headers: Iterable[tuple[bytes, bytes]]) -> Drawn:
+        """The faults of a request with these headers. Raises ``ValueError`` on a bad
+        ``x-sim-fault`` spec."""
+        faults = self._config.faults
+        if self._config.fault_header:
+            for name, value in headers:
+                if name == _FAULT_HEADER:
+                    specs = value.decode("latin-1").split(",")
+                    faults = tuple(Fault.parse(s) for s in specs if s.strip())
+        out = Drawn()
+        if not faults:
+            return out
+        with self._lock:
+            rng = self._rng
+            for fault in faults:
+                if rng.random() >= fault.probability:
+                    continue
+                if fault.kind == "status" and out.status is None:
+                    out.status = fault
+                elif fault.kind == "cut" and out.cut_after is None:
+                    out.cut_after = rng.randint(fault.cut_low, fault.cut_high)
+                elif fault.kind == "stall":
+                    out.stall_s += fault.stall_s
+        return out

@@ -1,0 +1,110 @@
+"""What the gateway answers when something goes wrong: OpenAI error bodies, a generation's
+:class:`Failure`, and the exceptions that become a 4xx.
+
+Every refusal is ``{"error": {"message", "type", "param", "code"}}`` with a real status, never a
+500 with a text body.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+from streamsafe._asgi import Send, respond
+
+__all__ = [
+    "ERROR_PREFIXES",
+    "BadRequest",
+    "Failure",
+    "KeyReused",
+    "LiveDuplicate",
+    "NotResumable",
+    "error_body",
+    "send_bad_request",
+    "send_failure",
+]
+
+#: How an error payload (an upstream error event, an error body) starts.
+ERROR_PREFIXES = (b'{"error"', b'{ "error"')
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    410: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+}
+
+
+def error_body(message: str, type_: str, code: int, param: str | None = None) -> bytes:
+    """An OpenAI-style error object: ``{"error": {"message", "type", "param", "code"}}``."""
+    return orjson.dumps(
+        {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    )
+
+
+@dataclass(slots=True)
+class Failure:
+    """Why a generation failed before its first event: the status and body a client that has not
+    been answered yet receives, and ``Retry-After`` where one applies."""
+
+    status: int
+    body: bytes
+    retry_after: int | None = None
+
+    def as_event(self) -> bytes:
+        """The failure as a mid-stream error payload (for subscribers already committed)."""
+        try:
+            parsed = orjson.loads(self.body)
+        except orjson.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+            return orjson.dumps({"error": parsed["error"]})
+        if isinstance(parsed, dict) and "message" in parsed:  # vLLM's flat ErrorResponse
+            return orjson.dumps({"error": parsed})
+        text = self.body[:1000].decode("utf-8", "replace") or f"upstream answered {self.status}"
+        return error_body(text, "upstream_error", self.status)
+
+
+class BadRequest(Exception):
+    """A request the gateway refuses itself: ``status`` with an OpenAI error body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+class KeyReused(Exception):
+    """The Idempotency-Key is in use with a different request body (422)."""
+
+
+class LiveDuplicate(Exception):
+    """A duplicate of a live keyed generation where the gateway is set to answer 409."""
+
+
+class NotResumable(Exception):
+    """``Last-Event-ID`` names a generation the gateway no longer holds (410)."""
+
+
+async def send_bad_request(send: Send, exc: BadRequest) -> None:
+    """Answer ``exc`` (401 also asks for a bearer token)."""
+    type_ = _ERROR_TYPES.get(exc.status, "invalid_request_error")
+    headers = [(b"www-authenticate", b"Bearer")] if exc.status == 401 else []
+    body = error_body(exc.message, type_, exc.status, exc.param)
+    await respond(send, exc.status, body, headers=headers)
+
+
+async def send_failure(send: Send, failure: Failure) -> None:
+    """Answer a generation that failed before anything was sent, with its real status."""
+    headers = []
+    if failure.retry_after is not None:
+        headers.append((b"retry-after", str(failure.retry_after).encode()))
+    await respond(send, failure.status, failure.body, headers=headers)

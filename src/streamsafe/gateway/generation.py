@@ -1,0 +1,175 @@
+"""A generation: one upstream request, its event log, its state, and its wake-up.
+
+A :class:`Generation` is what every request with the same ``(tenant, Idempotency-Key)`` (or, for
+an unkeyed retry, the same body) shares: the upstream reader appends to its log and calls
+:meth:`Generation.wake`; each subscriber keeps its own cursor and waits on
+:meth:`Generation.next_change`, so a slow one never holds up the reader or another subscriber.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import itertools
+import os
+from dataclasses import dataclass
+
+from streamsafe.gateway.errors import Failure
+from streamsafe.gateway.store import EventLog
+
+__all__ = ["Generation", "GenerationRequest", "State", "new_generation_id"]
+
+
+class State(enum.Enum):
+    """Where a generation is. Queued and running are live; the other three are finished."""
+
+    #: Waiting for admission.
+    QUEUED = "queued"
+    #: Admitted and sent upstream.
+    RUNNING = "running"
+    #: Ended with ``[DONE]`` (or the whole non-streaming answer).
+    DONE = "done"
+    #: Ended with an error: a status before the first event, or an error event after it.
+    FAILED = "failed"
+    #: Stopped because nobody read it past the grace period, or at shutdown.
+    ABORTED = "aborted"
+
+
+_FINISHED = frozenset((State.DONE, State.FAILED, State.ABORTED))
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    """What the registry needs to know about one incoming request."""
+
+    tenant: str
+    path: str
+    body: bytes
+    fingerprint: bytes
+    cost: int
+    stream: bool
+    idempotency_key: str | None = None
+    retry: bool = False
+    last_event_id: int | None = None
+    no_upstream_retry: bool = False
+
+
+class Generation:
+    """One upstream request and everything that follows from it.
+
+    Every change (events appended, state changed) bumps ``version`` and resolves the futures of
+    the subscribers waiting for it. A subscriber notes ``version``, checks, and waits on
+    :meth:`next_change` only if ``version`` has not moved meanwhile, so no change is missed and a
+    change costs one integer increment plus one ``set_result`` per waiting subscriber (no new
+    ``asyncio.Event`` per batch).
+    """
+
+    __slots__ = (
+        "_waiters",
+        "admitted_at",
+        "continuations",
+        "cost",
+        "created_at",
+        "failure",
+        "fingerprint",
+        "id",
+        "key",
+        "length",
+        "log",
+        "multiline",
+        "request",
+        "state",
+        "stream",
+        "subscribers",
+        "task",
+        "tenant",
+        "timer",
+        "upstream_status",
+        "version",
+    )
+
+    def __init__(
+        self,
+        gen_id: str,
+        request: GenerationRequest,
+        log_: EventLog,
+        key: str | None,
+        created_at: float = 0.0,
+    ) -> None:
+        self.id = gen_id
+        self.request = request
+        self.tenant = request.tenant
+        self.fingerprint = request.fingerprint
+        self.stream = request.stream
+        self.cost = request.cost
+        #: The store key that finds it (``None`` for an unkeyed request).
+        self.key = key
+        self.log = log_
+        #: Events in the log (as known to this process).
+        self.length = 0
+        self.state = State.QUEUED
+        #: Why it failed before its first event (a status and body to answer with).
+        self.failure: Failure | None = None
+        self.upstream_status: int | None = None
+        self.subscribers = 0
+        self.version = 0
+        self._waiters: list[asyncio.Future[None]] = []
+        #: The upstream reader.
+        self.task: asyncio.Task[None] | None = None
+        #: While live: the grace timer that aborts it; once finished: its retention timer.
+        self.timer: asyncio.TimerHandle | None = None
+        #: When it was created (the registry's clock); early commit counts its wait from here.
+        self.created_at = created_at
+        self.admitted_at: float | None = None
+        self.continuations = 0
+        #: Some payload holds a newline, so framing takes the slow path.
+        self.multiline = False
+
+    @property
+    def finished(self) -> bool:
+        """Done, failed or aborted: no event will be appended any more."""
+        return self.state in _FINISHED
+
+    @property
+    def live(self) -> bool:
+        """Queued or running."""
+        state = self.state
+        return state is State.QUEUED or state is State.RUNNING
+
+    def wake(self) -> None:
+        """Wake every subscriber waiting on this generation."""
+        self.version += 1
+        waiters = self._waiters
+        if waiters:
+            self._waiters = []
+            for waiter in waiters:
+                if not waiter.done():  # cancelled by its subscriber's timeout
+                    waiter.set_result(None)
+
+    def next_change(self) -> asyncio.Future[None]:
+        """A future the next :meth:`wake` resolves. Check ``version`` first (see the class)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        return waiter
+
+    def forget_waiter(self, waiter: asyncio.Future[None]) -> None:
+        """Drop a waiter that stopped waiting (timed out), so idle generations do not collect
+        them."""
+        with contextlib.suppress(ValueError):
+            self._waiters.remove(waiter)
+
+    def __repr__(self) -> str:
+        return (
+            f"Generation({self.id}, {self.state.value}, events={self.length}, "
+            f"subs={self.subscribers})"
+        )
+
+
+_ids = itertools.count()
+_ID_PREFIX = os.urandom(3).hex()
+
+
+def new_generation_id() -> str:
+    """A process-unique id; the random prefix keeps replicas' ids apart."""
+    return f"gen-{_ID_PREFIX}{next(_ids):x}"

@@ -1,0 +1,125 @@
+"""Reading a completion request: its headers, its body, and what they ask of the gateway.
+
+Everything here raises :class:`~streamsafe.gateway.errors.BadRequest` on bad input, so a client
+gets a clear 4xx with an OpenAI error body.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from typing import Any
+
+import orjson
+
+from streamsafe._asgi import BodyTooLarge, Disconnected, Receive, Scope, header, read_body
+from streamsafe.gateway.admission import request_cost
+from streamsafe.gateway.errors import BadRequest
+from streamsafe.gateway.generation import GenerationRequest
+
+__all__ = ["completion_request", "read_request_body", "tenant_id"]
+
+#: Longest Idempotency-Key accepted (the IETF draft sets no limit; a key is a store key here).
+_MAX_KEY_LEN = 256
+
+
+def tenant_id(api_key: bytes) -> str:
+    """The name a tenant is known by: a digest of its key, so that no key is ever held in a
+    log line, a metric or a stats dump."""
+    return "t-" + hashlib.sha256(api_key).hexdigest()[:16]
+
+
+async def read_request_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """The body, refused with 413 past ``limit`` bytes (by ``Content-Length`` before reading,
+    where one is given) and with 400 if the client leaves half-way."""
+    declared = header(scope, b"content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise BadRequest(400, "invalid Content-Length") from None
+        if size > limit:
+            raise BadRequest(413, f"request body is {size} bytes; the limit is {limit}")
+    try:
+        return await read_body(receive, limit)
+    except BodyTooLarge:
+        raise BadRequest(413, f"request body is over the limit of {limit} bytes") from None
+    except Disconnected:
+        raise BadRequest(400, "client disconnected before the body was complete") from None
+
+
+def completion_request(
+    scope: Scope, raw: bytes, upstream_path: str, tenant: str, default_max_tokens: int
+) -> GenerationRequest:
+    """What the registry needs to know about a completion request with body ``raw``."""
+    body = _parse_body(raw, upstream_path)
+    key = header(scope, b"idempotency-key")
+    if key is not None and (not key or len(key) > _MAX_KEY_LEN):
+        raise BadRequest(400, f"Idempotency-Key must be 1 to {_MAX_KEY_LEN} bytes")
+    last_id = _last_event_id(scope)
+    fingerprint = hashlib.blake2b(
+        upstream_path.encode() + b"\0" + orjson.dumps(body, option=orjson.OPT_SORT_KEYS),
+        digest_size=16,
+    ).digest()
+    return GenerationRequest(
+        tenant=tenant,
+        path=upstream_path,
+        body=raw,
+        fingerprint=fingerprint,
+        cost=request_cost(body, default_max_tokens),
+        stream=body.get("stream") is True,
+        idempotency_key=key.decode("utf-8", "replace") if key is not None else None,
+        retry=_retry_count(scope) >= 1,
+        last_event_id=last_id,
+        no_upstream_retry=header(scope, b"x-llamastack-streaming") == b"true",
+    )
+
+
+def _retry_count(scope: Scope) -> int:
+    best = 0
+    for key, value in scope["headers"]:
+        if key == b"x-retry-count" or key == b"x-stainless-retry-count":
+            with contextlib.suppress(ValueError):
+                best = max(best, int(value))
+    return best
+
+
+def _last_event_id(scope: Scope) -> int | None:
+    value = header(scope, b"last-event-id")
+    if value is None or not value.strip():
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise BadRequest(400, "Last-Event-ID must be an event id this gateway sent") from None
+    if n < -1:
+        raise BadRequest(400, "Last-Event-ID must be >= -1")
+    return n
+
+
+def _parse_body(raw: bytes, upstream_path: str) -> dict[str, Any]:
+    if not raw:
+        raise BadRequest(400, "request body is empty; expected a JSON object")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(400, "request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest(400, "missing required field 'model'", "model")
+    if upstream_path == "/v1/chat/completions":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest(
+                400, "missing required field 'messages' (a non-empty list)", "messages"
+            )
+        if not all(isinstance(m, dict) and "role" in m for m in messages):
+            raise BadRequest(400, "each message must be an object with a 'role'", "messages")
+    elif not isinstance(body.get("prompt"), str | list):
+        raise BadRequest(400, "missing required field 'prompt'", "prompt")
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise BadRequest(400, "'stream' must be a boolean", "stream")
+    return body

@@ -1,0 +1,144 @@
+"""The layering promises: importing the retry core loads no server, no HTTP client and no JSON
+library; the servers never import the client (nor each other); no import circle."""
+
+from __future__ import annotations
+
+import ast
+import json
+import pathlib
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import streamsafe
+
+SRC = pathlib.Path(streamsafe.__file__).parent
+#: Third-party modules the retry core must not pull in (they cost most of a server's import).
+HEAVY = ("httpx2", "httpcore2", "orjson", "prometheus_client", "uvicorn", "anyio")
+
+
+def _loaded_after(statement: str) -> set[str]:
+    code = f"import json, sys; {statement}; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    return set(json.loads(out.stdout))
+
+
+def test_importing_the_retry_core_loads_no_server_and_no_third_party_package() -> None:
+    loaded = _loaded_after("import streamsafe.retry")
+    ours = {m for m in loaded if m.startswith("streamsafe")}
+    assert ours <= {"streamsafe"} | {m for m in ours if m.startswith("streamsafe.retry")}, ours
+    assert not {m.split(".")[0] for m in loaded} & set(HEAVY)
+
+
+def test_importing_the_package_loads_nothing_until_a_name_is_used() -> None:
+    loaded = _loaded_after("import streamsafe")
+    assert {m for m in loaded if m.startswith("streamsafe")} == {"streamsafe"}
+    loaded = _loaded_after("from streamsafe import SSEDecoder, __version__")
+    assert not {m for m in loaded if m.startswith(("streamsafe.gateway", "streamsafe.client"))}
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in SRC.rglob("*.py")}
+
+
+def _imports(tree: ast.AST, module: str) -> Iterator[str]:
+    """The streamsafe modules ``tree`` imports (a name imported from a package counts as the
+    submodule where there is one)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            target = node.module or ""
+            if node.level:
+                base = module.split(".")[: -node.level]
+                target = ".".join([*base, target] if target else base)
+            if target.split(".")[0] != "streamsafe":
+                continue
+            yield target
+            for alias in node.names:
+                if f"{target}.{alias.name}" in MODULES:
+                    yield f"{target}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "streamsafe":
+                    yield alias.name
+
+
+def _part(module: str) -> str:
+    """The subpackage (``streamsafe.gateway``) or top-level module a module belongs to."""
+    parts = module.split(".")
+    if len(parts) > 1 and (SRC / parts[1]).is_dir():
+        return ".".join(parts[:2])
+    return module
+
+
+GRAPH = {m: set(_imports(ast.parse(p.read_text()), m)) - {m} for m, p in MODULES.items()}
+PARTS: dict[str, set[str]] = {}
+for _m, _targets in GRAPH.items():
+    PARTS.setdefault(_part(_m), set()).update(_part(t) for t in _targets if _part(t) != _part(_m))
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph``, or ``None``."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)) is not None:
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)) is not None:
+            return found
+    return None
+
+
+def test_no_import_circle_between_parts() -> None:
+    assert _cycle(PARTS) is None, " -> ".join(_cycle(PARTS) or ())
+
+
+def test_no_import_circle_between_modules() -> None:
+    assert _cycle(GRAPH) is None, " -> ".join(_cycle(GRAPH) or ())
+
+
+def test_servers_import_neither_the_client_nor_each_other() -> None:
+    assert not PARTS["streamsafe.gateway"] & {
+        "streamsafe.client",
+        "streamsafe.engine_sim",
+        "streamsafe.bench",
+    }
+    assert not PARTS["streamsafe.engine_sim"] & {
+        "streamsafe.client",
+        "streamsafe.gateway",
+        "streamsafe.bench",
+    }
+
+
+def test_the_pure_core_imports_no_other_part() -> None:
+    assert PARTS.get("streamsafe.retry", set()) == set()
+    assert PARTS.get("streamsafe.sse", set()) == set()
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_inside_the_gateway_the_relay_and_the_metrics_import_no_owner() -> None:
+    assert "streamsafe.gateway.registry" not in GRAPH["streamsafe.gateway.relay"]
+    assert "streamsafe.gateway.app" not in GRAPH["streamsafe.gateway.metrics"]
+    assert "streamsafe.engine_sim" not in {_part(m) for m in GRAPH["streamsafe.gateway.cli"]}
