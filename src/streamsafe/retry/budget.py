@@ -23,29 +23,34 @@ class RetryBudget:
     ``min_per_second`` retries per second however few the requests.
 
     Every request deposits ``ratio`` of a retry; every retry withdraws one whole retry, from
-    the oldest deposits still in the window, else from a reserve that refills at
-    ``min_per_second`` up to ``min_per_second * window``. A retry is allowed while one whole
-    retry is there. So a backend that fails everything sees each request plus at most about
-    ``ratio`` of them again (1.2x its load, not 3x), while a backend that refuses a few
-    requests (10 % with the default 20 %) costs no call at all. The gRPC A6 token bucket this
-    replaces spent a token on every failure and earned a tenth back per success: 10 % of 503s
-    alone left it hovering at its threshold, and refusing calls a healthy backend would serve.
+    the oldest deposits still in the window, else from a reserve that starts full and refills
+    at ``min_per_second`` up to ``min_per_second * window``. A retry is allowed while one
+    whole retry is there. So a backend that fails everything sees each request plus about
+    ``ratio`` of them again (1.2x its load, not the 3x of two retries each), while a backend
+    that refuses a few requests before any work (10 % with the default 20 %) costs no call.
+    The gRPC A6 token bucket this replaces spent a token on every failure and earned a tenth
+    of one per success, so 10 % of 503s kept it at its threshold and calls a healthy backend
+    would have served failed with ``RetryBudgetExhausted``.
+
+    The client deposits once per call and withdraws once per retry it sends; resumes of a
+    committed stream are not retries (they replay what the server already did) and are bounded
+    by ``StreamingConfig.max_resumes`` instead.
 
     Defaults, and why:
 
     - ``ratio=0.2``: Envoy's ``budget_percent`` and Finagle's ``percentCanRetry`` both default
-      to 20 %: a storm adds a fifth to the load, twice the ordinary failure rate of a busy
-      shared backend (10 % of 503s) is covered.
+      to 20 %. A storm adds a fifth to the load; a backend refusing 10 % of requests is
+      covered twice over, so a refused retry may itself be retried.
     - ``window=10.0`` seconds: Finagle's TTL. Long enough to pool the deposits of a bursty
       client; short enough that requests from a minute ago do not pay for a storm now.
     - ``min_per_second=1.0``: a client sending one request a minute still gets its retries,
       as Envoy's ``min_retry_concurrency`` and Finagle's ``minRetriesPerSec`` allow (theirs are
       3 concurrent and 10/s for a whole server; one client process needs less).
 
-    Pure: no I/O, and the time comes from ``clock`` (``time.monotonic`` unless given; a client
-    passes its own ``clock=``), so the same clock readings always give the same answers.
-    Thread-safe and asyncio-safe: one short lock, per attempt, never per chunk, never held
-    across an ``await``.
+    Pure: no I/O; the time comes from ``clock`` (``time.monotonic`` unless given; a client
+    given ``clock=`` builds its default budget on that clock), so the same clock readings always
+    give the same answers. Thread-safe and asyncio-safe: one short lock, taken per call and per
+    retry, never per chunk, never held across an ``await``.
     """
 
     __slots__ = (

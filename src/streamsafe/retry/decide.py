@@ -65,7 +65,8 @@ def decide(
       for a streaming call, ``None`` for a plain one.
     - ``attempt``: attempts already made before this outcome's, 0-based (0 after the first
       attempt failed); ``resumes``: resumes already made.
-    - ``budget``: read, never changed (the caller records the retry this decision allows).
+    - ``budget``: asked, never changed (it reads the clock it was built with; the caller
+      records the retry this decision allows).
     - ``now``, ``started_at``: Unix time now and when the call began (for the deadline and an
       HTTP-date ``Retry-After``); ``rand``: a draw in ``[0, 1)`` for the jitter.
 
