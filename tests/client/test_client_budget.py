@@ -18,7 +18,7 @@ from client_fakes import cutting_proxy, serve
 from streamsafe.client import AsyncClient
 from streamsafe.engine_sim import Fault, SimConfig, Simulator, expected_text
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.retry import StreamingConfig
+from streamsafe.retry import RetryPolicy, StreamingConfig
 
 MODEL = "sim-llama-8b"
 CALLS = 100
@@ -37,7 +37,13 @@ def _body(i: int) -> dict[str, object]:
 async def _calls(base_url: str) -> list[tuple[str | None, BaseException | None]]:
     slots = asyncio.Semaphore(CONCURRENCY)
     # Resumes are not retries: each break of this network is resumed from the gateway's log.
-    async with AsyncClient(base_url=base_url, streaming=StreamingConfig(max_resumes=20)) as client:
+    # Four retries, not two: one call in a thousand meets three refusals in a row, which would
+    # use up two retries whatever the budget; the budget is what is under test here.
+    async with AsyncClient(
+        base_url=base_url,
+        retry=RetryPolicy(max_retries=4),
+        streaming=StreamingConfig(max_resumes=20),
+    ) as client:
 
         async def one(i: int) -> tuple[str | None, BaseException | None]:
             async with slots:
