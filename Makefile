@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint format unasync test demo bench clean
+.PHONY: install lint format unasync test demo bench docs clean
 
 install: $(STAMP)
 
@@ -39,6 +39,10 @@ demo: $(STAMP)
 bench: $(STAMP)
 	mkdir -p reports
 	$(BIN)/streamsafe bench all --out reports
+
+# docs/cli.md is generated from the argparse parsers; tests/test_docs.py fails when it is stale.
+docs: $(STAMP)
+	$(BIN)/python -m streamsafe._clidoc --write docs/cli.md
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
