@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint format test demo bench docs clean
+.PHONY: install lint format unasync test demo bench docs clean
 
 install: $(STAMP)
 
@@ -15,14 +15,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The synchronous client is generated from the asynchronous one; lint fails when they drift.
 lint: $(STAMP)
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests scripts
+	$(BIN)/ruff format --check src tests scripts
+	$(BIN)/python scripts/unasync.py --check
 	$(BIN)/mypy
 
-format: $(STAMP)
-	$(BIN)/ruff format src tests
-	$(BIN)/ruff check --fix src tests
+format: $(STAMP) unasync
+	$(BIN)/ruff format src tests scripts
+	$(BIN)/ruff check --fix src tests scripts
+
+unasync: $(STAMP)
+	$(BIN)/python scripts/unasync.py
 
 test: lint
 	$(BIN)/pytest -q

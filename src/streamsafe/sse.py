@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
 
+from streamsafe._errors import StreamsafeError
+
 __all__ = [
     "DONE",
     "DONE_EVENT",
@@ -52,9 +54,10 @@ DONE_EVENT = b"data: [DONE]\n\n"
 DEFAULT_MAX_LINE_BYTES = 16 * 1024 * 1024
 
 
-class SSEError(ValueError):
+class SSEError(StreamsafeError, ValueError):
     """The byte stream is not a valid event stream (a line over the limit, a payload that is
-    not UTF-8). The only exception the codec raises on bad input."""
+    not UTF-8). The only exception the codec raises on bad input; a branch of the client's
+    :class:`~streamsafe.client.errors.StreamsafeError` tree (and a ``ValueError``)."""
 
 
 class ServerSentEvent:

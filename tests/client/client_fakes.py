@@ -13,11 +13,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx2
 import orjson
 
 from streamsafe.client import AsyncClient, Client
 from streamsafe.serving import ServerThread
-from streamsafe.sse import DONE_EVENT, encode_comment, encode_event
+from streamsafe.sse import DONE_EVENT, SSEDecoder, encode_comment, encode_event
 
 NOW = 1_700_000_000.0
 
@@ -151,6 +152,40 @@ def serve(app: Any) -> ServerThread:
     # A Cut is a deliberate reset; keep uvicorn's traceback for it out of the test output.
     logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)
     return server  # use as `with serve(app) as server:`
+
+
+def cutting_proxy(
+    upstream: str, rng: random.Random, *, share: float = 1.0, events: tuple[int, int] = (1, 5)
+) -> FakeServer:
+    """A flaky network in front of ``upstream``: it passes requests on and drops ``share`` of
+    the response streams (each connection drawn from ``rng``) after a number of SSE events
+    drawn from ``events``, as a reset would."""
+    client = httpx2.AsyncClient(base_url=upstream, timeout=30)
+
+    async def handler(req: Req) -> None:
+        headers = {k: v for k, v in req.headers.items() if k not in ("host", "content-length")}
+        cut_at = rng.randint(*events) if rng.random() < share else None
+        async with client.stream(
+            req.seen.method, req.seen.path, headers=headers, content=req.seen.body
+        ) as resp:
+            hdrs = [
+                (k.encode(), v.encode())
+                for k, v in resp.headers.items()
+                if k not in ("content-length", "transfer-encoding")
+            ]
+            await req._send(
+                {"type": "http.response.start", "status": resp.status_code, "headers": hdrs}
+            )
+            decoder = SSEDecoder()
+            seen = 0
+            async for raw in resp.aiter_raw():
+                await req.write(raw)
+                seen += len(decoder.feed(raw))
+                if cut_at is not None and seen >= cut_at:
+                    raise Cut
+            await req.write(b"", more=False)
+
+    return FakeServer(handler)
 
 
 class RefusingPort:

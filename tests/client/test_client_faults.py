@@ -570,17 +570,22 @@ def test_resume_answered_with_json_ends_in_stream_interrupted(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_budget_stops_retries_when_a_backend_keeps_failing_and_refills_on_success(mode):
+def test_budget_allows_retries_as_a_share_of_the_calls_made(mode):
     s503 = status(503)
-    app = FakeServer(scripted(s503, s503, s503, ok, ok, ok, s503, ok))
-    budget = RetryBudget(max_tokens=4, token_ratio=1)
+    app = FakeServer(scripted(s503, s503, s503, ok, ok, s503, ok))
+    clock = FakeClock()
+    # Half a retry per call, no floor: a retry needs two calls' worth.
+    budget = RetryBudget(0.5, min_per_second=0, clock=clock.time)
     with serve(app) as server:
-        results = run(mode, {"base_url": url(server), "budget": budget}, stream=False, calls=6)
+        results = run(
+            mode, {"base_url": url(server), "budget": budget}, stream=False, calls=5, clock=clock
+        )
     errors = [type(r.error).__name__ if r.error else None for r in results]
-    assert errors == ["RetryBudgetExhausted", "RetryBudgetExhausted", None, None, None, None]
+    assert errors == ["RetryBudgetExhausted", "RetryBudgetExhausted", None, None, None]
     assert isinstance(results[0].error.last_error, ServiceUnavailableError)
-    assert results[0].error.attempts == 2 and results[1].error.attempts == 1
-    assert len(app.requests) == 8  # call 6 was retried once the budget refilled
+    assert results[0].error.attempts == 1 and results[1].error.attempts == 2
+    assert len(app.requests) == 7  # call 5 was retried: calls 3 and 4 paid for it
+    assert budget.balance == 0.5
 
 
 # -- connection hygiene and headers -------------------------------------------------------

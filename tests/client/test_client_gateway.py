@@ -9,46 +9,15 @@ from __future__ import annotations
 
 import random
 
-import httpx2
 import pytest
-from client_fakes import Cut, FakeServer, Req, run, serve
+from client_fakes import cutting_proxy, run, serve
 
 from streamsafe.engine_sim import SimConfig, Simulator, expected_text
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.retry import StreamingConfig
-from streamsafe.sse import SSEDecoder
 
 MODEL = "sim-llama-8b"
 MESSAGES = [{"role": "user", "content": "resume me"}]
-
-
-def cutting_proxy(upstream: str, rng: random.Random) -> FakeServer:
-    client = httpx2.AsyncClient(base_url=upstream, timeout=30)
-
-    async def handler(req: Req) -> None:
-        headers = {k: v for k, v in req.headers.items() if k not in ("host", "content-length")}
-        async with client.stream(
-            req.seen.method, req.seen.path, headers=headers, content=req.seen.body
-        ) as resp:
-            hdrs = [
-                (k.encode(), v.encode())
-                for k, v in resp.headers.items()
-                if k not in ("content-length", "transfer-encoding")
-            ]
-            await req._send(
-                {"type": "http.response.start", "status": resp.status_code, "headers": hdrs}
-            )
-            decoder = SSEDecoder()
-            seen = 0
-            cut_at = rng.randint(1, 5)
-            async for raw in resp.aiter_raw():
-                await req.write(raw)
-                seen += len(decoder.feed(raw))
-                if seen >= cut_at:
-                    raise Cut
-            await req.write(b"", more=False)
-
-    return FakeServer(handler)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

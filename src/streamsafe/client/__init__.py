@@ -10,7 +10,7 @@ where the server is resumable, and raise one hierarchy of typed errors
 from __future__ import annotations
 
 from streamsafe.client._async import AsyncClient, AsyncStream
-from streamsafe.client._core import DEFAULT_BASE_URL, NOT_GIVEN, RetryEvent
+from streamsafe.client._settings import DEFAULT_BASE_URL, NOT_GIVEN, RetryEvent
 from streamsafe.client._sync import Client, Stream
 from streamsafe.client.errors import (
     APIConnectionError,
@@ -26,6 +26,7 @@ from streamsafe.client.errors import (
     RateLimitError,
     RetryBudgetExhausted,
     ServiceUnavailableError,
+    SSEError,
     StreamError,
     StreamInterrupted,
     StreamsafeError,
@@ -66,6 +67,7 @@ __all__ = [
     "RateLimitError",
     "RetryBudgetExhausted",
     "RetryEvent",
+    "SSEError",
     "ServiceUnavailableError",
     "Stream",
     "StreamError",

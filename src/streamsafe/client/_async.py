@@ -1,28 +1,22 @@
-"""The asynchronous client: :class:`AsyncClient` and its :class:`AsyncStream` (same rules as
-the synchronous one, in ``_sync``)."""
+"""The asynchronous client: :class:`AsyncClient` and its :class:`AsyncStream`.
+
+``_async.py`` is the source: ``_sync.py`` is generated from it by ``scripts/unasync.py`` (run
+``make unasync`` after a change; ``make lint`` fails while they differ). The few lines that
+truly differ between the twins are written by hand in the two ``_*_support`` modules.
+"""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar, overload
 
 import httpx2
 import orjson
 
-from streamsafe.client._core import (
-    MAX_ERROR_BODY,
-    NOT_GIVEN,
-    Call,
-    Hook,
-    Settings,
-    finished,
-    is_event_stream,
-    make_settings,
-    override,
-    text_of,
-)
+from streamsafe.client._async_support import AsyncCloseAlias, AsyncSleep, default_sleep, loop_over
+from streamsafe.client._call import MAX_ERROR_BODY, Call, finished, is_event_stream, text_of
+from streamsafe.client._settings import NOT_GIVEN, Hook, Settings, make_settings, override
 from streamsafe.client.errors import APIResponseError, StreamError, StreamsafeError
 from streamsafe.client.timeouts import Timeouts
 from streamsafe.client.types import (
@@ -33,18 +27,18 @@ from streamsafe.client.types import (
     ModelList,
 )
 from streamsafe.retry import Outcome, RetryBudget, RetryPolicy, StreamingConfig
-from streamsafe.sse import SSEDecoder
+from streamsafe.sse import SSEDecoder, SSEError
 
 __all__ = ["AsyncClient", "AsyncStream"]
 
 T = TypeVar("T", bound=APIObject)
 
 
-class AsyncStream(Generic[T]):
-    """A streaming result: ``async for`` it for chunks; use it as an async context manager or
-    call :meth:`aclose` to drop the connection early (the server sees the disconnect). Leaving
-    an ``async for`` over it early (``break``, an exception) closes it too, at the loop's next
-    turn; ``await anext(stream)`` reads one chunk without that.
+class AsyncStream(AsyncCloseAlias, Generic[T]):
+    """A streaming result: iterate it with ``async for``; use it with ``async with`` or call
+    :meth:`aclose` to drop the connection early (the server sees the disconnect). Leaving a
+    loop over it early (``break``, an exception) closes it too; ``await anext(stream)`` reads
+    one chunk without that.
 
     A break after the headers is resumed where the server is resumable, invisibly but for a log
     line; otherwise :class:`~streamsafe.client.errors.StreamInterrupted` is raised with what
@@ -83,20 +77,7 @@ class AsyncStream(Generic[T]):
         return self._call.resumes if self._call else 0
 
     def __aiter__(self) -> AsyncIterator[T]:
-        return _Loop(self)
-
-    def _abandoned(self) -> None:
-        """An ``async for`` was left early: close the connection on this loop now, not when
-        the garbage collector finds the stream."""
-        if self._closed or self.response.is_closed:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # no loop left to close it on; the pool's close will
-        task = loop.create_task(self.aclose())
-        _CLOSING.add(task)
-        task.add_done_callback(_CLOSING.discard)
+        return loop_over(self._iterator, self)
 
     async def __anext__(self) -> T:
         return await self._iterator.__anext__()
@@ -119,10 +100,6 @@ class AsyncStream(Generic[T]):
             self._closed = True
             await self._iterator.aclose()
         await self.response.aclose()
-
-    async def close(self) -> None:
-        """Same as :meth:`aclose` (openai-python's ``AsyncStream`` spells it ``close``)."""
-        await self.aclose()
 
     async def _iter(self) -> AsyncGenerator[T, None]:
         call = self._call
@@ -151,7 +128,9 @@ class AsyncStream(Generic[T]):
                             data = loads(ev.raw)
                         except orjson.JSONDecodeError:
                             raise _bad_event(call, ev.raw, chunks) from None
-                        if type(data) is dict and "error" in data:
+                        if type(data) is not dict:
+                            raise _bad_event(call, ev.raw, chunks)
+                        if "error" in data:
                             raise _stream_error(call, data, chunks)
                         chunk = make(data)
                         chunks.append(chunk)
@@ -163,6 +142,8 @@ class AsyncStream(Generic[T]):
                     return
             except httpx2.TransportError as exc:
                 failure = exc
+            except (SSEError, httpx2.DecodingError) as exc:
+                raise _unreadable(call, exc, chunks) from exc
             finally:
                 await response.aclose()
             if call is None or self._client is None:
@@ -170,31 +151,6 @@ class AsyncStream(Generic[T]):
             outcome = call.stream_failure(failure, len(chunks))
             response = await self._client._resume(call, outcome, chunks, failure)
             self.response = response
-
-
-# Closing tasks started by _abandoned, held until done (the loop keeps only weak references).
-_CLOSING: set[asyncio.Task[None]] = set()
-
-
-class _Loop(Generic[T]):
-    """What one ``async for`` over an :class:`AsyncStream` holds, and nothing else does: when
-    the loop is left early it is dropped at once, and that closes the stream. Its ``__anext__``
-    hands out the stream generator's own awaitable, so a chunk costs one call more, no more."""
-
-    __slots__ = ("_next", "_stream")
-
-    def __init__(self, stream: AsyncStream[T]) -> None:
-        self._stream = stream
-        self._next = stream._iterator.__anext__
-
-    def __aiter__(self) -> _Loop[T]:
-        return self
-
-    def __anext__(self) -> Awaitable[T]:
-        return self._next()
-
-    def __del__(self) -> None:
-        self._stream._abandoned()
 
 
 def _int_id(value: str | None) -> int | None:
@@ -208,8 +164,14 @@ def _int_id(value: str | None) -> int | None:
 
 def _bad_event(call: Call | None, raw: bytes, chunks: list[Any]) -> StreamsafeError:
     if call is None:
-        return APIResponseError(f"stream event is not JSON: {raw[:200]!r}")
+        return APIResponseError(f"stream event is not a JSON object: {raw[:200]!r}")
     return call.bad_event(raw, chunks)
+
+
+def _unreadable(call: Call | None, exc: Exception, chunks: list[Any]) -> StreamsafeError:
+    if call is None:
+        return APIResponseError(f"unreadable event stream: {exc}")
+    return call.unreadable_stream(exc, chunks)
 
 
 def _stream_error(call: Call | None, data: dict[str, Any], chunks: list[Any]) -> StreamsafeError:
@@ -218,7 +180,7 @@ def _stream_error(call: Call | None, data: dict[str, Any], chunks: list[Any]) ->
     return call.stream_error(data, chunks)
 
 
-class AsyncClient:
+class AsyncClient(AsyncCloseAlias):
     """An asynchronous OpenAI-compatible client whose retries can never duplicate work.
 
     ``base_url`` falls back to ``OPENAI_BASE_URL``, then ``http://localhost:8000/v1``;
@@ -246,7 +208,7 @@ class AsyncClient:
         default_headers: Mapping[str, str] | None = None,
         on_retry: Hook | None = None,
         on_resume: Hook | None = None,
-        sleep: Callable[[float], Awaitable[None]] | None = None,
+        sleep: AsyncSleep | None = None,
         clock: Callable[[], float] | None = None,
         rand: Callable[[], float] | None = None,
     ) -> None:
@@ -266,7 +228,7 @@ class AsyncClient:
         self._owns_http = http_client is None
         # Timeouts go per request (see Call.timeout_extension), so the pool's own are off.
         self._http = http_client or httpx2.AsyncClient(timeout=None, follow_redirects=True)
-        self._sleep = sleep or asyncio.sleep
+        self._sleep = sleep or default_sleep
         self.chat = _Chat(self)
         self.completions = _Completions(self)
         self.models = _Models(self)
@@ -314,10 +276,6 @@ class AsyncClient:
         if self._owns_http:
             await self._http.aclose()
 
-    async def close(self) -> None:
-        """Same as :meth:`aclose` (openai-python's ``AsyncOpenAI`` spells it ``close``)."""
-        await self.aclose()
-
     async def __aenter__(self) -> AsyncClient:
         return self
 
@@ -332,21 +290,26 @@ class AsyncClient:
         """One request. Returns the committed 2xx response, or the outcome and error of a
         failed attempt (its response already closed)."""
         ext = call.timeout_extension()
-        request = self._http.build_request(
-            call.method,
-            call.url,
-            content=call.body,
-            headers=call.headers(resume=resume),
-            extensions={"timeout": ext},
-        )
+        try:
+            request = self._http.build_request(
+                call.method,
+                call.url,
+                content=call.body,
+                headers=call.headers(resume=resume),
+                extensions={"timeout": ext},
+            )
+        except httpx2.InvalidURL as exc:
+            raise call.unusable_url(exc) from exc
         call.attempts += 1
         try:
             response = await self._http.send(request, stream=True)
-        except httpx2.UnsupportedProtocol:
-            raise
+        except httpx2.UnsupportedProtocol as exc:
+            raise call.unusable_url(exc) from exc
         except httpx2.TransportError as exc:
             outcome, err = call.request_failure(exc)
             return None, outcome, err
+        except httpx2.RequestError as exc:  # too many redirects: no answer to use
+            raise call.unusable_response(exc) from exc
         if response.status_code < 300:
             call.committed(response, ext)
             if call.stream and not is_event_stream(response):
@@ -354,7 +317,7 @@ class AsyncClient:
                 # what it said instead of an empty stream.
                 try:
                     raw = await _read_capped(response)
-                except httpx2.TransportError:
+                except httpx2.RequestError:
                     raw = b""
                 finally:
                     await response.aclose()
@@ -362,7 +325,7 @@ class AsyncClient:
             return response, None, None
         try:
             raw = await _read_capped(response)
-        except httpx2.TransportError:
+        except httpx2.RequestError:  # lost or undecodable: the status says enough
             raw = b""
         finally:
             await response.aclose()
@@ -378,7 +341,7 @@ class AsyncClient:
             assert outcome is not None and err is not None
             decision = call.decide(outcome)
             if not decision.retry:
-                raise call.give_up_error(outcome, err)
+                raise call.give_up_error(err)
             await self._sleep(decision.delay)
 
     async def _resume(
@@ -427,6 +390,8 @@ class AsyncClient:
         except httpx2.TransportError as exc:
             call.decide(call.stream_failure(exc, 0))  # committed: logged, never re-sent
             raise call.body_failure(exc) from exc
+        except httpx2.DecodingError as exc:
+            raise call.unusable_response(exc) from exc
         finally:
             await response.aclose()
         try:

@@ -1,8 +1,14 @@
-"""The synchronous client: :class:`Client` and its :class:`Stream`."""
+# Generated from _async.py by scripts/unasync.py: do not edit. Change _async.py (or the
+# rules in the script) and run `make unasync`; `make lint` fails while the two differ.
+"""The synchronous client: :class:`Client` and its :class:`Stream`.
+
+``_async.py`` is the source: ``_sync.py`` is generated from it by ``scripts/unasync.py`` (run
+``make unasync`` after a change; ``make lint`` fails while they differ). The few lines that
+truly differ between the twins are written by hand in the two ``_*_support`` modules.
+"""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Generator, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar, overload
@@ -10,18 +16,9 @@ from typing import Any, Generic, Literal, TypeVar, overload
 import httpx2
 import orjson
 
-from streamsafe.client._core import (
-    MAX_ERROR_BODY,
-    NOT_GIVEN,
-    Call,
-    Hook,
-    Settings,
-    finished,
-    is_event_stream,
-    make_settings,
-    override,
-    text_of,
-)
+from streamsafe.client._call import MAX_ERROR_BODY, Call, finished, is_event_stream, text_of
+from streamsafe.client._settings import NOT_GIVEN, Hook, Settings, make_settings, override
+from streamsafe.client._sync_support import CloseAlias, Sleep, default_sleep, loop_over
 from streamsafe.client.errors import APIResponseError, StreamError, StreamsafeError
 from streamsafe.client.timeouts import Timeouts
 from streamsafe.client.types import (
@@ -32,17 +29,17 @@ from streamsafe.client.types import (
     ModelList,
 )
 from streamsafe.retry import Outcome, RetryBudget, RetryPolicy, StreamingConfig
-from streamsafe.sse import SSEDecoder
+from streamsafe.sse import SSEDecoder, SSEError
 
 __all__ = ["Client", "Stream"]
 
 T = TypeVar("T", bound=APIObject)
 
 
-class Stream(Generic[T]):
-    """A streaming result: iterate it for chunks; use it as a context manager or call
+class Stream(CloseAlias, Generic[T]):
+    """A streaming result: iterate it with ``for``; use it with ``with`` or call
     :meth:`close` to drop the connection early (the server sees the disconnect). Leaving a
-    ``for`` loop over it early (``break``, an exception) closes it too; ``next(stream)`` reads
+    loop over it early (``break``, an exception) closes it too; ``next(stream)`` reads
     one chunk without that.
 
     A break after the headers is resumed where the server is resumable, invisibly but for a log
@@ -63,6 +60,7 @@ class Stream(Generic[T]):
         self._type = chunk_type
         self._call = call
         self._client = client
+        self._closed = False
         self._iterator = self._iter()
 
     @property
@@ -81,19 +79,10 @@ class Stream(Generic[T]):
         return self._call.resumes if self._call else 0
 
     def __iter__(self) -> Iterator[T]:
-        return self._loop()
-
-    def _loop(self) -> Generator[T, None, None]:
-        # Each for loop gets a generator of its own that only the loop holds. Leaving the loop
-        # early (break, an exception) drops it at once, and its finally closes the connection,
-        # so the server sees the disconnect even while the caller keeps the Stream.
-        try:
-            yield from self._iterator
-        finally:
-            self.close()
+        return loop_over(self._iterator, self)
 
     def __next__(self) -> T:
-        return next(self._iterator)
+        return self._iterator.__next__()
 
     def __enter__(self) -> Stream[T]:
         return self
@@ -107,11 +96,14 @@ class Stream(Generic[T]):
         self.close()
 
     def close(self) -> None:
-        """Close the connection now (idempotent)."""
-        self._iterator.close()
+        """Close the connection now (idempotent, and safe to call while a close started by
+        leaving a loop early is under way)."""
+        if not self._closed:
+            self._closed = True
+            self._iterator.close()
         self.response.close()
 
-    def _iter(self) -> Generator[T, None, None]:
+    def _iter(self) -> Generator[T, None]:
         call = self._call
         chunks = self.chunks
         make = self._type
@@ -138,7 +130,9 @@ class Stream(Generic[T]):
                             data = loads(ev.raw)
                         except orjson.JSONDecodeError:
                             raise _bad_event(call, ev.raw, chunks) from None
-                        if type(data) is dict and "error" in data:
+                        if type(data) is not dict:
+                            raise _bad_event(call, ev.raw, chunks)
+                        if "error" in data:
                             raise _stream_error(call, data, chunks)
                         chunk = make(data)
                         chunks.append(chunk)
@@ -150,6 +144,8 @@ class Stream(Generic[T]):
                     return
             except httpx2.TransportError as exc:
                 failure = exc
+            except (SSEError, httpx2.DecodingError) as exc:
+                raise _unreadable(call, exc, chunks) from exc
             finally:
                 response.close()
             if call is None or self._client is None:
@@ -170,8 +166,14 @@ def _int_id(value: str | None) -> int | None:
 
 def _bad_event(call: Call | None, raw: bytes, chunks: list[Any]) -> StreamsafeError:
     if call is None:
-        return APIResponseError(f"stream event is not JSON: {raw[:200]!r}")
+        return APIResponseError(f"stream event is not a JSON object: {raw[:200]!r}")
     return call.bad_event(raw, chunks)
+
+
+def _unreadable(call: Call | None, exc: Exception, chunks: list[Any]) -> StreamsafeError:
+    if call is None:
+        return APIResponseError(f"unreadable event stream: {exc}")
+    return call.unreadable_stream(exc, chunks)
 
 
 def _stream_error(call: Call | None, data: dict[str, Any], chunks: list[Any]) -> StreamsafeError:
@@ -180,7 +182,7 @@ def _stream_error(call: Call | None, data: dict[str, Any], chunks: list[Any]) ->
     return call.stream_error(data, chunks)
 
 
-class Client:
+class Client(CloseAlias):
     """A synchronous OpenAI-compatible client whose retries can never duplicate work.
 
     ``base_url`` falls back to ``OPENAI_BASE_URL``, then ``http://localhost:8000/v1``;
@@ -208,7 +210,7 @@ class Client:
         default_headers: Mapping[str, str] | None = None,
         on_retry: Hook | None = None,
         on_resume: Hook | None = None,
-        sleep: Callable[[float], None] | None = None,
+        sleep: Sleep | None = None,
         clock: Callable[[], float] | None = None,
         rand: Callable[[], float] | None = None,
     ) -> None:
@@ -228,7 +230,7 @@ class Client:
         self._owns_http = http_client is None
         # Timeouts go per request (see Call.timeout_extension), so the pool's own are off.
         self._http = http_client or httpx2.Client(timeout=None, follow_redirects=True)
-        self._sleep = sleep or time.sleep
+        self._sleep = sleep or default_sleep
         self.chat = _Chat(self)
         self.completions = _Completions(self)
         self.models = _Models(self)
@@ -290,21 +292,26 @@ class Client:
         """One request. Returns the committed 2xx response, or the outcome and error of a
         failed attempt (its response already closed)."""
         ext = call.timeout_extension()
-        request = self._http.build_request(
-            call.method,
-            call.url,
-            content=call.body,
-            headers=call.headers(resume=resume),
-            extensions={"timeout": ext},
-        )
+        try:
+            request = self._http.build_request(
+                call.method,
+                call.url,
+                content=call.body,
+                headers=call.headers(resume=resume),
+                extensions={"timeout": ext},
+            )
+        except httpx2.InvalidURL as exc:
+            raise call.unusable_url(exc) from exc
         call.attempts += 1
         try:
             response = self._http.send(request, stream=True)
-        except httpx2.UnsupportedProtocol:
-            raise
+        except httpx2.UnsupportedProtocol as exc:
+            raise call.unusable_url(exc) from exc
         except httpx2.TransportError as exc:
             outcome, err = call.request_failure(exc)
             return None, outcome, err
+        except httpx2.RequestError as exc:  # too many redirects: no answer to use
+            raise call.unusable_response(exc) from exc
         if response.status_code < 300:
             call.committed(response, ext)
             if call.stream and not is_event_stream(response):
@@ -312,7 +319,7 @@ class Client:
                 # what it said instead of an empty stream.
                 try:
                     raw = _read_capped(response)
-                except httpx2.TransportError:
+                except httpx2.RequestError:
                     raw = b""
                 finally:
                     response.close()
@@ -320,7 +327,7 @@ class Client:
             return response, None, None
         try:
             raw = _read_capped(response)
-        except httpx2.TransportError:
+        except httpx2.RequestError:  # lost or undecodable: the status says enough
             raw = b""
         finally:
             response.close()
@@ -336,7 +343,7 @@ class Client:
             assert outcome is not None and err is not None
             decision = call.decide(outcome)
             if not decision.retry:
-                raise call.give_up_error(outcome, err)
+                raise call.give_up_error(err)
             self._sleep(decision.delay)
 
     def _resume(
@@ -385,6 +392,8 @@ class Client:
         except httpx2.TransportError as exc:
             call.decide(call.stream_failure(exc, 0))  # committed: logged, never re-sent
             raise call.body_failure(exc) from exc
+        except httpx2.DecodingError as exc:
+            raise call.unusable_response(exc) from exc
         finally:
             response.close()
         try:
@@ -536,7 +545,10 @@ class _Models:
         self._client = client
 
     def list(
-        self, *, timeout: Timeouts | float | None = NOT_GIVEN, retry: RetryPolicy | None = None
+        self,
+        *,
+        timeout: Timeouts | float | None = NOT_GIVEN,
+        retry: RetryPolicy | None = None,
     ) -> ModelList:
         """``GET /models``: idempotent, so it follows the retry policy like any plain call."""
         settings = override(

@@ -14,11 +14,19 @@
     │   └── InternalServerError          5xx
     │       └── ServiceUnavailableError  503 (.retry_after)
     ├── APIResponseError                 the response is not what the API promises (bad JSON,
-    │                                    a stream answered without an event stream; .body)
+    │                                    a stream answered without an event stream, an event
+    │                                    stream the SSE decoder cannot read; .body)
     ├── StreamError                      the server sent an error event inside a stream
     ├── StreamInterrupted                a committed stream broke and could not be resumed;
     │                                    carries .chunks and .text received so far
-    └── RetryBudgetExhausted             the client's RetryBudget stopped a retry (.last_error)
+    ├── RetryBudgetExhausted             the client's RetryBudget stopped a retry (.last_error)
+    └── SSEError                         bytes that are not an event stream, from
+                                         streamsafe.sse's decoder used directly (also a
+                                         ValueError); the client raises APIResponseError
+                                         for them, with this as its __cause__
+
+Anything else escaping a client call is a bug or a wrong argument (``TypeError`` for an unknown
+option), not a condition of the server or the network.
 
 Every error carries ``attempts`` (requests sent for the call), ``resumes`` and the call's
 ``idempotency_key``, so a log line says what was tried.
@@ -27,6 +35,9 @@ Every error carries ``attempts`` (requests sent for the call), ``resumes`` and t
 from __future__ import annotations
 
 from typing import Any
+
+from streamsafe._errors import StreamsafeError
+from streamsafe.sse import SSEError
 
 __all__ = [
     "APIConnectionError",
@@ -41,6 +52,7 @@ __all__ = [
     "PermissionDeniedError",
     "RateLimitError",
     "RetryBudgetExhausted",
+    "SSEError",
     "ServiceUnavailableError",
     "StreamError",
     "StreamInterrupted",
@@ -48,29 +60,6 @@ __all__ = [
     "UnprocessableEntityError",
     "status_error",
 ]
-
-
-class StreamsafeError(Exception):
-    """Base of every client error. ``attempts``: requests sent for the call (retries
-    included); ``resumes``: resumes made; ``idempotency_key``: the key every one of them
-    carried (``None`` for a GET)."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        attempts: int = 0,
-        resumes: int = 0,
-        idempotency_key: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.attempts = attempts
-        self.resumes = resumes
-        self.idempotency_key = idempotency_key
-
-    def __str__(self) -> str:
-        return self.message
 
 
 class APIConnectionError(StreamsafeError):

@@ -65,8 +65,8 @@ def decide(
       for a streaming call, ``None`` for a plain one.
     - ``attempt``: attempts already made before this outcome's, 0-based (0 after the first
       attempt failed); ``resumes``: resumes already made.
-    - ``budget``: read, never changed (the caller records the outcome in it first, as gRPC
-      does, so a failure counts against the retry it may cause).
+    - ``budget``: asked, never changed (it reads the clock it was built with; the caller
+      records the retry this decision allows).
     - ``now``, ``started_at``: Unix time now and when the call began (for the deadline and an
       HTTP-date ``Retry-After``); ``rand``: a draw in ``[0, 1)`` for the jitter.
 
@@ -129,7 +129,7 @@ def decide(
     if attempt >= limit:
         return _give_up(f"{what}: {attempt + 1} attempts made, retries exhausted")
     if budget is not None and not budget.allow_retry():
-        return _give_up(f"{what}: retry budget exhausted ({budget.tokens:.1f} tokens)")
+        return _give_up(f"{what}: retry budget exhausted ({budget.balance:.2f} retries left)")
 
     server_wait = parse_retry_after(outcome.headers, now) if outcome.kind == "status" else None
     if server_wait is not None:

@@ -1,24 +1,20 @@
-"""What the sync and async clients share: settings, one logical call's state, classifying
-failures into retry :class:`~streamsafe.retry.Outcome` values, and turning decisions into log
-lines, hook calls and errors. No I/O here; ``_sync`` and ``_async`` do the sending."""
+"""One logical call: its Idempotency-Key, attempts, resumes and deadline; classifying what
+went wrong into retry :class:`~streamsafe.retry.Outcome` values, and turning decisions into log
+lines, hook calls and errors. No I/O here; ``_async`` (and the ``_sync`` generated from it) do
+the sending."""
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import logging
-import os
-import random
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import httpx2
 import orjson
 
 from streamsafe._version import __version__
+from streamsafe.client._settings import RetryEvent, Settings
 from streamsafe.client.errors import (
     APIConnectionError,
     APIResponseError,
@@ -29,141 +25,13 @@ from streamsafe.client.errors import (
     StreamsafeError,
     status_error,
 )
-from streamsafe.client.timeouts import Timeouts
 from streamsafe.client.types import APIObject
-from streamsafe.retry import Decision, Outcome, RetryBudget, RetryPolicy, StreamingConfig, decide
+from streamsafe.retry import Decision, Outcome, RetryBudget, decide
 
 log = logging.getLogger("streamsafe.client")
 
-#: Base URL when neither ``base_url`` nor ``OPENAI_BASE_URL`` is given: vLLM's default port.
-DEFAULT_BASE_URL = "http://localhost:8000/v1"
 #: The most bytes of an error response body read (and kept on the error).
 MAX_ERROR_BODY = 64 * 1024
-
-
-class _Unset:
-    def __repr__(self) -> str:
-        return "NOT_GIVEN"
-
-
-#: Marks an argument not given (``None`` means "none" for budget and timeouts).
-NOT_GIVEN: Any = _Unset()
-
-
-@dataclass(frozen=True, slots=True)
-class RetryEvent:
-    """What a hook (``on_retry`` / ``on_resume``) is told: the decision's ``action``, ``delay``
-    and ``reason``, the ``outcome`` that led to it, the call's ``attempts`` and ``resumes``
-    so far and its ``idempotency_key``."""
-
-    action: str
-    delay: float
-    reason: str
-    outcome: Outcome
-    attempts: int
-    resumes: int
-    idempotency_key: str | None
-
-
-Hook = Callable[[RetryEvent], None]
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """Everything a client or one call runs with (``with_options`` makes a changed copy)."""
-
-    base_url: str
-    api_key: str | None
-    timeouts: Timeouts
-    retry: RetryPolicy
-    streaming: StreamingConfig
-    budget: RetryBudget | None
-    headers: Mapping[str, str]
-    on_retry: Hook | None
-    on_resume: Hook | None
-    clock: Callable[[], float]
-    random: Callable[[], float]
-
-    def replace(self, **changes: Any) -> Settings:
-        return dataclasses.replace(self, **changes)
-
-
-def make_settings(
-    *,
-    base_url: str | None,
-    api_key: str | None,
-    timeout: Timeouts | float | None,
-    retry: RetryPolicy | None,
-    streaming: StreamingConfig | None,
-    budget: RetryBudget | None,
-    default_headers: Mapping[str, str] | None,
-    on_retry: Hook | None,
-    on_resume: Hook | None,
-    clock: Callable[[], float] | None,
-    rand: Callable[[], float] | None,
-) -> Settings:
-    base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
-    key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-    return Settings(
-        base_url=base.rstrip("/"),
-        api_key=key or None,
-        timeouts=Timeouts() if timeout is NOT_GIVEN else Timeouts.of(timeout),
-        retry=retry or RetryPolicy(),
-        streaming=streaming or StreamingConfig(),
-        budget=RetryBudget() if budget is NOT_GIVEN else budget,
-        headers=dict(default_headers or {}),
-        on_retry=on_retry,
-        on_resume=on_resume,
-        clock=clock or time.time,
-        random=rand or random.random,
-    )
-
-
-#: What ``with_options`` changes (besides ``sleep`` and ``http_client``, kept on the client).
-OPTION_NAMES = frozenset(
-    {
-        "base_url",
-        "api_key",
-        "timeout",
-        "retry",
-        "streaming",
-        "budget",
-        "default_headers",
-        "on_retry",
-        "on_resume",
-        "clock",
-        "rand",
-    }
-)
-# ``None`` for these means "keep what the client has" (openai-python's with_options does the
-# same for base_url and api_key); for budget and timeout it is a value (off, no limits).
-_NONE_KEEPS = frozenset({"base_url", "api_key", "retry", "streaming", "default_headers"})
-
-
-def override(settings: Settings, changes: dict[str, Any]) -> Settings:
-    """``settings`` with the per-call or ``with_options`` changes applied (NOT_GIVEN skipped,
-    ``None`` skipped where it means "keep"); an unknown name is a :class:`TypeError`."""
-    unknown = set(changes) - OPTION_NAMES
-    if unknown:
-        raise TypeError(
-            f"unknown option(s) {', '.join(sorted(unknown))}; "
-            f"known: {', '.join(sorted(OPTION_NAMES | {'sleep', 'http_client'}))}"
-        )
-    out: dict[str, Any] = {}
-    for name, value in changes.items():
-        if value is NOT_GIVEN or (value is None and name in _NONE_KEEPS):
-            continue
-        if name == "timeout":
-            out["timeouts"] = Timeouts.of(value)
-        elif name == "base_url":
-            out["base_url"] = str(value).rstrip("/")
-        elif name == "default_headers":
-            out["headers"] = {**settings.headers, **(value or {})}
-        elif name == "rand":
-            out["random"] = value
-        else:
-            out[name] = value
-    return settings.replace(**out) if out else settings
 
 
 def _is_refused(exc: BaseException) -> bool:
@@ -201,13 +69,12 @@ def text_of(chunks: list[Any]) -> str:
     ``text``): what a caller shows."""
     parts: list[str] = []
     for chunk in chunks:
-        data = chunk.to_dict() if isinstance(chunk, APIObject) else chunk
-        for choice in data.get("choices") or ():
+        for choice in _choices(chunk):
             if choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta")
             piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-            if piece:
+            if piece and isinstance(piece, str):
                 parts.append(piece)
     return "".join(parts)
 
@@ -216,10 +83,27 @@ def finished(chunks: list[Any]) -> bool:
     """Whether the stream reported a ``finish_reason`` (the last chunk with choices has one):
     a stream that ends cleanly after it lost nothing but ``[DONE]``."""
     for chunk in reversed(chunks):
-        choices = chunk.to_dict().get("choices")
+        choices = _choices(chunk)
         if choices:
             return any(c.get("finish_reason") for c in choices)
     return False
+
+
+def _not_an_object(raw: bytes) -> str:
+    try:
+        orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return "not JSON"
+    return "not a JSON object"
+
+
+def _choices(chunk: Any) -> list[dict[str, Any]]:
+    # A server may send anything as "choices"; what is not a list of objects has no text.
+    data = chunk.to_dict() if isinstance(chunk, APIObject) else chunk
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if type(choices) is not list:
+        return []
+    return [c for c in choices if type(c) is dict]
 
 
 class Call:
@@ -241,6 +125,7 @@ class Call:
         "settings",
         "started_at",
         "stream",
+        "throttled",
         "url",
         "user_headers",
     )
@@ -278,6 +163,9 @@ class Call:
             policy = policy.replace(deadline=total)
         self.policy = policy
         self.deadline_at = None if policy.deadline is None else self.started_at + policy.deadline
+        self.throttled = False  # given up because the budget refused a retry
+        if settings.budget is not None:
+            settings.budget.record_request()  # the retries of every call are a share of these
 
     # -- building a request --------------------------------------------------------------
 
@@ -329,8 +217,6 @@ class Call:
         """The headers arrived: from now on the read timeout is the idle one."""
         ext["read"] = self._bounded(self.settings.timeouts.idle)
         self.resumable = response.headers.get("x-stream-resumable", "").lower() == "true"
-        if self.settings.budget is not None:
-            self.settings.budget.record_success()
 
     def past_deadline(self) -> bool:
         return self.deadline_at is not None and self.settings.clock() >= self.deadline_at
@@ -454,31 +340,47 @@ class Call:
         )
 
     def bad_event(self, raw: bytes, chunks: list[Any]) -> APIResponseError:
+        """The error for a stream event that is not JSON, or JSON but not an object."""
         return APIResponseError(
-            f"stream event is not JSON after {len(chunks)} chunks: {raw[:200]!r}", **self.kw()
+            f"stream event is {_not_an_object(raw)} after {len(chunks)} chunks: {raw[:200]!r}",
+            body=raw[:MAX_ERROR_BODY].decode("utf-8", "replace"),
+            **self.kw(),
         )
+
+    def unreadable_stream(self, exc: Exception, chunks: list[Any]) -> APIResponseError:
+        """The error for a committed stream whose bytes cannot be read as an event stream (an
+        :class:`~streamsafe.sse.SSEError`, a broken content encoding): never resumed, the
+        server would send the same bytes again."""
+        return APIResponseError(
+            f"unreadable event stream after {len(chunks)} chunks: {exc}", **self.kw()
+        )
+
+    def unusable_response(self, exc: Exception) -> APIResponseError:
+        """The error for an answer that cannot be used (too many redirects, a body whose
+        content encoding does not decode)."""
+        return APIResponseError(f"unusable response from {self.url}: {exc}", **self.kw())
+
+    def unusable_url(self, exc: Exception) -> APIConnectionError:
+        """The error for a URL no connection can be made to (bad scheme, malformed): a
+        setting to fix, so never retried."""
+        return APIConnectionError(f"cannot send to {self.url}: {exc}", **self.kw())
 
     # -- deciding ------------------------------------------------------------------------
 
     def decide(self, outcome: Outcome) -> Decision:
-        """Record ``outcome`` in the budget, ask the retry core, log one line, call the hook."""
+        """Ask the retry core what follows ``outcome``, log one line, call the hook; a retry is
+        withdrawn from the budget here, when it is decided (resumes are not retries: they
+        replay what the server already did and never reach the budget)."""
         s = self.settings
-        if s.budget is not None and outcome.spends_budget:
-            s.budget.record_failure()
-        decision = decide(
-            self.policy,
-            s.streaming if self.stream else None,
-            outcome,
-            attempt=self.attempts - 1 - self.resumes,
-            resumes=self.resumes,
-            budget=s.budget,
-            now=s.clock(),
-            started_at=self.started_at,
-            rand=s.random(),
-        )
+        rand = s.random()
+        decision = self._decide(outcome, s.budget, rand)
         if decision.give_up:
+            # Where only the budget stood in the way, the caller is told so.
+            self.throttled = s.budget is not None and self._decide(outcome, None, rand).retry
             log.info("giving up on %s %s: %s", self.method, self.path, decision.reason)
             return decision
+        if decision.retry and s.budget is not None:
+            s.budget.record_retry()
         verb = "retrying" if decision.retry else "resuming"
         log.info("%s in %.2f s, %s", verb, decision.delay, decision.reason)
         hook = s.on_retry if decision.retry else s.on_resume
@@ -496,31 +398,28 @@ class Call:
             )
         return decision
 
-    def give_up_error(self, outcome: Outcome, err: StreamsafeError) -> StreamsafeError:
-        """The error to raise when a pre-commit failure is given up: the attempt's own error,
-        or :class:`RetryBudgetExhausted` where only the budget stood in the way."""
-        budget = self.settings.budget
-        if budget is None or budget.allow_retry():
-            return err
-        unthrottled = decide(
+    def _decide(self, outcome: Outcome, budget: RetryBudget | None, rand: float) -> Decision:
+        s = self.settings
+        return decide(
             self.policy,
-            self.settings.streaming if self.stream else None,
+            s.streaming if self.stream else None,
             outcome,
             attempt=self.attempts - 1 - self.resumes,
             resumes=self.resumes,
-            budget=None,
-            now=self.settings.clock(),
+            budget=budget,
+            now=s.clock(),
             started_at=self.started_at,
-            rand=0.0,
+            rand=rand,
         )
-        if not unthrottled.retry:
+
+    def give_up_error(self, err: StreamsafeError) -> StreamsafeError:
+        """The error to raise when a pre-commit failure is given up: the attempt's own error,
+        or :class:`RetryBudgetExhausted` where only the budget stood in the way."""
+        budget = self.settings.budget
+        if not self.throttled or budget is None:
             return err
         return RetryBudgetExhausted(
-            f"retry budget exhausted ({budget.tokens:.1f} tokens): {err}",
+            f"retry budget exhausted ({budget.balance:.2f} retries left): {err}",
             last_error=err,
             **self.kw(),
         )
-
-
-Sleep = Callable[[float], None]
-AsyncSleep = Callable[[float], Awaitable[None]]
