@@ -20,7 +20,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from streamsafe.tokens import prompt_text
+from streamsafe.tokens import content_text, prompt_text
 
 __all__ = ["VOCABULARY", "TextStream", "expected_text", "text_origin"]
 
@@ -64,14 +64,6 @@ def token_bytes(key: bytes, position: int) -> bytes:
     return _LATER[index] if position else _FIRST[index]
 
 
-def _content(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
-    return ""
-
-
 def count_words(text: str) -> int:
     """Tokens in a text made by the token rule: its word count."""
     return len(text.split())
@@ -87,7 +79,7 @@ def text_origin(body: Mapping[str, Any]) -> tuple[str, int]:
         and isinstance(messages[-1], Mapping)
         and messages[-1].get("role") == "assistant"
     ):
-        partial = _content(messages[-1].get("content"))
+        partial = content_text(messages[-1].get("content"))
         return prompt_text({**body, "messages": messages[:-1]}), count_words(partial)
     return prompt_text(body), 0
 
