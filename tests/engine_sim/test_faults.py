@@ -273,5 +273,10 @@ def test_a_continuation_without_max_tokens_gets_only_the_default_tokens_still_ow
         "continue_final_message": True,
         "add_generation_prompt": False,
     }
-    rest = httpx2.post(_url(server), json=cont).json()["choices"][0]["message"]["content"]
-    assert partial + rest == whole
+    answer = httpx2.post(_url(server), json=cont).json()
+    assert partial + answer["choices"][0]["message"]["content"] == whole
+    # Its prompt is the original prompt plus the 5 tokens of the partial answer.
+    from streamsafe.tokens import estimate_prompt_tokens
+
+    assert answer["usage"]["prompt_tokens"] == estimate_prompt_tokens(plain) + 5
+    assert answer["usage"]["completion_tokens"] == 7

@@ -22,7 +22,7 @@ from typing import Any
 
 from streamsafe.tokens import content_text, prompt_text
 
-__all__ = ["VOCABULARY", "TextStream", "expected_text", "text_origin"]
+__all__ = ["VOCABULARY", "TextStream", "expected_text", "split_continuation", "text_origin"]
 
 _WORDS = """
     the of and to in is was for on that with as by at from his her it an are were be this
@@ -69,8 +69,9 @@ def count_words(text: str) -> int:
     return len(text.split())
 
 
-def text_origin(body: Mapping[str, Any]) -> tuple[str, int]:
-    """(prompt text that keys the output, position of the first new token) for a request body."""
+def split_continuation(body: Mapping[str, Any]) -> tuple[Mapping[str, Any], str] | None:
+    """(the request without its partial answer, the partial answer's text) for a continuation
+    request (``continue_final_message`` with an assistant message last); ``None`` otherwise."""
     messages = body.get("messages")
     if (
         body.get("continue_final_message") is True
@@ -79,8 +80,16 @@ def text_origin(body: Mapping[str, Any]) -> tuple[str, int]:
         and isinstance(messages[-1], Mapping)
         and messages[-1].get("role") == "assistant"
     ):
-        partial = content_text(messages[-1].get("content"))
-        return prompt_text({**body, "messages": messages[:-1]}), count_words(partial)
+        return {**body, "messages": messages[:-1]}, content_text(messages[-1].get("content"))
+    return None
+
+
+def text_origin(body: Mapping[str, Any]) -> tuple[str, int]:
+    """(prompt text that keys the output, position of the first new token) for a request body."""
+    split = split_continuation(body)
+    if split is not None:
+        original, partial = split
+        return prompt_text(original), count_words(partial)
     return prompt_text(body), 0
 
 
