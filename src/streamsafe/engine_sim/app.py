@@ -50,6 +50,8 @@ _MALFORMED_EVENT = b'data: {"id":"chatcmpl-broken","object":"chat.completion.chu
 def _tokens_in(parts: list[bytes]) -> int:
     """Token events among ``parts`` (neither the role event nor a malformed one)."""
     return sum(1 for p in parts if b'"delta":{"role"' not in p and p != _MALFORMED_EVENT)
+
+
 _METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
 
