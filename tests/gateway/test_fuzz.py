@@ -77,7 +77,8 @@ class _Harness:
 
         async def send(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
-                assert result.status is None, "two response starts"
+                if result.status is not None:  # as uvicorn refuses it
+                    raise RuntimeError("Unexpected ASGI message 'http.response.start'")
                 result.status = message["status"]
                 result.headers = dict(message.get("headers", []))
             elif message["type"] == "http.response.body":
