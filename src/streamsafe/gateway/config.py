@@ -79,6 +79,21 @@ class GatewayConfig:
     probe_interval: float = 1.0
     #: Upstream connections kept alive in the pool (default 512).
     max_keepalive: int = 512
+    #: Seconds from sending a request upstream to its first event (default 60). Past it the
+    #: attempt counts as cut: it is closed (the engine aborts it) and asked again at once, within
+    #: ``max_continuations``. Heartbeats keep the client's own read timeout from ever firing, so
+    #: this bound is the gateway's to keep. ``None`` for none.
+    first_token_timeout: float | None = 60.0
+    #: Seconds of silence allowed between two upstream chunks once events flow (default 30).
+    #: Past it the stream counts as cut and is continued at once. ``None`` for none.
+    idle_timeout: float | None = 30.0
+    #: Seconds a generation may take upstream in all, continuations and waits included (default
+    #: 600, Llama Stack's own read timeout). Past it the stream ends with an error event.
+    #: ``None`` for none.
+    total_timeout: float | None = 600.0
+    #: Bearer key that ``/stats`` and ``/metrics`` require (``None``, default: they are open, as a
+    #: scraper on a private network expects). It is not a tenant key.
+    admin_key: str | None = None
 
     def __post_init__(self) -> None:
         if self.commit not in ("early", "first-token"):
@@ -100,3 +115,9 @@ class GatewayConfig:
             raise ValueError("connect_retries and max_kept_bytes must be >= 0")
         if any(not k for k in self.api_keys):
             raise ValueError("api keys must not be empty")
+        for name in ("first_token_timeout", "idle_timeout", "total_timeout"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0 or None")
+        if self.admin_key is not None and not self.admin_key:
+            raise ValueError("admin_key must not be empty")

@@ -85,6 +85,7 @@ class Generation:
         "task",
         "tenant",
         "timer",
+        "tokens_before",
         "upstream_status",
         "version",
     )
@@ -122,7 +123,10 @@ class Generation:
         #: When it was created (the registry's clock); early commit counts its wait from here.
         self.created_at = created_at
         self.admitted_at: float | None = None
+        #: Upstream attempts after the first (continuations and requests asked again).
         self.continuations = 0
+        #: Tokens delivered before the latest continuation (its usage is made whole with them).
+        self.tokens_before = 0
         #: Some payload holds a newline, so framing takes the slow path.
         self.multiline = False
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from streamsafe._asgi import Message, Receive, Send, respond
@@ -148,10 +149,17 @@ async def serve_json(sub: Subscriber, send: Send) -> None:
 
 
 async def serve_stream(
-    sub: Subscriber, start: int, send: Send, rules: StreamRules, drop_done: bool
+    sub: Subscriber,
+    start: int,
+    send: Send,
+    rules: StreamRules,
+    drop_done: bool,
+    reset_on_failure: Callable[[], None] | None = None,
 ) -> None:
     """Relay ``sub``'s generation from event ``start`` on, as SSE with ids. ``drop_done`` leaves
-    out ``data: [DONE]`` (Llama Stack's streams end without it)."""
+    out ``data: [DONE]`` (Llama Stack's streams end without it). ``reset_on_failure``: how to
+    end a stream whose generation failed after commit instead of closing it cleanly (a reset,
+    for clients that would read a clean end as a complete answer)."""
     gen = sub.gen
     pacing = Pacing(rules, flowing=start > 0)
     cursor = start
@@ -182,7 +190,7 @@ async def serve_stream(
             await send({"type": "http.response.body", "body": body, "more_body": True})
             continue
         if gen.finished:
-            await _end(gen, send, start_msg, pacing.committed, drop_done)
+            await _end(gen, send, start_msg, pacing.committed, drop_done, reset_on_failure)
             return
         step, timeout = pacing.step(gen, time.monotonic())
         if step == COMMIT:
@@ -204,20 +212,29 @@ async def serve_stream(
 
 
 async def _end(
-    gen: Generation, send: Send, start_msg: Message, committed: bool, drop_done: bool
+    gen: Generation,
+    send: Send,
+    start_msg: Message,
+    committed: bool,
+    drop_done: bool,
+    reset_on_failure: Callable[[], None] | None,
 ) -> None:
     """Every event went out and ``gen`` finished: close the stream. A failure before anything
-    was committed keeps its real status; after commit it becomes an error event (vLLM's way)."""
+    was committed keeps its real status; after commit it becomes an error event (vLLM's way),
+    and the stream ends with ``reset_on_failure`` where one is given."""
     failure = gen.failure
     if not committed:
         if failure is not None:
             await send_failure(send, failure)
             return
         await send(start_msg)
+    reset = reset_on_failure if gen.state is State.FAILED else None
     if failure is not None:
         tail = encode_event(failure.as_event())
         if not drop_done:
             tail += DONE_EVENT
-        await send({"type": "http.response.body", "body": tail, "more_body": False})
-    else:
+        await send({"type": "http.response.body", "body": tail, "more_body": reset is not None})
+    elif reset is None:
         await send(_SSE_END)
+    if reset is not None:
+        reset()
