@@ -40,7 +40,12 @@ from streamsafe.gateway.errors import (
 )
 from streamsafe.gateway.metrics import CONTENT_TYPE, Metrics, Readings, stats_document
 from streamsafe.gateway.registry import Registry
-from streamsafe.gateway.requests import completion_request, read_request_body, tenant_id
+from streamsafe.gateway.requests import (
+    client_read_timeout,
+    completion_request,
+    read_request_body,
+    tenant_id,
+)
 from streamsafe.gateway.store import MemoryStore, Store
 from streamsafe.gateway.subscriber import StreamRules, Subscriber, serve_json, serve_stream
 from streamsafe.gateway.upstream import Upstream
@@ -116,7 +121,7 @@ class Gateway:
         registry, admission, upstream = self.registry, self.admission, self.upstream
         readings = Readings(
             live_generations=registry.live_generations,
-            kept_generations=max(0, registry.generation_count - registry.live_generations),
+            kept_generations=registry.kept_generations,
             queued=admission.queued,
             inflight=admission.inflight,
             memory_tokens=admission.memory,
@@ -256,7 +261,7 @@ class Gateway:
             raise BadRequest(409, "a request with this Idempotency-Key is in progress") from None
         except NotResumable:
             raise BadRequest(410, "the stream to resume is no longer held by the gateway") from None
-        sub = Subscriber(gen)
+        sub = Subscriber(gen, client_read_timeout(scope))
         watcher = asyncio.get_running_loop().create_task(sub.watch(receive))
         try:
             if req.stream:
@@ -264,14 +269,18 @@ class Gateway:
                 # events: a stream that failed there ends with a reset, so its caller sees a
                 # transport error instead of a short answer that reads as complete.
                 reset = reset_connection(scope) if llama_stack else None
-                await serve_stream(sub, start, send, self._rules, llama_stack, reset)
+                await serve_stream(
+                    sub, start, send, self._rules, llama_stack, self.admission, reset
+                )
             else:
                 await serve_json(sub, send)
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-            self.registry.leave(gen)
+            if sub.hold:  # told to come back: refused for now, by admission
+                counters.shed += 1
+            self.registry.leave(gen, sub.hold)
 
 
 def _allow(method: str, path: str, allowed: str) -> None:

@@ -80,6 +80,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="memory for finished generations, MiB (default 64)",
     )
     p.add_argument(
+        "--max-kept",
+        type=int,
+        default=20_000,
+        help="finished generations kept for replay, at most (default 20000)",
+    )
+    p.add_argument(
         "--api-key",
         action="append",
         default=[],
@@ -188,6 +194,7 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
         queue_timeout=args.queue_timeout,
         keep_finished=args.keep_finished,
         max_kept_bytes=int(args.max_kept_mb * 1024 * 1024),
+        max_kept_generations=args.max_kept,
         api_keys=tuple(keys),
         max_body_bytes=args.max_body_kb * 1024,
         on_live_duplicate=args.on_live_duplicate,

@@ -53,6 +53,10 @@ class GatewayConfig:
     #: Bytes of finished generations kept; past it the oldest finished ones are evicted first
     #: (default 64 MiB).
     max_kept_bytes: int = 64 * 1024 * 1024
+    #: Finished generations kept, whatever their size; past it the oldest are evicted first
+    #: (default 20,000: bounds the bookkeeping of many tiny answers, each of which costs a few
+    #: KiB however short, independently of the bytes estimate).
+    max_kept_generations: int = 20_000
     #: API keys accepted as ``Authorization: Bearer <key>``; each key is a tenant. Empty (default):
     #: no authentication and one anonymous tenant.
     api_keys: tuple[str, ...] = ()
@@ -111,8 +115,10 @@ class GatewayConfig:
                 raise ValueError(f"{name} must be >= 1 or None")
         if self.queue_size < 0 or self.default_max_tokens < 1 or self.max_body_bytes < 1:
             raise ValueError("queue_size >= 0, default_max_tokens >= 1, max_body_bytes >= 1")
-        if self.connect_retries < 0 or self.max_kept_bytes < 0:
-            raise ValueError("connect_retries and max_kept_bytes must be >= 0")
+        if self.connect_retries < 0 or self.max_kept_bytes < 0 or self.max_kept_generations < 0:
+            raise ValueError(
+                "connect_retries, max_kept_bytes and max_kept_generations must be >= 0"
+            )
         if any(not k for k in self.api_keys):
             raise ValueError("api keys must not be empty")
         for name in ("first_token_timeout", "idle_timeout", "total_timeout"):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import httpx2
 
-from streamsafe.gateway.admission import Admission, Shed, Ticket
+from streamsafe.gateway.admission import Admission, Shed, Waiter
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.continuation import (
     continuation_body,
@@ -98,13 +98,18 @@ class Relay:
     async def run(self, gen: Generation) -> None:
         """Admit ``gen``, call upstream, and end it; the body of its reader task. Cancelling the
         task closes the upstream response, so the engine aborts the request."""
-        ticket: Ticket | None = None
+        admission = self.admission
+        waiter: Waiter | None = None
         try:
             if self.upstream.breaker.is_open:
                 await self._fail_dead(gen)
                 return
             try:
-                ticket = await self.admission.acquire(gen.cost)
+                waiter = gen.waiter = admission.request(gen.tenant, gen.cost)
+                if gen.subscribers == 0:
+                    admission.set_active(waiter, False)
+                gen.wake()  # its subscribers plan their wait with the place it got
+                await admission.wait(waiter)
             except Shed as exc:
                 self.counters.shed += 1
                 msg = f"gateway at capacity ({exc.reason}); retry after {exc.retry_after} s"
@@ -133,8 +138,9 @@ class Relay:
             log.exception("%s: reader failed", gen.id)
             await self._fail_mid_stream(gen, f"gateway error: {type(exc).__name__}")
         finally:
-            if ticket is not None:
-                self.admission.release(ticket)
+            if waiter is not None:
+                admission.release(waiter)
+                gen.waiter = None
 
     async def _call_upstream(self, gen: Generation) -> None:
         """The attempts of one generation: the first, then, for one that broke (cut, stalled,

@@ -18,7 +18,7 @@ from streamsafe.gateway.admission import request_cost
 from streamsafe.gateway.errors import BadRequest
 from streamsafe.gateway.generation import GenerationRequest
 
-__all__ = ["completion_request", "read_request_body", "tenant_id"]
+__all__ = ["client_read_timeout", "completion_request", "read_request_body", "tenant_id"]
 
 #: Longest Idempotency-Key accepted (the IETF draft sets no limit; a key is a store key here).
 _MAX_KEY_LEN = 256
@@ -87,6 +87,19 @@ def completion_request(
         last_event_id=last_id,
         no_upstream_retry=header(scope, b"x-llamastack-streaming") == b"true",
     )
+
+
+def client_read_timeout(scope: Scope) -> float | None:
+    """The client's read timeout in seconds, where it said (Stainless clients send
+    ``x-stainless-read-timeout``); ``None`` when absent or not a sane number of seconds."""
+    value = header(scope, b"x-stainless-read-timeout")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if 0 < seconds < 86_400 else None
 
 
 def _retry_count(scope: Scope) -> int:
