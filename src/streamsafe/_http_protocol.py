@@ -123,7 +123,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._header_lines = 0
         self._too_large: tuple[int, str] | None = None
         self._got_bytes = False  # of the request whose headers are awaited
-        self._begun = 0  # requests begun on this connection
+        self._completed = 0  # requests whose last byte was parsed on this connection
         self._lingering = False  # answered an error; reading only to drop what still comes
         self._timer: asyncio.TimerHandle | None = None
 
@@ -145,8 +145,7 @@ class _LimitedProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._lingering or self.transport.is_closing():
             return
-        between = self._in_headers and not self._got_bytes  # this is a request's first byte
-        began = self._begun
+        completed = self._completed
         if self._in_headers:
             self._got_bytes = True
             if self._timer is None:
@@ -159,9 +158,10 @@ class _LimitedProtocol(HttpToolsProtocol):
             return
         if self._in_headers:
             # The header section is unfinished, so httptools holds its bytes: count them. Where
-            # a request began inside this chunk after another's body, the split is unknown and
-            # the chunk (one socket read) is left out.
-            if began == self._begun or between:
+            # a request ended inside this chunk (its body's tail, perhaps the start of the next
+            # request), the split is unknown and the chunk (one socket read) is left out: a
+            # body is never counted as header bytes.
+            if completed == self._completed:
                 self._raw_header_bytes += len(data)
             if self._raw_header_bytes > self.limits.max_header_bytes:
                 limit = self.limits.max_header_bytes
@@ -175,7 +175,6 @@ class _LimitedProtocol(HttpToolsProtocol):
         super().on_message_begin()
         # ASGI types extensions as dicts; this one is a callable, as the app expects.
         self.scope["extensions"] = {RESET_EXTENSION: self._reset}  # type: ignore[dict-item]
-        self._begun += 1
         self._in_headers = True
         self._got_bytes = True
         self._raw_header_bytes = 0
@@ -219,6 +218,7 @@ class _LimitedProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._disarm()
+        self._completed += 1
         # What comes next on this connection is another request's header section.
         self._in_headers = True
         self._got_bytes = False
