@@ -15,8 +15,9 @@ lowest and highest round as the spread. In each round and for each peer:
   (peak during the load minus before, over N); saturated when it used 90 % of a core or more or
   took a quarter longer than direct (then its latencies include queueing for the CPU).
 - **a burst**: B one-token requests at once. Time to first token added (p50, p99 over the burst,
-  minus direct's), and CPU per request: the burst's CPU less its chunks at the load's cost per
-  chunk, over B.
+  minus direct's; and p50 minus nginx's, as direct pays for B new upstream connections that a
+  proxy with a keep-alive pool does not), and CPU per request: the burst's CPU less its chunks at
+  the load's cost per chunk, over B.
 
 The machine is shared and noisy: read the ratios against nginx measured in the same run, not the
 absolute figures.
@@ -29,7 +30,8 @@ import contextlib
 import os
 from typing import Any
 
-from streamsafe.bench.load import StreamResult, run_load
+from streamsafe.bench.load import run_load
+from streamsafe.bench.measure import measure_phase
 from streamsafe.bench.peer_servers import (
     PEERS,
     Missing,
@@ -37,10 +39,9 @@ from streamsafe.bench.peer_servers import (
     default_litellm_python,
     start_peer,
 )
-from streamsafe.bench.processes import cpu_seconds, process_tree, rss_bytes
-from streamsafe.bench.report import write_json
+from streamsafe.bench.report import add_output_flags, write_json, write_text
 from streamsafe.bench.stats import median, percentile, spread
-from streamsafe.bench.tap import Tap, latencies
+from streamsafe.bench.tap import Tap
 
 __all__ = ["markdown_table", "register", "run"]
 
@@ -50,52 +51,41 @@ _SATURATED_CPU = 0.9  # of one core: a one-worker proxy past this is the bottlen
 _SATURATED_SLOWDOWN = 1.25  # wall time against direct's in the same round
 
 
-def _phase(
-    peer: Peer, tap: Tap, streams: int, tokens: int, tag: str
-) -> tuple[list[StreamResult], dict[str, Any]]:
-    """One load through ``peer``: its streams, and the peer's cost over it."""
-    pids = process_tree(peer.pid) if peer.pid is not None else []
-    base = rss_bytes(pids)
-    peak = [base]
-
-    def sample() -> None:
-        peak[0] = max(peak[0], rss_bytes(pids))
-
-    cpu0 = cpu_seconds(pids)
-    load = run_load(peer.url, streams, tokens, tag, sample=sample if pids else None)
-    cpu = cpu_seconds(pids) - cpu0
-    sent = sum(len(tap.sent.get(s.key, ())) for s in load.streams)
-    return load.streams, {
-        "streams_ok": sum(1 for s in load.streams if s.complete and s.status == 200),
-        "events_sent_upstream": sent,
-        "events_received": load.events,
-        "wall_s": load.wall_s,
-        "loadgen_cpu_s": load.cpu_s,
-        "cpu_s": cpu,
-        "rss_per_stream_kib": (peak[0] - base) / max(streams, 1) / 1024,
-        "errors": sorted({s.error[:200] for s in load.streams if s.error}),
-    }
-
-
 def _round(peer: Peer, tap: Tap, streams: int, chunks: int, burst: int, r: int) -> dict[str, Any]:
-    results, fig = _phase(peer, tap, streams, chunks, f"{peer.name}-r{r}")
-    lat = latencies(tap.sent, {s.key: s.arrivals for s in results})
-    fig["latency_ms_p50"] = _scaled(percentile(lat, 0.5), _MS)
-    fig["latency_ms_p99"] = _scaled(percentile(lat, 0.99), _MS)
-    fig["cpu_s_per_100k_chunks"] = fig["cpu_s"] / max(fig["events_sent_upstream"], 1) * 1e5
-    fig["cpu_share_of_core"] = fig["cpu_s"] / max(fig["wall_s"], 1e-9)
+    load = measure_phase(peer.url, tap, streams, chunks, f"{peer.name}-r{r}", server_pid=peer.pid)
+    lat = load.latencies(tap)
+    chunk_cpu = load.server_cpu_s / max(load.events_sent_upstream, 1)
+    fig: dict[str, Any] = {
+        "streams_ok": load.streams_ok,
+        "events_sent_upstream": load.events_sent_upstream,
+        "events_received": load.events_received,
+        "wall_s": load.wall_s,
+        "loadgen_cpu_s": load.loadgen_cpu_s,
+        "cpu_s": load.server_cpu_s,
+        "cpu_s_per_100k_chunks": chunk_cpu * 1e5,
+        "cpu_share_of_core": load.server_cpu_s / max(load.wall_s, 1e-9),
+        "latency_ms_p50": _scaled(percentile(lat, 0.5), _MS),
+        "latency_ms_p99": _scaled(percentile(lat, 0.99), _MS),
+        "rss_per_stream_kib": load.rss_per_stream() / 1024,
+        "errors": load.errors,
+    }
     if burst:
-        b_results, b = _phase(peer, tap, burst, _BURST_TOKENS, f"{peer.name}-b{r}")
-        ttft = [s.arrivals[0] - s.started for s in b_results if s.arrivals]
-        fig["burst_ttft_ms_p50"] = _scaled(percentile(ttft, 0.5), _MS)
-        fig["burst_ttft_ms_p99"] = _scaled(percentile(ttft, 0.99), _MS)
-        chunk_cpu = fig["cpu_s"] / max(fig["events_sent_upstream"], 1)
-        setup = b["cpu_s"] - b["events_sent_upstream"] * chunk_cpu
-        fig["cpu_ms_per_request"] = max(setup, 0.0) / burst * _MS
-        fig["burst_streams_ok"] = b["streams_ok"]
-        fig["burst_events_sent_upstream"] = b["events_sent_upstream"]
-        fig["burst_events_received"] = b["events_received"]
-        fig["errors"] = sorted({*fig["errors"], *b["errors"]})
+        b = measure_phase(
+            peer.url, tap, burst, _BURST_TOKENS, f"{peer.name}-b{r}", server_pid=peer.pid
+        )
+        ttft = [s.arrivals[0] - s.started for s in b.streams if s.arrivals]
+        setup = b.server_cpu_s - b.events_sent_upstream * chunk_cpu
+        fig.update(
+            {
+                "burst_ttft_ms_p50": _scaled(percentile(ttft, 0.5), _MS),
+                "burst_ttft_ms_p99": _scaled(percentile(ttft, 0.99), _MS),
+                "cpu_ms_per_request": max(setup, 0.0) / burst * _MS,
+                "burst_streams_ok": b.streams_ok,
+                "burst_events_sent_upstream": b.events_sent_upstream,
+                "burst_events_received": b.events_received,
+                "errors": sorted({*load.errors, *b.errors}),
+            }
+        )
     return fig
 
 
@@ -140,9 +130,12 @@ def _summarise(per_peer: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str,
                     )
                 add("slowdown_vs_direct", fig["wall_s"] / max(d["wall_s"], 1e-9))
             if nginx is not None and name not in ("direct", "nginx"):
-                base = nginx[i]["cpu_s_per_100k_chunks"]
-                if base > 0:
-                    add("cpu_vs_nginx", fig["cpu_s_per_100k_chunks"] / base)
+                ng = nginx[i]
+                if ng["cpu_s_per_100k_chunks"] > 0:
+                    add("cpu_vs_nginx", fig["cpu_s_per_100k_chunks"] / ng["cpu_s_per_100k_chunks"])
+                for key in ("latency_ms_p50", "latency_ms_p99", "burst_ttft_ms_p50"):
+                    if fig.get(key) is not None and ng.get(key) is not None:
+                        add(key + "_over_nginx", fig[key] - ng[key])
         summary: dict[str, Any] = {key: median(vals) for key, vals in series.items()}
         summary["spread"] = {key: spread(vals) for key, vals in series.items()}
         if name != "direct":
@@ -241,8 +234,9 @@ def markdown_table(report: dict[str, Any]) -> str:
         head,
         "",
         "| peer | CPU s / 100k chunks | vs nginx | added p50 / p99 ms per chunk "
-        "| TTFT added at burst p50 / p99 ms | CPU ms / request | RSS KiB / stream | saturated |",
-        "|---|---|---|---|---|---|---|---|",
+        "| TTFT added at burst p50 / p99 ms | TTFT over nginx p50 ms | CPU ms / request "
+        "| RSS KiB / stream | saturated |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, peer in report["peers"].items():
         s = peer["summary"]
@@ -250,7 +244,7 @@ def markdown_table(report: dict[str, Any]) -> str:
             lines.append(
                 f"| direct | - | - | ({_fmt(s.get('latency_ms_p50'))} / "
                 f"{_fmt(s.get('latency_ms_p99'))} absolute) | ({_fmt(s.get('burst_ttft_ms_p50'))}"
-                f" / {_fmt(s.get('burst_ttft_ms_p99'))} absolute) | - | - | - |"
+                f" / {_fmt(s.get('burst_ttft_ms_p99'))} absolute) | - | - | - | - |"
             )
             continue
         ratio = "1.00x" if name == "nginx" else _fmt(s.get("cpu_vs_nginx")) + "x"
@@ -259,18 +253,17 @@ def markdown_table(report: dict[str, Any]) -> str:
             f"| {_fmt(s.get('added_latency_ms_p50'))} / {_fmt(s.get('added_latency_ms_p99'))} "
             f"| {_fmt(s.get('added_burst_ttft_ms_p50'), 1)} / "
             f"{_fmt(s.get('added_burst_ttft_ms_p99'), 1)} "
+            f"| {'-' if name == 'nginx' else _fmt(s.get('burst_ttft_ms_p50_over_nginx'), 1)} "
             f"| {_fmt(s.get('cpu_ms_per_request'))} | {_fmt(s.get('rss_per_stream_kib'), 0)} "
             f"| {'yes' if s.get('saturated') else 'no'} |"
         )
     for name, reason in report["missing"].items():
         first = reason.strip().splitlines()[0][:120] if reason.strip() else "unknown"
-        lines.append(f"| {name} | missing: {first} | | | | | | |")
+        lines.append(f"| {name} | missing: {first} | | | | | | | |")
     return "\n".join(lines) + "\n"
 
 
 def _main(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     peers = tuple(args.peers.split(",")) if args.peers else PEERS
     report = run(
         streams=args.streams,
@@ -284,9 +277,7 @@ def _main(args: argparse.Namespace) -> int:
     table = markdown_table(report)
     print(table, flush=True)
     write_json(args.json, report)
-    if args.markdown:
-        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown).write_text(table)
+    write_text(args.markdown, table)
     if args.plot:
         from streamsafe.bench.plots import plot_peers
 
@@ -310,7 +301,5 @@ def register(subparsers: Any) -> None:
         help="interpreter of the LiteLLM virtualenv (default $STREAMSAFE_LITELLM_PYTHON or "
         ".venv-litellm/bin/python)",
     )
-    p.add_argument("--json", help="write the report to this JSON file")
-    p.add_argument("--plot", help="write the plot to this PNG file")
-    p.add_argument("--markdown", help="write the Markdown table to this file")
+    add_output_flags(p, plot=True, markdown=True)
     p.set_defaults(func=_main)
