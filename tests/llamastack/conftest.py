@@ -7,19 +7,12 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from streamsafe.bench.llamastack import (
-    EngineSlot,
-    LlamaStackServer,
-    replace_engine,
-    serve_engine_slot,
-)
+from streamsafe.bench.llamastack import Deployment, llama_stack_deployment
 from streamsafe.engine_sim import SimConfig, Simulator
-from streamsafe.serving import ServerThread
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -33,34 +26,33 @@ FAST: dict[str, Any] = {
 }
 
 
-@dataclass
 class LlamaStackTier:
-    """The session's Llama Stack server and the slot its engine sits in."""
+    """The session's Llama Stack deployment, with helpers for one test."""
 
-    ls: LlamaStackServer
-    slot: EngineSlot
-    engine_server: ServerThread
+    def __init__(self, deployment: Deployment) -> None:
+        self.deployment = deployment
+        self.slot = deployment.slot
 
     @property
     def url(self) -> str:
-        return self.ls.url
+        return self.deployment.url
+
+    @property
+    def slot_url(self) -> str:
+        """Where Llama Stack sends engine requests (the slot)."""
+        return self.deployment.slot_server.url
 
     def engine(self, **overrides: Any) -> Simulator:
         """Install a fresh simulator (``FAST`` plus ``overrides``) behind Llama Stack."""
         sim = Simulator(SimConfig(**{**FAST, **overrides}))
-        replace_engine(self.engine_server, self.slot, sim)
+        self.deployment.install(sim)
         return sim
 
 
 @pytest.fixture(scope="session")
 def llama_stack_tier() -> Iterator[LlamaStackTier]:
-    with serve_engine_slot(Simulator(SimConfig(**FAST))) as (slot, engine_server):
-        ls = LlamaStackServer(engine_server.url, MODEL)
-        ls.start()
-        try:
-            yield LlamaStackTier(ls, slot, engine_server)
-        finally:
-            ls.stop()
+    with llama_stack_deployment(Simulator(SimConfig(**FAST)), MODEL) as deployment:
+        yield LlamaStackTier(deployment)
 
 
 @pytest.fixture

@@ -120,9 +120,7 @@ def test_stream_headers_arrive_before_the_engine_starts_the_request(tier: LlamaS
     body = _native_chat("wait your turn", 5, stream=True)
     with httpx2.Client(trust_env=False, timeout=30) as client:
         busy = client.send(
-            client.build_request(
-                "POST", tier.engine_server.url + "/v1/chat/completions", json=occupier
-            ),
+            client.build_request("POST", tier.slot_url + "/v1/chat/completions", json=occupier),
             stream=True,
         )
         wait_until(lambda: sim.stats()["active"] == 1, what="the occupier runs")

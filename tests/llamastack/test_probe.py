@@ -19,7 +19,7 @@ async def _probe(url: str) -> str | None:
 
 async def test_probe_tells_llama_stack_from_vllm(tier: LlamaStackTier) -> None:
     assert await _probe(tier.url) == "llama-stack"
-    assert await _probe(tier.engine_server.url) == "vllm"
+    assert await _probe(tier.slot_url) == "vllm"
 
 
 async def test_probe_of_a_dead_engine_still_says_vllm() -> None:

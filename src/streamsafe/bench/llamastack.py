@@ -39,12 +39,12 @@ from streamsafe.serving import ServerThread, bind_socket
 
 __all__ = [
     "LLAMA_STACK_VERSION",
+    "Deployment",
     "EngineSlot",
     "LlamaStackServer",
     "SeenRequest",
-    "replace_engine",
+    "llama_stack_deployment",
     "run_config",
-    "serve_engine_slot",
 ]
 
 #: The Llama Stack release this module and its tests were measured against.
@@ -355,31 +355,73 @@ class EngineSlot:
         await app(scope, receive, send)
 
 
-@contextlib.contextmanager
-def serve_engine_slot(first: ASGIApp) -> Iterator[tuple[EngineSlot, ServerThread]]:
-    """Serve an :class:`EngineSlot` holding ``first`` on loopback; on exit, stop the engine of
-    every simulator still installed (on the server's loop) and the server."""
-    slot = EngineSlot(first)
-    with ServerThread(slot) as server:
+@dataclass
+class Deployment:
+    """Llama Stack in front of an :class:`EngineSlot`: the report's deployment, with the engine
+    (or whatever stands behind Llama Stack) replaceable between scenarios."""
+
+    ls: LlamaStackServer
+    slot: EngineSlot
+    slot_server: ServerThread
+
+    @property
+    def url(self) -> str:
+        """Llama Stack's base URL."""
+        return self.ls.url
+
+    def install(self, app: ASGIApp) -> None:
+        """Put ``app`` behind Llama Stack: started (``startup()`` where it has one) on the slot's
+        loop, and the app it replaces stopped (``shutdown()``, or its simulator engine's
+        ``stop()``)."""
+        start = getattr(app, "startup", None)
+        if start is not None:
+            self._on_loop(start)
+        old = self.slot.install(app)
+        if old is not None and old is not app:
+            self._stop(old)
+
+    def _stop(self, app: Any) -> None:
+        stop = getattr(app, "shutdown", None)
+        if stop is None:
+            stop = getattr(getattr(app, "engine", None), "stop", None)
+        if stop is not None:
+            self._on_loop(stop)
+
+    def _on_loop(self, fn: Callable[[], Awaitable[Any]]) -> None:
+        loop = self.slot_server.loop
+        if loop is None or loop.is_closed():
+            return
+
+        async def _run() -> None:
+            await asyncio.wait_for(fn(), 10)
+
+        self.slot_server.call(_run(), timeout=15)
+
+    def close(self) -> None:
+        """Stop whatever is installed, Llama Stack, and the slot's server."""
         try:
-            yield slot, server
+            self.ls.stop()
+            if self.slot.app is not None:
+                with contextlib.suppress(Exception):
+                    self._stop(self.slot.app)
         finally:
-            _stop_engine(server, slot.app)
+            self.slot_server.stop()
 
 
-def replace_engine(server: ServerThread, slot: EngineSlot, app: ASGIApp) -> None:
-    """Install ``app`` in ``slot`` and stop the engine it replaces (on the server's loop)."""
-    _stop_engine(server, slot.install(app))
-
-
-def _stop_engine(server: ServerThread, app: Any) -> None:
-    engine = getattr(app, "engine", None)
-    stop = getattr(engine, "stop", None)
-    if stop is None or server.loop is None or server.loop.is_closed():
-        return
-
-    async def _stop() -> None:
-        await asyncio.wait_for(stop(), 10)
-
-    with contextlib.suppress(Exception):
-        server.call(_stop())
+@contextlib.contextmanager
+def llama_stack_deployment(first: ASGIApp, model: str) -> Iterator[Deployment]:
+    """Serve an :class:`EngineSlot` holding ``first`` (an engine serving ``model``) and start
+    Llama Stack in front of it; stop both on exit."""
+    slot = EngineSlot()
+    server = ServerThread(slot).start()
+    try:
+        deployment = Deployment(LlamaStackServer(server.url, model), slot, server)
+        deployment.install(first)
+        deployment.ls.start()
+    except BaseException:
+        server.stop()
+        raise
+    try:
+        yield deployment
+    finally:
+        deployment.close()
