@@ -27,25 +27,18 @@ from streamsafe.gateway.errors import (
     send_bad_request,
 )
 from streamsafe.gateway.metrics import CONTENT_TYPE, Metrics, Readings, stats_document
+from streamsafe.gateway.passthrough import pass_through
 from streamsafe.gateway.registry import Registry
 from streamsafe.gateway.requests import completion_request, read_request_body, tenant_id
 from streamsafe.gateway.store import MemoryStore, Store
 from streamsafe.gateway.subscriber import StreamRules, Subscriber, serve_json, serve_stream
 from streamsafe.gateway.upstream import Upstream
+from streamsafe.gateway.upstream_kinds import CompletionRoute
 
 __all__ = ["Gateway"]
 
-#: Public path -> upstream path. Llama Stack 0.2's aliases go to the engine's plain OpenAI paths.
-#: On those aliases the gateway speaks as Llama Stack does: no ``data: [DONE]`` at the end (the
-#: stream just ends), because llama-stack-client 0.2.x JSON-decodes every event and would fail
-#: on it.
-_LLAMA_STACK_PREFIX = "/v1/openai/"
-_COMPLETION_ROUTES = {
-    "/v1/chat/completions": "/v1/chat/completions",
-    "/v1/completions": "/v1/completions",
-    "/v1/openai/v1/chat/completions": "/v1/chat/completions",
-    "/v1/openai/v1/completions": "/v1/completions",
-}
+#: Model lists the gateway answers itself for an upstream with no pass-through (vLLM): Llama
+#: Stack 0.2's alias included, so llama-stack-client can list models through it.
 _MODEL_ROUTES = ("/v1/models", "/v1/openai/v1/models")
 _ANONYMOUS = "anonymous"
 
@@ -78,6 +71,7 @@ class Gateway:
             probe_interval=config.probe_interval,
             max_keepalive=config.max_keepalive,
             api_key=config.upstream_api_key,
+            kind=config.upstream_kind,
         )
         self.admission = Admission(
             max_inflight=config.max_inflight,
@@ -108,7 +102,9 @@ class Gateway:
             breaker_trips=upstream.breaker.trips,
             upstream_connect_retries=upstream.connect_retries_done,
         )
-        return stats_document(registry.counters, readings, time.monotonic() - self._started)
+        doc = stats_document(registry.counters, readings, time.monotonic() - self._started)
+        doc["upstream_kind"] = upstream.kind.name if upstream.kind_known else None
+        return doc
 
     # -- ASGI -----------------------------------------------------------------------------------
 
@@ -132,25 +128,30 @@ class Gateway:
         path: str = scope["path"]
         method: str = scope["method"]
         try:
-            upstream_path = _COMPLETION_ROUTES.get(path)
-            if upstream_path is not None:
-                if method != "POST":
-                    raise BadRequest(405, f"{path} accepts POST only")
-                llama_stack = path.startswith(_LLAMA_STACK_PREFIX)
-                await self._completion(scope, receive, send, upstream_path, llama_stack)
-            elif path in _MODEL_ROUTES:
-                if method != "GET":
-                    raise BadRequest(405, f"{path} accepts GET only")
-                self._tenant(scope)
-                await self._models(send)
-            elif path == "/health":
+            if path == "/health":
                 await self._health(send)
             elif path == "/metrics":
                 await respond(send, 200, self.metrics.render(), content_type=CONTENT_TYPE)
             elif path == "/stats":
                 await respond(send, 200, orjson.dumps(self.stats()))
             else:
-                raise BadRequest(404, f"no route {method} {path}")
+                kind = await self.upstream.resolve_kind()
+                route = kind.route(path)
+                if route is not None:
+                    if method != "POST":
+                        raise BadRequest(405, f"{path} accepts POST only")
+                    await self._completion(scope, receive, send, route)
+                elif kind.passthrough:
+                    self._tenant(scope)
+                    self.registry.counters.passed_through += 1
+                    await pass_through(self.upstream.client, scope, receive, send)
+                elif path in _MODEL_ROUTES:
+                    if method != "GET":
+                        raise BadRequest(405, f"{path} accepts GET only")
+                    self._tenant(scope)
+                    await self._models(send)
+                else:
+                    raise BadRequest(404, f"no route {method} {path}")
         except BadRequest as exc:
             self.registry.counters.count_error(exc.status)
             await send_bad_request(send, exc)
@@ -191,13 +192,13 @@ class Gateway:
     # -- completions ----------------------------------------------------------------------------
 
     async def _completion(
-        self, scope: Scope, receive: Receive, send: Send, upstream_path: str, llama_stack: bool
+        self, scope: Scope, receive: Receive, send: Send, route: CompletionRoute
     ) -> None:
         counters = self.registry.counters
         counters.requests_received += 1
         tenant = self._tenant(scope)
         raw = await read_request_body(scope, receive, self.config.max_body_bytes)
-        req = completion_request(scope, raw, upstream_path, tenant, self.config.default_max_tokens)
+        req = completion_request(scope, raw, route, tenant, self.config.default_max_tokens)
         if req.retry:
             counters.retries_seen += 1
         try:
@@ -214,7 +215,7 @@ class Gateway:
         watcher = asyncio.get_running_loop().create_task(sub.watch(receive))
         try:
             if req.stream:
-                await serve_stream(sub, start, send, self._rules, llama_stack)
+                await serve_stream(sub, start, send, self._rules, not route.client_done)
             else:
                 await serve_json(sub, send)
         finally:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-__all__ = ["CommitMode", "GatewayConfig"]
+__all__ = ["CommitMode", "GatewayConfig", "UpstreamKindSetting"]
+
+#: What the upstream is (see :mod:`streamsafe.gateway.upstream_kinds`); ``auto`` asks it.
+UpstreamKindSetting = Literal["auto", "vllm", "llama-stack", "openai"]
 
 #: ``early``: answer 200 as soon as the request is admitted (and upstream did not refuse it), then
 #: keep the connection warm with ``: keep-alive`` comments; ``first-token``: hold the headers until
@@ -25,6 +28,16 @@ class GatewayConfig:
     #: Base URL of the OpenAI-compatible engine (vLLM, the simulator). ``None`` is only meaningful
     #: to ``streamsafe serve``, which then starts the simulator in-process.
     upstream: str | None = "http://127.0.0.1:8000"
+    #: What the upstream is: ``vllm`` (or anything with vLLM's API, the simulator included),
+    #: ``llama-stack`` (its native and OpenAI inference routes; every other route passed
+    #: through) or ``openai`` (any other OpenAI-compatible server). Default ``auto``: ask the
+    #: upstream at start (and again while it has not answered), and log what was found.
+    upstream_kind: UpstreamKindSetting = "auto"
+    #: Attach a request to a live generation with a byte-identical body even when it carries no
+    #: retry marker (default off). Behind Llama Stack a client's retry arrives as a fresh call
+    #: with no marker; this makes it one generation. The price: two users who send the same
+    #: sampled prompt at the same time get the same sample.
+    collapse_identical: bool = False
     #: Seconds a generation keeps running after its last subscriber left (default 5: long enough
     #: for a client to reconnect and resume, short enough that abandoned work is freed). 0 aborts
     #: at once.
@@ -83,6 +96,11 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if self.commit not in ("early", "first-token"):
             raise ValueError(f"commit must be 'early' or 'first-token', not {self.commit!r}")
+        if self.upstream_kind not in ("auto", "vllm", "llama-stack", "openai"):
+            raise ValueError(
+                "upstream_kind must be 'auto', 'vllm', 'llama-stack' or 'openai', "
+                f"not {self.upstream_kind!r}"
+            )
         if self.on_live_duplicate not in ("attach", "409"):
             raise ValueError("on_live_duplicate must be 'attach' or '409'")
         for name in ("grace", "heartbeat", "queue_timeout", "keep_finished", "connect_backoff"):

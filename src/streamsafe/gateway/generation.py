@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from streamsafe.gateway.errors import Failure
 from streamsafe.gateway.store import EventLog
+from streamsafe.gateway.upstream_kinds import CompletionRoute
 
 __all__ = ["Generation", "GenerationRequest", "State", "new_generation_id"]
 
@@ -53,6 +54,9 @@ class GenerationRequest:
     retry: bool = False
     last_event_id: int | None = None
     no_upstream_retry: bool = False
+    #: The route it came on: its wire format and how the upstream ends a stream. ``None``:
+    #: vLLM's ``/v1/chat/completions`` or ``/v1/completions`` (as ``path`` says).
+    route: CompletionRoute | None = None
 
 
 class Generation:

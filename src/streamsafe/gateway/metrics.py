@@ -54,6 +54,11 @@ class Counters:
     evicted: int = _counter("Finished generations evicted to cap memory")
     events_relayed: int = _counter("SSE events read from upstream")
     continued: int = _counter("Broken upstream streams continued where they stopped")
+    upstream_failures: int = _counter(
+        "Upstream failures: 5xx answers and error events standing for one (Llama Stack's masked "
+        "500s included)"
+    )
+    passed_through: int = _counter("Requests forwarded unchanged to the upstream (other routes)")
     #: Requests refused by the gateway, by status (its own labelled series).
     errors: dict[int, int] = field(default_factory=dict)
 

@@ -105,6 +105,13 @@ class Registry:
             found = self._by_fingerprint.get((req.tenant, req.fingerprint))
             if found is not None and (resume or found.live or found.state is State.DONE):
                 gen = found
+        elif self.config.collapse_identical:
+            # Behind Llama Stack a client's retry comes as a fresh call with no marker: an
+            # identical live request is taken for it (never a finished one: that would be a
+            # second call of the same prompt, which may want a new sample).
+            found = self._by_fingerprint.get((req.tenant, req.fingerprint))
+            if found is not None and found.live:
+                gen = found
         if gen is not None:
             if resume:
                 counters.resumed += 1

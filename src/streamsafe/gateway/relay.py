@@ -33,6 +33,7 @@ from streamsafe.gateway.upstream import (
     parse_retry_after,
     read_bounded,
 )
+from streamsafe.gateway.upstream_kinds import ends_answer, parse_error_event
 from streamsafe.sse import DONE, SSEDecoder, SSEError
 
 __all__ = ["Finish", "Relay"]
@@ -113,14 +114,22 @@ class Relay:
             # The upstream stream broke with no error and no [DONE] (a proxy or the connection
             # died). The engine aborted its copy when the connection closed, so continuing
             # the partial answer duplicates no work: it generates only the missing tokens.
+            # Where the upstream cannot continue (Llama Stack, a generic OpenAI server), the
+            # subscribers get an error event: never an answer that looks whole but is not.
             partial = None
-            if gen.continuations < self.config.max_continuations:
+            can_continue = (
+                self.upstream.kind.can_continue
+                and gen.continuations < self.config.max_continuations
+            )
+            if can_continue or gen.request.route is None or gen.request.route.upstream_done:
                 partial = await read_partial(gen.log)
             if partial is not None and partial.finished:  # only [DONE] was missing
                 gen.length = await gen.log.append((DONE,))
                 self._finish(gen, State.DONE)
                 return
-            continuation = continuation_body(gen.request, partial) if partial else None
+            continuation = None
+            if partial is not None and can_continue:
+                continuation = continuation_body(gen.request, partial)
             if continuation is None:
                 await self._fail_mid_stream(gen, cut)
                 return
@@ -152,10 +161,11 @@ class Relay:
             if status != 200:
                 body = await read_bounded(response)
                 if status >= 500:
+                    self.counters.upstream_failures += 1
                     if is_engine_death(body):
                         self.upstream.engine_died(f"upstream {status}")
                     else:
-                        self.upstream.suspect()
+                        self.upstream.failed(f"upstream {status}")
                 retry_after = parse_retry_after(response.headers.get("retry-after"))
                 await self._fail(gen, Failure(status, body, retry_after))
                 return None
@@ -164,6 +174,7 @@ class Relay:
                 return await self._pump(gen, response, skip_role=continuing)
             body = await response.aread()
             gen.length = await gen.log.append((body,))
+            self.upstream.succeeded()
             self._finish(gen, State.DONE)
             return None
         except httpx2.HTTPError as exc:
@@ -178,13 +189,21 @@ class Relay:
     async def _pump(
         self, gen: Generation, response: httpx2.Response, *, skip_role: bool = False
     ) -> str | None:
-        """Relay the event stream; the hot path, once per network chunk."""
+        """Relay the event stream; the hot path, once per network chunk.
+
+        A stream ends whole with ``[DONE]``, or, where the upstream sends none (Llama Stack), at
+        the end of the body right after the event that closes an answer; a ``[DONE]`` is then
+        appended to the log, so every whole stream in a log ends alike. An error event counts as
+        an upstream failure where it stands for one (Llama Stack's masked 500s)."""
         decoder = SSEDecoder()
         log_ = gen.log
         # An in-process log is appended to without a coroutine per chunk.
         append_now = log_.append_nowait
         counters = self.counters
+        upstream = self.upstream
+        route = gen.request.route
         errored = False
+        last = b""
         try:
             async for chunk in response.aiter_raw():
                 events = decoder.feed(chunk)
@@ -203,7 +222,12 @@ class Relay:
                     if p.startswith(ERROR_PREFIXES):
                         errored = True
                         if is_engine_death(p):
-                            self.upstream.engine_died("error event")
+                            upstream.engine_died("error event")
+                        else:
+                            error = parse_error_event(upstream.kind, p)
+                            if error is not None and error.upstream_failure:
+                                counters.upstream_failures += 1
+                                upstream.failed(f"error event {error.status}")
                     elif b"\n" in p:
                         gen.multiline = True
                 if append_now is not None:
@@ -212,12 +236,24 @@ class Relay:
                     gen.length = await log_.append(payloads)
                 counters.events_relayed += len(payloads)
                 gen.wake()
-                if payloads[-1] == DONE:
+                last = payloads[-1]
+                if last == DONE:
+                    if not errored:
+                        upstream.succeeded()
                     self._finish(gen, State.FAILED if errored else State.DONE)
                     return None
         except SSEError as exc:
             await self._fail_mid_stream(gen, f"upstream sent a broken event stream: {exc}")
             return None
+        if route is not None and not route.upstream_done:
+            # Llama Stack's streams just end: after their last event, or after an error event.
+            if errored or ends_answer(route.wire, last):
+                gen.length = await log_.append((DONE,))
+                if not errored:
+                    upstream.succeeded()
+                self._finish(gen, State.FAILED if errored else State.DONE)
+                return None
+            return "upstream stream ended before the answer was complete"
         if errored:
             await self._fail_mid_stream(gen, "upstream stream ended after an error event")
             return None

@@ -16,6 +16,7 @@ from streamsafe._asgi import BodyTooLarge, Disconnected, Receive, Scope, header,
 from streamsafe.gateway.admission import request_cost
 from streamsafe.gateway.errors import BadRequest
 from streamsafe.gateway.generation import GenerationRequest
+from streamsafe.gateway.upstream_kinds import CompletionRoute, Wire, cost_view
 
 __all__ = ["completion_request", "read_request_body", "tenant_id"]
 
@@ -49,10 +50,12 @@ async def read_request_body(scope: Scope, receive: Receive, limit: int) -> bytes
 
 
 def completion_request(
-    scope: Scope, raw: bytes, upstream_path: str, tenant: str, default_max_tokens: int
+    scope: Scope, raw: bytes, route: CompletionRoute, tenant: str, default_max_tokens: int
 ) -> GenerationRequest:
-    """What the registry needs to know about a completion request with body ``raw``."""
-    body = _parse_body(raw, upstream_path)
+    """What the registry needs to know about a completion request with body ``raw`` on
+    ``route``."""
+    upstream_path = route.upstream_path
+    body = _parse_body(raw, route.wire)
     key = header(scope, b"idempotency-key")
     if key is not None and (not key or len(key) > _MAX_KEY_LEN):
         raise BadRequest(400, f"Idempotency-Key must be 1 to {_MAX_KEY_LEN} bytes")
@@ -66,12 +69,13 @@ def completion_request(
         path=upstream_path,
         body=raw,
         fingerprint=fingerprint,
-        cost=request_cost(body, default_max_tokens),
+        cost=request_cost(cost_view(route.wire, body), default_max_tokens),
         stream=body.get("stream") is True,
         idempotency_key=key.decode("utf-8", "replace") if key is not None else None,
         retry=_retry_count(scope) >= 1,
         last_event_id=last_id,
         no_upstream_retry=header(scope, b"x-llamastack-streaming") == b"true",
+        route=route,
     )
 
 
@@ -97,7 +101,7 @@ def _last_event_id(scope: Scope) -> int | None:
     return n
 
 
-def _parse_body(raw: bytes, upstream_path: str) -> dict[str, Any]:
+def _parse_body(raw: bytes, wire: Wire) -> dict[str, Any]:
     if not raw:
         raise BadRequest(400, "request body is empty; expected a JSON object")
     try:
@@ -106,10 +110,11 @@ def _parse_body(raw: bytes, upstream_path: str) -> dict[str, Any]:
         raise BadRequest(400, f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise BadRequest(400, "request body must be a JSON object")
-    model = body.get("model")
+    model_field = wire.model_field
+    model = body.get(model_field)
     if not isinstance(model, str) or not model:
-        raise BadRequest(400, "missing required field 'model'", "model")
-    if upstream_path == "/v1/chat/completions":
+        raise BadRequest(400, f"missing required field '{model_field}'", model_field)
+    if wire.is_chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest(
@@ -117,9 +122,16 @@ def _parse_body(raw: bytes, upstream_path: str) -> dict[str, Any]:
             )
         if not all(isinstance(m, dict) and "role" in m for m in messages):
             raise BadRequest(400, "each message must be an object with a 'role'", "messages")
+    elif wire is Wire.LLAMA_STACK_COMPLETION:
+        if "content" not in body or body["content"] is None:
+            raise BadRequest(400, "missing required field 'content'", "content")
     elif not isinstance(body.get("prompt"), str | list):
         raise BadRequest(400, "missing required field 'prompt'", "prompt")
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise BadRequest(400, "'stream' must be a boolean", "stream")
+    if wire is Wire.LLAMA_STACK_CHAT or wire is Wire.LLAMA_STACK_COMPLETION:
+        params = body.get("sampling_params")
+        if params is not None and not isinstance(params, dict):
+            raise BadRequest(400, "'sampling_params' must be an object", "sampling_params")
     return body

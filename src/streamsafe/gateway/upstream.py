@@ -23,6 +23,7 @@ import httpcore2
 import httpx2
 
 from streamsafe.gateway.asyncio_backend import AsyncioBackend
+from streamsafe.gateway.upstream_kinds import KINDS, UpstreamKind, probe_kind
 from streamsafe.retry import RetryBudget
 
 __all__ = ["Breaker", "Upstream", "is_engine_death", "parse_retry_after", "read_bounded"]
@@ -38,6 +39,9 @@ _ENGINE_DEATH_MARKERS = (
 
 #: Largest upstream error body kept and passed on.
 _MAX_ERROR_BODY = 64 * 1024
+#: Upstream failures in a row that open the breaker where the upstream's health does not cover
+#: the engine (Llama Stack masks an engine's death as an ordinary 500).
+FAILURES_TO_TRIP = 3
 
 
 def is_engine_death(body: bytes) -> bool:
@@ -86,8 +90,17 @@ class Upstream:
         max_keepalive: int = 512,
         api_key: str | None = None,
         budget: RetryBudget | None = None,
+        kind: str = "auto",
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        #: What the upstream is; vLLM's table until an ``auto`` probe says otherwise.
+        self.kind: UpstreamKind = KINDS["vllm"] if kind == "auto" else KINDS[kind]  # type: ignore[index]
+        #: The kind was set or found (an ``auto`` upstream that never answered is asked again).
+        self.kind_known = kind != "auto"
+        self._kind_probed_at: float | None = None
+        self._kind_lock = asyncio.Lock()
+        #: Upstream failures since the last success.
+        self.failures_in_a_row = 0
         self.connect_retries = connect_retries
         self.connect_backoff = connect_backoff
         self.budget = budget or RetryBudget()
@@ -125,8 +138,37 @@ class Upstream:
         return self._client
 
     async def start(self) -> None:
-        """Create the connection pool."""
+        """Create the connection pool and, for an ``auto`` kind, ask the upstream what it is."""
         _ = self.client
+        if not self.kind_known:
+            await self.resolve_kind()
+
+    async def resolve_kind(self) -> UpstreamKind:
+        """The upstream's kind: probed (once at a time, at most once per probe interval, within
+        the connect timeout) while it is not known; vLLM's table until then."""
+        if self.kind_known:
+            return self.kind
+        async with self._kind_lock:
+            now = asyncio.get_running_loop().time()
+            last = self._kind_probed_at
+            if self.kind_known or (last is not None and now - last < self.breaker.probe_interval):
+                return self.kind
+            self._kind_probed_at = now
+            name = None
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._timeout.connect or 5.0):
+                    name = await probe_kind(self.client)
+            if name is None:
+                log.warning(
+                    "upstream %s did not answer as vLLM, Llama Stack or an OpenAI server; "
+                    "serving it as vLLM and asking again later",
+                    self.base_url,
+                )
+                return self.kind
+            self.kind = KINDS[name]
+            self.kind_known = True
+            log.warning("upstream %s is %s (probed)", self.base_url, name)
+            return self.kind
 
     async def close(self) -> None:
         """Stop the probe and close every upstream connection."""
@@ -177,6 +219,20 @@ class Upstream:
             log.warning("engine reported dead (%s); failing fast until /health is 200", why)
             self._probe = asyncio.get_running_loop().create_task(self._probe_until_healthy())
 
+    def failed(self, why: str) -> None:
+        """An upstream failure (a 5xx, or an error event standing for one). Where the upstream's
+        health does not cover the engine (Llama Stack), :data:`FAILURES_TO_TRIP` in a row open
+        the breaker; elsewhere ``/health`` is asked whether the engine died."""
+        self.failures_in_a_row += 1
+        if self.kind.health_covers_engine:
+            self.suspect()
+        elif self.failures_in_a_row >= FAILURES_TO_TRIP:
+            self.engine_died(f"{self.failures_in_a_row} upstream failures in a row, last: {why}")
+
+    def succeeded(self) -> None:
+        """A whole answer came back."""
+        self.failures_in_a_row = 0
+
     def suspect(self) -> None:
         """An upstream 5xx: ask ``/health`` once, in the background, whether the engine died."""
         if self.breaker.is_open or (self._health_check and not self._health_check.done()):
@@ -184,10 +240,11 @@ class Upstream:
         self._health_check = asyncio.get_running_loop().create_task(self._check_once())
 
     async def health(self) -> int | None:
-        """Status of upstream ``/health``, or ``None`` if it did not answer."""
+        """Status of the upstream's health path (``/health``, Llama Stack's ``/v1/health``), or
+        ``None`` if it did not answer."""
         try:
             response = await self.client.get(
-                "/health", timeout=max(1.0, self.breaker.probe_interval)
+                self.kind.health_path, timeout=max(1.0, self.breaker.probe_interval)
             )
         except httpx2.HTTPError:
             return None
@@ -201,6 +258,9 @@ class Upstream:
         while True:
             await asyncio.sleep(self.breaker.probe_interval)
             if await self.health() == 200:
+                # Where health does not cover the engine, this lets traffic try again: the next
+                # failures in a row open the breaker anew.
+                self.failures_in_a_row = 0
                 self.breaker.close()
                 log.warning("engine healthy again; breaker closed")
                 return

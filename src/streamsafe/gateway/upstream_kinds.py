@@ -51,6 +51,7 @@ __all__ = [
     "ProbeResult",
     "UpstreamKind",
     "Wire",
+    "cost_view",
     "detect_kind",
     "ends_answer",
     "parse_error_event",
@@ -228,6 +229,23 @@ KINDS: Mapping[KindName, UpstreamKind] = {
         masks_errors=False,
     ),
 }
+
+
+def cost_view(wire: Wire, body: Mapping[str, object]) -> Mapping[str, object]:
+    """``body`` as the OpenAI request it stands for, for estimating its engine memory: Llama
+    Stack's native requests name their prompt ``content`` and their limit
+    ``sampling_params.max_tokens`` (Llama Stack sends its provider's ``max_tokens``, 4096 by
+    default, where none is given)."""
+    if wire is Wire.OPENAI_CHAT or wire is Wire.OPENAI_COMPLETION:
+        return body
+    params = body.get("sampling_params")
+    limit = params.get("max_tokens") if isinstance(params, dict) else None
+    view: dict[str, object] = {"max_tokens": limit if isinstance(limit, int) else 4096}
+    if wire is Wire.LLAMA_STACK_CHAT:
+        view["messages"] = body.get("messages")
+    else:
+        view["prompt"] = body.get("content")
+    return view
 
 
 # -- the end of an answer ---------------------------------------------------------------------
