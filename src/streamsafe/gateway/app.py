@@ -215,9 +215,10 @@ class Gateway:
         watcher = asyncio.get_running_loop().create_task(sub.watch(receive))
         try:
             if req.stream:
-                await serve_stream(sub, start, send, self._rules, not route.client_done)
+                drop_done = not route.client_done
+                await serve_stream(sub, start, send, self._rules, drop_done, route.preamble)
             else:
-                await serve_json(sub, send)
+                await serve_json(sub, send, self._rules)
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

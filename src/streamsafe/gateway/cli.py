@@ -31,8 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--collapse-identical",
         action="store_true",
-        help="attach identical live requests even without a retry marker (behind Llama Stack; "
-        "identical sampled prompts then share one sample)",
+        help="attach an identical request to a running generation, or one finished within "
+        "--grace, even without a retry marker (behind Llama Stack; identical sampled prompts "
+        "then share one sample)",
     )
     p.add_argument(
         "--grace",
@@ -51,6 +52,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=5.0,
         help="seconds between keep-alive comments before the first token (default 5; 0 for none)",
+    )
+    p.add_argument(
+        "--json-keepalive",
+        action="store_true",
+        help="keep waiting non-streaming calls alive with whitespace (a later failure is then "
+        "a 200 with an error body)",
     )
     p.add_argument(
         "--max-inflight",
@@ -138,6 +145,7 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
         grace=args.grace,
         commit=args.commit,
         heartbeat=args.heartbeat,
+        json_keepalive=args.json_keepalive,
         max_inflight=args.max_inflight or None,
         max_memory_tokens=args.max_memory_tokens or None,
         default_max_tokens=args.default_max_tokens,

@@ -33,10 +33,11 @@ class GatewayConfig:
     #: through) or ``openai`` (any other OpenAI-compatible server). Default ``auto``: ask the
     #: upstream at start (and again while it has not answered), and log what was found.
     upstream_kind: UpstreamKindSetting = "auto"
-    #: Attach a request to a live generation with a byte-identical body even when it carries no
-    #: retry marker (default off). Behind Llama Stack a client's retry arrives as a fresh call
-    #: with no marker; this makes it one generation. The price: two users who send the same
-    #: sampled prompt at the same time get the same sample.
+    #: Attach a request to a generation with a byte-identical body even when it carries no
+    #: retry marker, while that generation runs or up to ``grace`` seconds after it finished
+    #: (default off). Behind Llama Stack a client's retry arrives as a fresh call with no marker;
+    #: this makes it one generation. The price: two users who send the same sampled prompt
+    #: within that window get the same sample.
     collapse_identical: bool = False
     #: Seconds a generation keeps running after its last subscriber left (default 5: long enough
     #: for a client to reconnect and resume, short enough that abandoned work is freed). 0 aborts
@@ -51,6 +52,12 @@ class GatewayConfig:
     #: Generations running upstream at once (default 256, vLLM's usual ``--max-num-seqs``).
     #: ``None`` for no limit.
     max_inflight: int | None = 256
+    #: Keep a waiting non-streaming call's connection alive (default off): once it waited one
+    #: commit wait (a heartbeat, at most 1 s), answer 200 and send a space every ``heartbeat``
+    #: until the JSON answer follows (JSON allows leading whitespace), so a slow call never
+    #: trips a client's read timeout and is never retried. The price: a failure after that
+    #: arrives as a 200 whose body is the error object, not as an error status.
+    json_keepalive: bool = False
     #: Engine memory budget in tokens: the sum over running generations of estimated prompt
     #: tokens + max_tokens. ``None`` (default) for no limit; set it to the engine's KV capacity.
     max_memory_tokens: int | None = None

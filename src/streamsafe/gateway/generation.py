@@ -77,6 +77,7 @@ class Generation:
         "created_at",
         "failure",
         "fingerprint",
+        "finished_at",
         "id",
         "key",
         "length",
@@ -126,6 +127,8 @@ class Generation:
         #: When it was created (the registry's clock); early commit counts its wait from here.
         self.created_at = created_at
         self.admitted_at: float | None = None
+        #: When it finished (the registry's clock).
+        self.finished_at: float | None = None
         self.continuations = 0
         #: Some payload holds a newline, so framing takes the slow path.
         self.multiline = False

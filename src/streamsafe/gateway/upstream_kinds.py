@@ -103,7 +103,9 @@ class CompletionRoute:
     ``path`` is what clients call, ``upstream_path`` where the gateway sends it.
     ``upstream_done``: the upstream ends a whole stream with ``data: [DONE]``. ``client_done``:
     the gateway ends the stream it serves with ``data: [DONE]`` (llama-stack-client 0.2.x
-    JSON-decodes every event, so routes it calls must not).
+    JSON-decodes every event, so routes it calls must not). ``preamble``: events the upstream
+    sends before the engine's first token (Llama Stack's native chat sends its ``start`` event
+    at once); heartbeats go on until events past them flow.
     """
 
     path: str
@@ -111,6 +113,7 @@ class CompletionRoute:
     wire: Wire
     upstream_done: bool
     client_done: bool
+    preamble: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +194,7 @@ KINDS: Mapping[KindName, UpstreamKind] = {
                 Wire.LLAMA_STACK_CHAT,
                 False,
                 False,
+                preamble=1,
             ),
             CompletionRoute(
                 "/v1/inference/completion",
