@@ -43,6 +43,7 @@ __all__ = [
     "call_llama_stack",
     "engine_for",
     "expected_answer",
+    "gateway_for",
     "run_tier",
 ]
 

@@ -137,11 +137,13 @@ class Gateway:
             else:
                 kind = await self.upstream.resolve_kind()
                 route = kind.route(path)
-                if route is not None:
-                    if method != "POST":
-                        raise BadRequest(405, f"{path} accepts POST only")
+                if route is not None and method == "POST":
                     await self._completion(scope, receive, send, route)
+                elif route is not None and not kind.passthrough:
+                    raise BadRequest(405, f"{path} accepts POST only")
                 elif kind.passthrough:
+                    # Llama Stack also lists and reads stored completions with GET on these
+                    # paths.
                     self._tenant(scope)
                     self.registry.counters.passed_through += 1
                     await pass_through(self.upstream.client, scope, receive, send)
