@@ -62,9 +62,9 @@ async def test_behind_the_engine_makes_one_generation_per_call(
     position: Position = "behind"
     result = await run_tier(llama_stack_tier.deployment, position, load)
     # Behind Llama Stack streamsafe cannot keep the caller's connection alive, so callers still
-    # time out; but their retries (fresh Llama Stack calls) join the first copy.
-    assert result.engine_generations == load.calls and result.engine_crashes == 0, (
-        result.row(),
-        result.gateway,
-    )
-    assert result.wrong_text == 0 and set(result.errors) <= TIMEOUTS
+    # time out; but their retries (fresh Llama Stack calls) join the first copy. (On a busy
+    # machine some calls time out before Llama Stack passes them on at all: at most one
+    # generation per call, never more.)
+    assert 0 < result.engine_generations <= load.calls, (result.row(), result.gateway)
+    assert result.engine_crashes == 0
+    assert result.wrong_text == 0 and set(result.errors) <= TIMEOUTS, result.errors
