@@ -1,12 +1,13 @@
 """The upstream reader: one task per generation that waits for admission, sends the request
 upstream and appends what comes back to the generation's log.
 
-It decodes each network chunk once, appends the payloads of all the events the chunk completed
-as one batch, and wakes the subscribers once per batch; payloads are relayed as the bytes
-upstream sent, never re-encoded (but for a continued stream's usage chunk, made to count the whole
-answer). How a generation ends is not its business: it calls ``finish``
-(given by whoever owns the generations) with the final state, so it never touches lookup or
-retention.
+A stream is read on the hot path (:mod:`streamsafe.gateway.event_stream`): each network read is
+decoded once, in the connection's read callback, where the payloads of all the events it
+completed are appended as one batch and the subscribers woken once, with no task switch; payloads
+are relayed as the bytes upstream sent, never re-encoded (but for a continued stream's usage
+chunk, made to count the whole answer). How a generation ends is not its business: it calls
+``finish`` (given by whoever owns the generations) with the final state, so it never touches
+lookup or retention.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from streamsafe.gateway.continuation import (
     whole_usage,
 )
 from streamsafe.gateway.errors import ERROR_PREFIXES, Failure, error_body
+from streamsafe.gateway.event_stream import UpstreamClosed
 from streamsafe.gateway.generation import Generation, State
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.upstream import (
+    MAX_ERROR_BODY,
     AttemptWatch,
     Upstream,
     UpstreamStalled,
@@ -39,7 +42,7 @@ from streamsafe.gateway.upstream import (
     parse_retry_after,
     read_bounded,
 )
-from streamsafe.sse import DONE, SSEDecoder, SSEError
+from streamsafe.sse import DONE
 
 __all__ = ["BrokenAttempt", "Finish", "Relay"]
 
@@ -204,6 +207,8 @@ class Relay:
         response: httpx2.Response | None = None
         try:
             async with AttemptWatch(self.timeouts, total_deadline) as watch:
+                if gen.stream:
+                    return await self._stream(gen, body, watch, continuing)
                 try:
                     response = await self.upstream.open(
                         "POST",
@@ -229,10 +234,10 @@ class Relay:
                 status = response.status_code
                 gen.upstream_status = status
                 if status != 200:
-                    return await self._refused(gen, response, continuing)
-                gen.wake()  # upstream accepted the request: an early commit may go now
-                if gen.stream:
-                    return await self._pump(gen, response, watch, continuing)
+                    error = await read_bounded(response)
+                    retry_after = response.headers.get("retry-after")
+                    return await self._refused(gen, status, error, retry_after, continuing)
+                gen.wake()  # upstream accepted the request
                 body = await response.aread()
                 gen.length = await gen.log.append((body,))
                 self._finish(gen, State.DONE)
@@ -250,19 +255,22 @@ class Relay:
                 await response.aclose()
 
     async def _refused(
-        self, gen: Generation, response: httpx2.Response, continuing: bool
+        self,
+        gen: Generation,
+        status: int,
+        body: bytes,
+        retry_after_header: str | None,
+        continuing: bool,
     ) -> BrokenAttempt | None:
-        """An error status from upstream. Before any event it is the caller's answer; a
-        continuation refused before any work (429, or a 5xx that is not the engine's death) is
-        asked again after ``Retry-After``."""
-        status = response.status_code
-        body = await read_bounded(response)
+        """An error status from upstream, with its (bounded) body. Before any event it is the
+        caller's answer; a continuation refused before any work (429, or a 5xx that is not the
+        engine's death) is asked again after ``Retry-After``."""
         dead = status >= 500 and is_engine_death(body)
         if dead:
             self.upstream.engine_died(f"upstream {status}")
         elif status >= 500:
             self.upstream.suspect()
-        retry_after = parse_retry_after(response.headers.get("retry-after"))
+        retry_after = parse_retry_after(retry_after_header)
         failure = Failure(status, body, retry_after)
         if continuing and not dead and (status == 429 or status >= 500):
             why = f"upstream refused the continuation with {status}"
@@ -270,72 +278,65 @@ class Relay:
         await self._fail(gen, failure)
         return None
 
-    async def _pump(
-        self, gen: Generation, response: httpx2.Response, watch: AttemptWatch, continuing: bool
+    async def _stream(
+        self, gen: Generation, body: bytes, watch: AttemptWatch, continuing: bool
     ) -> BrokenAttempt | None:
-        """Relay the event stream; the hot path, once per network chunk."""
-        decoder = SSEDecoder()
-        log_ = gen.log
-        # An in-process log is appended to without a coroutine per chunk.
-        append_now = log_.append_nowait
-        counters = self.counters
-        errored = False
-        skip_role = continuing
-        tokens_before = gen.tokens_before if continuing else 0
+        """One attempt of a streaming completion, on the hot path: the response is parsed in
+        the connection's read callback, where each read's events are checked, appended and the
+        subscribers woken (:class:`_Sink`); this task only waits for the end."""
+        req = gen.request
         try:
-            async for chunk in response.aiter_raw():
-                watch.chunk()
-                events = decoder.feed(chunk)
-                if not events:
-                    continue
-                if not watch.flowing:
-                    watch.first_event()
-                payloads = [ev.raw for ev in events]
-                if skip_role:
-                    # A continuation opens with the assistant's role chunk again; the log has
-                    # it already.
-                    skip_role = False
-                    if is_role_chunk(payloads[0]):
-                        del payloads[0]
-                        if not payloads:
-                            continue
-                malformed = None
-                for i, p in enumerate(payloads):
-                    if p.startswith(ERROR_PREFIXES):
-                        errored = True
-                        if is_engine_death(p):
-                            self.upstream.engine_died("error event")
-                    elif p[:1] != b"{" or p[-1:] != b"}":
-                        # Not a JSON object: a chunk cut off or garbled, never relayed (a
-                        # check of its ends only: parsing every chunk would cost the hot path).
-                        if p != DONE:
-                            malformed = i
-                            break
-                    elif b"\n" in p:
-                        gen.multiline = True
-                    elif tokens_before and b'"usage"' in p:
-                        payloads[i] = whole_usage(p, tokens_before)
-                if malformed is not None:
-                    del payloads[malformed:]
-                if payloads:
-                    if append_now is not None:
-                        gen.length = append_now(payloads)
-                    else:
-                        gen.length = await log_.append(payloads)
-                    counters.events_relayed += len(payloads)
-                    gen.wake()
-                if malformed is not None:
-                    return BrokenAttempt("upstream sent a malformed chunk", 502)
-                if payloads and payloads[-1] == DONE:
-                    self._finish(gen, State.FAILED if errored else State.DONE)
-                    return None
-        except SSEError as exc:
-            await self._fail_mid_stream(gen, f"upstream sent a broken event stream: {exc}")
+            conn = await self.upstream.open_events(
+                req.path, body, retry_connect=not req.no_upstream_retry
+            )
+        except OSError as exc:
+            msg = f"upstream unreachable: {type(exc).__name__}"
+            failure = Failure(503, error_body(msg, "service_unavailable", 503), 1)
+            if gen.length:
+                return BrokenAttempt(msg, 503, failure=failure)
+            await self._fail(gen, failure)
             return None
-        if errored:
-            await self._fail_mid_stream(gen, "upstream stream ended after an error event")
-            return None
-        return BrokenAttempt("upstream stream ended before [DONE]", 502)
+        sink = _Sink(self, gen, watch, conn.close, continuing)
+        try:
+            try:
+                await conn.head()
+            except UpstreamClosed as exc:
+                # Connected, then closed or reset before any answer: the engine dropped the
+                # request (it aborts what it loses), so asking again duplicates nothing.
+                self.upstream.suspect()
+                return BrokenAttempt(
+                    f"upstream closed the connection before answering ({exc})", 502
+                )
+            status = conn.status
+            gen.upstream_status = status
+            self.upstream.alive_at = asyncio.get_running_loop().time()
+            if status != 200:
+                error = await conn.read_body(MAX_ERROR_BODY)
+                retry_after = conn.header(b"retry-after")
+                return await self._refused(gen, status, error, _latin1(retry_after), continuing)
+            gen.wake()  # upstream accepted the request: an early commit may go now
+            end = conn.stream_events(sink.events, on_read=watch.chunk)
+            while not sink.in_process and not end.done():
+                await asyncio.wait((end, sink.ready()), return_when=asyncio.FIRST_COMPLETED)
+                await sink.flush()
+            broke = await end
+            await sink.flush()
+            if sink.broken is not None:
+                return sink.broken
+            if sink.done or gen.finished:
+                return None
+            if sink.errored:
+                await self._fail_mid_stream(gen, "upstream stream ended after an error event")
+                return None
+            if broke is not None and broke.startswith("upstream sent a broken event stream"):
+                await self._fail_mid_stream(gen, broke)
+                return None
+            if broke is not None:
+                self.upstream.suspect()
+                return BrokenAttempt(f"upstream connection failed: {broke}", 502)
+            return BrokenAttempt("upstream stream ended before [DONE]", 502)
+        finally:
+            conn.release(finished=sink.done)
 
     # -- endings --------------------------------------------------------------------------------
 
@@ -382,3 +383,124 @@ class Relay:
         else:
             gen.failure = Failure(status, error_body(message, "upstream_error", status))
         self._finish(gen, State.FAILED)
+
+
+class _Sink:
+    """What the relay does with each network read of a stream, called from the connection's
+    read callback: check the payloads (error events, an engine's death, a malformed chunk,
+    multi-line data, a continued answer's usage), append them and wake the subscribers. A log in
+    this process is appended to right there, with no task switch; a networked one gets the
+    payloads from the reader task (:meth:`flush`), in order."""
+
+    __slots__ = (
+        "_append_now",
+        "_pending",
+        "_ready",
+        "_relay",
+        "_stop",
+        "_watch",
+        "broken",
+        "done",
+        "errored",
+        "gen",
+        "skip_role",
+        "tokens_before",
+    )
+
+    def __init__(
+        self,
+        relay: Relay,
+        gen: Generation,
+        watch: AttemptWatch,
+        stop: Callable[[], None],
+        continuing: bool,
+    ) -> None:
+        self._relay = relay
+        self.gen = gen
+        self._watch = watch
+        self._stop = stop
+        # A continuation opens with the assistant's role chunk again; the log has it.
+        self.skip_role = continuing
+        self.tokens_before = gen.tokens_before if continuing else 0
+        self._append_now = gen.log.append_nowait
+        self._pending: list[bytes] = []
+        self._ready: asyncio.Future[None] | None = None
+        self.errored = False
+        self.done = False  # [DONE] seen
+        self.broken: BrokenAttempt | None = None
+
+    @property
+    def in_process(self) -> bool:
+        """The log lives in this process: :meth:`events` appends everything itself."""
+        return self._append_now is not None
+
+    def events(self, payloads: list[bytes]) -> None:
+        gen = self.gen
+        if self.done or self.broken is not None or gen.finished:
+            return
+        if not self._watch.flowing:
+            self._watch.first_event()
+        if self.skip_role:
+            self.skip_role = False
+            if is_role_chunk(payloads[0]):
+                del payloads[0]
+                if not payloads:
+                    return
+        malformed = None
+        for i, p in enumerate(payloads):
+            if p.startswith(ERROR_PREFIXES):
+                self.errored = True
+                if is_engine_death(p):
+                    self._relay.upstream.engine_died("error event")
+            elif p[:1] != b"{" or p[-1:] != b"}":
+                # Not a JSON object: a chunk cut off or garbled, never relayed (a check of its
+                # ends only: parsing every chunk would cost the hot path).
+                if p != DONE:
+                    malformed = i
+                    break
+            elif b"\n" in p:
+                gen.multiline = True
+            elif self.tokens_before and b'"usage"' in p:
+                payloads[i] = whole_usage(p, self.tokens_before)
+        if malformed is not None:
+            del payloads[malformed:]
+            self.broken = BrokenAttempt("upstream sent a malformed chunk", 502)
+            self._stop()  # the rest of this attempt is not relayed; the engine aborts it
+            if not payloads:
+                return
+        self.done = payloads[-1] == DONE
+        append_now = self._append_now
+        if append_now is None:
+            self._pending.extend(payloads)
+            ready, self._ready = self._ready, None
+            if ready is not None and not ready.done():
+                ready.set_result(None)
+            return
+        gen.length = append_now(payloads)
+        self._appended(len(payloads))
+
+    def ready(self) -> asyncio.Future[None]:
+        """A future resolved once payloads are pending for :meth:`flush`."""
+        self._ready = ready = asyncio.get_running_loop().create_future()
+        if self._pending:
+            ready.set_result(None)
+        return ready
+
+    async def flush(self) -> None:
+        """Append what is pending to a networked log (several reads at once when the store is
+        slower than the engine)."""
+        if self._pending:
+            payloads, self._pending = self._pending, []
+            self.gen.length = await self.gen.log.append(payloads)
+            self._appended(len(payloads))
+
+    def _appended(self, n: int) -> None:
+        relay = self._relay
+        relay.counters.events_relayed += n
+        self.gen.wake()
+        if self.done and not self._pending:
+            relay._finish(self.gen, State.FAILED if self.errored else State.DONE)
+
+
+def _latin1(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
