@@ -24,14 +24,13 @@ from streamsafe.gateway.admission import Admission, Shed, Waiter
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.continuation import (
     continuation_body,
-    is_role_chunk,
     read_partial,
-    whole_usage,
 )
-from streamsafe.gateway.errors import ERROR_PREFIXES, Failure, error_body
+from streamsafe.gateway.errors import Failure, error_body
 from streamsafe.gateway.event_stream import UpstreamClosed
 from streamsafe.gateway.generation import Generation, State
 from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.stream_sink import StreamSink
 from streamsafe.gateway.upstream import (
     MAX_ERROR_BODY,
     AttemptWatch,
@@ -283,7 +282,8 @@ class Relay:
     ) -> BrokenAttempt | None:
         """One attempt of a streaming completion, on the hot path: the response is parsed in
         the connection's read callback, where each read's events are checked, appended and the
-        subscribers woken (:class:`_Sink`); this task only waits for the end."""
+        subscribers woken (:class:`~streamsafe.gateway.stream_sink.StreamSink`); this task only
+        waits for the end."""
         req = gen.request
         try:
             conn = await self.upstream.open_events(
@@ -296,7 +296,15 @@ class Relay:
                 return BrokenAttempt(msg, 503, failure=failure)
             await self._fail(gen, failure)
             return None
-        sink = _Sink(self, gen, watch, conn.close, continuing)
+        sink = StreamSink(
+            gen,
+            watch,
+            continuing,
+            stop=conn.close,
+            upstream=self.upstream,
+            counters=self.counters,
+            finish=self._finish,
+        )
         try:
             try:
                 await conn.head()
@@ -321,8 +329,8 @@ class Relay:
                 await sink.flush()
             broke = await end
             await sink.flush()
-            if sink.broken is not None:
-                return sink.broken
+            if sink.malformed:
+                return BrokenAttempt("upstream sent a malformed chunk", 502)
             if sink.done or gen.finished:
                 return None
             if sink.errored:
@@ -383,123 +391,6 @@ class Relay:
         else:
             gen.failure = Failure(status, error_body(message, "upstream_error", status))
         self._finish(gen, State.FAILED)
-
-
-class _Sink:
-    """What the relay does with each network read of a stream, called from the connection's
-    read callback: check the payloads (error events, an engine's death, a malformed chunk,
-    multi-line data, a continued answer's usage), append them and wake the subscribers. A log in
-    this process is appended to right there, with no task switch; a networked one gets the
-    payloads from the reader task (:meth:`flush`), in order."""
-
-    __slots__ = (
-        "_append_now",
-        "_pending",
-        "_ready",
-        "_relay",
-        "_stop",
-        "_watch",
-        "broken",
-        "done",
-        "errored",
-        "gen",
-        "skip_role",
-        "tokens_before",
-    )
-
-    def __init__(
-        self,
-        relay: Relay,
-        gen: Generation,
-        watch: AttemptWatch,
-        stop: Callable[[], None],
-        continuing: bool,
-    ) -> None:
-        self._relay = relay
-        self.gen = gen
-        self._watch = watch
-        self._stop = stop
-        # A continuation opens with the assistant's role chunk again; the log has it.
-        self.skip_role = continuing
-        self.tokens_before = gen.tokens_before if continuing else 0
-        self._append_now = gen.log.append_nowait
-        self._pending: list[bytes] = []
-        self._ready: asyncio.Future[None] | None = None
-        self.errored = False
-        self.done = False  # [DONE] seen
-        self.broken: BrokenAttempt | None = None
-
-    @property
-    def in_process(self) -> bool:
-        """The log lives in this process: :meth:`events` appends everything itself."""
-        return self._append_now is not None
-
-    def events(self, payloads: list[bytes]) -> None:
-        gen = self.gen
-        if self.done or self.broken is not None or gen.finished:
-            return
-        if not self._watch.flowing:
-            self._watch.first_event()
-        if self.skip_role:
-            self.skip_role = False
-            if is_role_chunk(payloads[0]):
-                del payloads[0]
-                if not payloads:
-                    return
-        malformed = None
-        for i, p in enumerate(payloads):
-            if p.startswith(ERROR_PREFIXES):
-                self.errored = True
-                if is_engine_death(p):
-                    self._relay.upstream.engine_died("error event")
-            elif p[:1] != b"{" or p[-1:] != b"}":
-                # Not a JSON object: a chunk cut off or garbled, never relayed (a check of its
-                # ends only: parsing every chunk would cost the hot path).
-                if p != DONE:
-                    malformed = i
-                    break
-            elif b"\n" in p:
-                gen.multiline = True
-            elif self.tokens_before and b'"usage"' in p:
-                payloads[i] = whole_usage(p, self.tokens_before)
-        if malformed is not None:
-            del payloads[malformed:]
-            self.broken = BrokenAttempt("upstream sent a malformed chunk", 502)
-            self._stop()  # the rest of this attempt is not relayed; the engine aborts it
-            if not payloads:
-                return
-        self.done = payloads[-1] == DONE
-        append_now = self._append_now
-        if append_now is None:
-            self._pending.extend(payloads)
-            ready, self._ready = self._ready, None
-            if ready is not None and not ready.done():
-                ready.set_result(None)
-            return
-        gen.length = append_now(payloads)
-        self._appended(len(payloads))
-
-    def ready(self) -> asyncio.Future[None]:
-        """A future resolved once payloads are pending for :meth:`flush`."""
-        self._ready = ready = asyncio.get_running_loop().create_future()
-        if self._pending:
-            ready.set_result(None)
-        return ready
-
-    async def flush(self) -> None:
-        """Append what is pending to a networked log (several reads at once when the store is
-        slower than the engine)."""
-        if self._pending:
-            payloads, self._pending = self._pending, []
-            self.gen.length = await self.gen.log.append(payloads)
-            self._appended(len(payloads))
-
-    def _appended(self, n: int) -> None:
-        relay = self._relay
-        relay.counters.events_relayed += n
-        self.gen.wake()
-        if self.done and not self._pending:
-            relay._finish(self.gen, State.FAILED if self.errored else State.DONE)
 
 
 def _latin1(value: bytes | None) -> str | None:
