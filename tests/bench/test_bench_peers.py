@@ -5,6 +5,7 @@ as missing with the reason."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.timeout(180)
 
 def test_bench_peers_counts_add_up_and_missing_peers_are_reported(tmp_path):
     wanted = ["direct", "streamsafe", "litellm"]
-    if shutil.which("nginx") or shutil.os.access("/usr/sbin/nginx", shutil.os.X_OK):
+    if shutil.which("nginx") or os.access("/usr/sbin/nginx", os.X_OK):
         wanted.insert(1, "nginx")
     report = peers.run(
         streams=3,

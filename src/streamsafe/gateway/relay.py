@@ -1,12 +1,13 @@
 """The upstream reader: one task per generation that waits for admission, sends the request
 upstream and appends what comes back to the generation's log.
 
-It decodes each network chunk once, appends the payloads of all the events the chunk completed
-as one batch, and wakes the subscribers once per batch; payloads are relayed as the bytes
-upstream sent, never re-encoded (but for a continued stream's usage chunk, made to count the whole
-answer). How a generation ends is not its business: it calls ``finish``
-(given by whoever owns the generations) with the final state, so it never touches lookup or
-retention.
+A stream is read on the hot path (:mod:`streamsafe.gateway.event_stream`): each network read is
+decoded once, in the connection's read callback, where the payloads of all the events it
+completed are appended as one batch and the subscribers woken once, with no task switch; payloads
+are relayed as the bytes upstream sent, never re-encoded (but for a continued stream's usage
+chunk, made to count the whole answer). How a generation ends is not its business: it calls
+``finish`` (given by whoever owns the generations) with the final state, so it never touches
+lookup or retention.
 """
 
 from __future__ import annotations
@@ -23,14 +24,15 @@ from streamsafe.gateway.admission import Admission, Shed, Waiter
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.continuation import (
     continuation_body,
-    is_role_chunk,
     read_partial,
-    whole_usage,
 )
-from streamsafe.gateway.errors import ERROR_PREFIXES, Failure, error_body
+from streamsafe.gateway.errors import Failure, error_body
+from streamsafe.gateway.event_stream import UpstreamClosed
 from streamsafe.gateway.generation import Generation, State
 from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.stream_sink import StreamSink
 from streamsafe.gateway.upstream import (
+    MAX_ERROR_BODY,
     AttemptWatch,
     Upstream,
     UpstreamStalled,
@@ -39,8 +41,8 @@ from streamsafe.gateway.upstream import (
     parse_retry_after,
     read_bounded,
 )
-from streamsafe.gateway.upstream_kinds import ends_answer, parse_error_event
-from streamsafe.sse import DONE, SSEDecoder, SSEError
+from streamsafe.gateway.upstream_kinds import ends_answer
+from streamsafe.sse import DONE
 
 __all__ = ["BrokenAttempt", "Finish", "Relay"]
 
@@ -159,7 +161,7 @@ class Relay:
             if broken is None:
                 return
             # Only a stream the upstream ends with [DONE] (OpenAI's format) reads back as a
-            # partial answer; Llama Stack's streams end in their own way, told apart in _pump.
+            # partial answer; Llama Stack's streams end in their own way, told apart in _stream.
             route = gen.request.route
             partial = None
             if gen.stream and gen.length and (route is None or route.upstream_done):
@@ -216,6 +218,8 @@ class Relay:
         response: httpx2.Response | None = None
         try:
             async with AttemptWatch(self.timeouts, total_deadline) as watch:
+                if gen.stream:
+                    return await self._stream(gen, body, watch, continuing)
                 try:
                     response = await self.upstream.open(
                         "POST",
@@ -241,10 +245,10 @@ class Relay:
                 status = response.status_code
                 gen.upstream_status = status
                 if status != 200:
-                    return await self._refused(gen, response, continuing)
-                gen.wake()  # upstream accepted the request: an early commit may go now
-                if gen.stream:
-                    return await self._pump(gen, response, watch, continuing)
+                    error = await read_bounded(response)
+                    retry_after = response.headers.get("retry-after")
+                    return await self._refused(gen, status, error, retry_after, continuing)
+                gen.wake()  # upstream accepted the request
                 body = await response.aread()
                 gen.length = await gen.log.append((body,))
                 self.upstream.succeeded()
@@ -264,13 +268,16 @@ class Relay:
                 await response.aclose()
 
     async def _refused(
-        self, gen: Generation, response: httpx2.Response, continuing: bool
+        self,
+        gen: Generation,
+        status: int,
+        body: bytes,
+        retry_after_header: str | None,
+        continuing: bool,
     ) -> BrokenAttempt | None:
-        """An error status from upstream. Before any event it is the caller's answer; a
-        continuation refused before any work (429, or a 5xx that is not the engine's death) is
-        asked again after ``Retry-After``."""
-        status = response.status_code
-        body = await read_bounded(response)
+        """An error status from upstream, with its (bounded) body. Before any event it is the
+        caller's answer; a continuation refused before any work (429, or a 5xx that is not the
+        engine's death) is asked again after ``Retry-After``."""
         dead = status >= 500 and is_engine_death(body)
         if status >= 500:
             self.counters.upstream_failures += 1
@@ -278,7 +285,7 @@ class Relay:
             self.upstream.engine_died(f"upstream {status}")
         elif status >= 500:
             self.upstream.failed(f"upstream {status}")
-        retry_after = parse_retry_after(response.headers.get("retry-after"))
+        retry_after = parse_retry_after(retry_after_header)
         failure = Failure(status, body, retry_after)
         if continuing and not dead and (status == 429 or status >= 500):
             why = f"upstream refused the continuation with {status}"
@@ -286,100 +293,90 @@ class Relay:
         await self._fail(gen, failure)
         return None
 
-    async def _pump(
-        self, gen: Generation, response: httpx2.Response, watch: AttemptWatch, continuing: bool
+    async def _stream(
+        self, gen: Generation, body: bytes, watch: AttemptWatch, continuing: bool
     ) -> BrokenAttempt | None:
-        """Relay the event stream; the hot path, once per network chunk.
+        """One attempt of a streaming completion, on the hot path: the response is parsed in
+        the connection's read callback, where each read's events are checked, appended and the
+        subscribers woken (:class:`~streamsafe.gateway.stream_sink.StreamSink`); this task only
+        waits for the end.
 
         A stream ends whole with ``[DONE]``, or, where the upstream sends none (Llama Stack), at
         the end of the body right after the event that closes an answer; a ``[DONE]`` is then
         appended to the log, so every whole stream in a log ends alike. An error event counts as
         an upstream failure where it stands for one (Llama Stack's masked 500s)."""
-        decoder = SSEDecoder()
-        log_ = gen.log
-        # An in-process log is appended to without a coroutine per chunk.
-        append_now = log_.append_nowait
-        counters = self.counters
-        upstream = self.upstream
-        route = gen.request.route
-        errored = False
-        skip_role = continuing
-        tokens_before = gen.tokens_before if continuing else 0
-        # Events before the engine's first token (Llama Stack's start event) do not end the
-        # first-token wait.
-        preamble = route.preamble if route is not None else 0
-        last = b""
+        req = gen.request
         try:
-            async for chunk in response.aiter_raw():
-                watch.chunk()
-                events = decoder.feed(chunk)
-                if not events:
-                    continue
-                payloads = [ev.raw for ev in events]
-                if skip_role:
-                    # A continuation opens with the assistant's role chunk again; the log has
-                    # it already.
-                    skip_role = False
-                    if is_role_chunk(payloads[0]):
-                        del payloads[0]
-                        if not payloads:
-                            continue
-                malformed = None
-                for i, p in enumerate(payloads):
-                    if p.startswith(ERROR_PREFIXES):
-                        errored = True
-                        if is_engine_death(p):
-                            upstream.engine_died("error event")
-                        else:
-                            error = parse_error_event(upstream.kind, p)
-                            if error is not None and error.upstream_failure:
-                                counters.upstream_failures += 1
-                                upstream.failed(f"error event {error.status}")
-                    elif p[:1] != b"{" or p[-1:] != b"}":
-                        # Not a JSON object: a chunk cut off or garbled, never relayed (a
-                        # check of its ends only: parsing every chunk would cost the hot path).
-                        if p != DONE:
-                            malformed = i
-                            break
-                    elif b"\n" in p:
-                        gen.multiline = True
-                    elif tokens_before and b'"usage"' in p:
-                        payloads[i] = whole_usage(p, tokens_before)
-                if malformed is not None:
-                    del payloads[malformed:]
-                if payloads:
-                    if append_now is not None:
-                        gen.length = append_now(payloads)
-                    else:
-                        gen.length = await log_.append(payloads)
-                    counters.events_relayed += len(payloads)
-                    gen.wake()
-                    last = payloads[-1]
-                    if not watch.flowing and gen.length > preamble:
-                        watch.first_event()
-                if malformed is not None:
-                    return BrokenAttempt("upstream sent a malformed chunk", 502)
-                if last == DONE:
-                    if not errored:
-                        upstream.succeeded()
-                    self._finish(gen, State.FAILED if errored else State.DONE)
-                    return None
-        except SSEError as exc:
-            await self._fail_mid_stream(gen, f"upstream sent a broken event stream: {exc}")
+            conn = await self.upstream.open_events(
+                req.path, body, retry_connect=not req.no_upstream_retry
+            )
+        except OSError as exc:
+            msg = f"upstream unreachable: {type(exc).__name__}"
+            failure = Failure(503, error_body(msg, "service_unavailable", 503), 1)
+            if gen.length:
+                return BrokenAttempt(msg, 503, failure=failure)
+            await self._fail(gen, failure)
             return None
-        if route is not None and not route.upstream_done:
-            # Llama Stack's streams just end: after their last event, or after an error event.
-            if errored or ends_answer(route.wire, last):
-                gen.length = await log_.append((DONE,))
-                if not errored:
-                    upstream.succeeded()
-                self._finish(gen, State.FAILED if errored else State.DONE)
+        sink = StreamSink(
+            gen,
+            watch,
+            continuing,
+            stop=conn.close,
+            upstream=self.upstream,
+            counters=self.counters,
+            finish=self._finish,
+        )
+        try:
+            try:
+                await conn.head()
+            except UpstreamClosed as exc:
+                # Connected, then closed or reset before any answer: the engine dropped the
+                # request (it aborts what it loses), so asking again duplicates nothing.
+                why = f"upstream closed the connection before answering ({exc})"
+                self.upstream.failed(why)
+                return BrokenAttempt(why, 502)
+            status = conn.status
+            gen.upstream_status = status
+            self.upstream.alive_at = asyncio.get_running_loop().time()
+            if status != 200:
+                error = await conn.read_body(MAX_ERROR_BODY)
+                retry_after = conn.header(b"retry-after")
+                return await self._refused(gen, status, error, _latin1(retry_after), continuing)
+            gen.wake()  # upstream accepted the request: an early commit may go now
+            end = conn.stream_events(sink.events, on_read=watch.chunk)
+            while not sink.in_process and not end.done():
+                await asyncio.wait((end, sink.ready()), return_when=asyncio.FIRST_COMPLETED)
+                await sink.flush()
+            broke = await end
+            await sink.flush()
+            if sink.malformed:
+                return BrokenAttempt("upstream sent a malformed chunk", 502)
+            if sink.done or gen.finished:
                 return None
-            return BrokenAttempt("upstream stream ended before the answer was complete", 502)
-        if errored:
-            await self._fail_mid_stream(gen, "upstream stream ended after an error event")
-            return None
-        return BrokenAttempt("upstream stream ended before [DONE]", 502)
+            route = gen.request.route
+            if broke is None and route is not None and not route.upstream_done:
+                # Llama Stack's streams just end: after their last event, or after an error
+                # event.
+                if sink.errored or ends_answer(route.wire, sink.last):
+                    gen.length = await gen.log.append((DONE,))
+                    if not sink.errored:
+                        self.upstream.succeeded()
+                    self._finish(gen, State.FAILED if sink.errored else State.DONE)
+                    return None
+                return BrokenAttempt("upstream stream ended before the answer was complete", 502)
+            if sink.errored:
+                await self._fail_mid_stream(gen, "upstream stream ended after an error event")
+                return None
+            if broke is not None and broke.startswith("upstream sent a broken event stream"):
+                await self._fail_mid_stream(gen, broke)
+                return None
+            if broke is not None:
+                why = f"upstream connection failed: {broke}"
+                self.upstream.failed(why)
+                return BrokenAttempt(why, 502)
+            return BrokenAttempt("upstream stream ended before [DONE]", 502)
+        finally:
+            conn.release(finished=sink.done)
 
     # -- endings --------------------------------------------------------------------------------
 
@@ -426,3 +423,7 @@ class Relay:
         else:
             gen.failure = Failure(status, error_body(message, "upstream_error", status))
         self._finish(gen, State.FAILED)
+
+
+def _latin1(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")

@@ -9,7 +9,8 @@ process. The shape is Redis's, so a Redis implementation can follow without touc
   with the offset as the entry id), so any replica can replay or resume it;
 - finished logs get a time to live (``PEXPIRE``) and can be dropped early to cap memory.
 
-Payloads are stored as the bytes upstream sent (one JSON chunk each), never re-encoded.
+Payloads are stored as the bytes upstream sent (one JSON chunk each), never re-encoded; in this
+process compactly (:mod:`streamsafe.gateway.event_log`).
 """
 
 from __future__ import annotations
@@ -18,11 +19,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-__all__ = ["EventLog", "MemoryEventLog", "MemoryStore", "Store"]
+from streamsafe.gateway.event_log import MemoryEventLog
 
-#: Bookkeeping bytes counted per stored event on top of its payload (list slot, object header):
-#: what eviction weighs, so many tiny events are not mistaken for nothing.
-EVENT_OVERHEAD_BYTES = 41
+__all__ = ["EventLog", "MemoryEventLog", "MemoryStore", "Store"]
 
 
 class EventLog(Protocol):
@@ -86,46 +85,6 @@ class Store(Protocol):
     async def drop_log(self, gen_id: str) -> None:
         """Forget a log (readers holding it may finish; nobody new finds it)."""
         ...
-
-
-class MemoryEventLog:
-    """A list of payloads. Appends and reads are plain list operations; no lock is needed
-    because every access is on the one event loop."""
-
-    __slots__ = ("_items", "_nbytes")
-
-    def __init__(self) -> None:
-        self._items: list[bytes] = []
-        self._nbytes = 0
-
-    async def append(self, payloads: Sequence[bytes]) -> int:
-        """Append payloads; return the new length."""
-        return self.append_nowait(payloads)
-
-    async def read(self, start: int) -> list[bytes]:
-        """Payloads from ``start`` on."""
-        return self._items[start:]
-
-    def append_nowait(self, payloads: Sequence[bytes]) -> int:
-        """:meth:`append` without a coroutine: the relay's per-chunk fast path for a log that
-        lives in this process (a networked log has only the awaitable form)."""
-        self._items.extend(payloads)
-        self._nbytes += sum(map(len, payloads)) + EVENT_OVERHEAD_BYTES * len(payloads)
-        return len(self._items)
-
-    def read_nowait(self, start: int) -> list[bytes]:
-        """:meth:`read` without a coroutine (see :meth:`append_nowait`)."""
-        return self._items[start:]
-
-    @property
-    def length(self) -> int:
-        """Events appended so far."""
-        return len(self._items)
-
-    @property
-    def nbytes(self) -> int:
-        """Payload bytes plus per-event bookkeeping."""
-        return self._nbytes
 
 
 class MemoryStore:

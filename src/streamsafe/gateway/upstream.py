@@ -32,10 +32,12 @@ import httpcore2
 import httpx2
 
 from streamsafe.gateway.asyncio_backend import AsyncioBackend
+from streamsafe.gateway.event_stream import EventStream, EventStreamPool, header_lines
 from streamsafe.gateway.upstream_kinds import KINDS, UpstreamKind, probe_kind
 from streamsafe.retry import RetryBudget
 
 __all__ = [
+    "MAX_ERROR_BODY",
     "AttemptWatch",
     "Breaker",
     "Upstream",
@@ -56,7 +58,8 @@ _ENGINE_DEATH_MARKERS = (
 )
 
 #: Largest upstream error body kept and passed on.
-_MAX_ERROR_BODY = 64 * 1024
+MAX_ERROR_BODY = 64 * 1024
+_JSON_LINE = header_lines({"content-type": "application/json"})
 #: Upstream failures in a row that open the breaker where the upstream's health does not cover
 #: the engine (Llama Stack masks an engine's death as an ordinary 500).
 FAILURES_TO_TRIP = 3
@@ -256,6 +259,9 @@ class Upstream:
         self._timeout = httpx2.Timeout(connect=connect_timeout, read=None, write=30.0, pool=None)
         self._limits = httpx2.Limits(max_connections=None, max_keepalive_connections=max_keepalive)
         self._client: httpx2.AsyncClient | None = None
+        self._events = EventStreamPool(
+            self.base_url, self._headers, connect_timeout=connect_timeout
+        )
         self._probe: asyncio.Task[None] | None = None
         self._health_check: asyncio.Task[None] | None = None
 
@@ -324,6 +330,7 @@ class Upstream:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+        self._events.close()
 
     async def open(
         self,
@@ -343,23 +350,44 @@ class Upstream:
             try:
                 response = await client.send(request, stream=True)
             except httpx2.ConnectError:
-                self.budget.record_failure()
-                if (
-                    not retry_connect
-                    or attempt >= self.connect_retries
-                    or not self.budget.allow_retry()
-                ):
-                    self.unreachable("the connection was refused")
+                if not await self._may_retry_connect(retry_connect, attempt):
                     raise
-                delay = self.connect_backoff * (2**attempt)
                 attempt += 1
-                self.connect_retries_done += 1
-                log.info("upstream refused the connection; retry %d in %.2f s", attempt, delay)
-                await asyncio.sleep(delay)
                 continue
             self.budget.record_success()
             self.alive_at = asyncio.get_running_loop().time()
             return response
+
+    async def open_events(
+        self, path: str, body: bytes, *, retry_connect: bool = True
+    ) -> EventStream:
+        """POST a streaming completion on the hot path (:mod:`streamsafe.gateway.event_stream`)
+        and return the exchange once the request is written; connect retries as :meth:`open`.
+        Raises ``OSError`` when no connection could be made."""
+        attempt = 0
+        while True:
+            try:
+                conn = await self._events.request(b"POST", path, body, _JSON_LINE)
+            except OSError:  # refused, unreachable, or the connect timed out
+                if not await self._may_retry_connect(retry_connect, attempt):
+                    raise
+                attempt += 1
+                continue
+            self.budget.record_success()
+            return conn
+
+    async def _may_retry_connect(self, retry_connect: bool, attempt: int) -> bool:
+        """A connection could not be made: whether to try again (after the backoff, within the
+        budget); when not, the engine counts as unreachable."""
+        self.budget.record_failure()
+        if not retry_connect or attempt >= self.connect_retries or not self.budget.allow_retry():
+            self.unreachable("the connection was refused")
+            return False
+        delay = self.connect_backoff * (2**attempt)
+        self.connect_retries_done += 1
+        log.info("upstream refused the connection; retry %d in %.2f s", attempt + 1, delay)
+        await asyncio.sleep(delay)
+        return True
 
     def engine_died(self, why: str) -> None:
         """Open the breaker and start probing ``/health``."""
@@ -461,9 +489,9 @@ async def read_bounded(response: httpx2.Response) -> bytes:
     async for chunk in response.aiter_raw():
         parts.append(chunk)
         size += len(chunk)
-        if size >= _MAX_ERROR_BODY:
+        if size >= MAX_ERROR_BODY:
             break
-    return b"".join(parts)[:_MAX_ERROR_BODY]
+    return b"".join(parts)[:MAX_ERROR_BODY]
 
 
 def parse_retry_after(value: str | None) -> int | None:

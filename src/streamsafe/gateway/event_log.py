@@ -1,0 +1,157 @@
+"""The in-process event log, compact: one growing buffer and a few numbers per event.
+
+A list of ``bytes`` costs a Python object (33 bytes of header) and a list slot per event on top of
+its payload; for a chat stream that is most of the gateway's memory per live stream. Here the
+payloads live in one ``bytearray``, and each is stored as its difference from the one before:
+the lengths of the prefix and the suffix it shares with it, and the bytes in between. Consecutive
+chunks of one completion share everything but their few bytes of content (id, model, created,
+the JSON around the delta), so a chunk takes about its content plus 12 bytes.
+
+Reading back rebuilds payloads from the nearest full one: every 64th event is stored whole, so a
+resume from any offset decodes at most 63 differences, and the last 16 payloads are kept as they
+arrived, so a subscriber that keeps up (the hot path) reads without rebuilding anything.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from array import array
+from collections.abc import Sequence
+
+__all__ = ["MemoryEventLog"]
+
+#: Every this many events one is stored whole: the most differences a read from any offset
+#: decodes.
+_KEYFRAME = 64
+#: Payloads kept as they arrived, for subscribers that keep up.
+_RECENT = 16
+#: Shared prefix and suffix lengths are stored as 16-bit numbers.
+_MAX_SHARED = 0xFFFF
+#: Shared bytes worth remembering as the template of the next chunks.
+_MIN_TEMPLATE = 16
+#: Bytes of bookkeeping per event: its end offset (8) and the two shared lengths (2 + 2).
+_PER_EVENT = 12
+
+
+class MemoryEventLog:
+    """An append-only log of payloads held in this process (see the module). Every access is on
+    the one event loop, so no lock is needed."""
+
+    __slots__ = ("_buf", "_ends", "_last", "_last_fits", "_pre", "_recent", "_suf", "_template")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._ends = array("Q")  # end of each event's stored bytes in _buf
+        self._pre = array("H")  # bytes shared with the previous payload's start
+        self._suf = array("H")  # bytes shared with the previous payload's end
+        self._recent: collections.deque[bytes] = collections.deque(maxlen=_RECENT)
+        self._last = b""
+        # The bytes consecutive payloads were last found to share at their start and end (the
+        # JSON around a chunk's content), and whether the last payload has them: checking a new
+        # payload against them costs two C calls, where finding what it shares costs more.
+        self._template = (b"", b"")
+        self._last_fits = False
+
+    async def append(self, payloads: Sequence[bytes]) -> int:
+        """Append payloads; return the new length."""
+        return self.append_nowait(payloads)
+
+    async def read(self, start: int) -> list[bytes]:
+        """Payloads from ``start`` on."""
+        return self.read_nowait(start)
+
+    def append_nowait(self, payloads: Sequence[bytes]) -> int:
+        """:meth:`append` without a coroutine: the relay's per-chunk fast path for a log that
+        lives in this process (a networked log has only the awaitable form)."""
+        buf, ends, pre, suf = self._buf, self._ends, self._pre, self._suf
+        prev = self._last
+        head, tail = self._template
+        fits = self._last_fits
+        for p in payloads:
+            n = len(p)
+            if len(ends) % _KEYFRAME == 0:
+                a = b = 0
+                buf += p
+                fits = p.startswith(head) and p.endswith(tail) and n >= len(head) + len(tail)
+            elif (
+                fits
+                and (head or tail)
+                and p.startswith(head)
+                and p.endswith(tail)
+                and n >= len(head) + len(tail)
+            ):
+                # The usual chunk: the same JSON around a few bytes of content.
+                a, b = len(head), len(tail)
+                buf += p[a : n - b]
+            else:
+                a, b = _shared(prev, p)
+                buf += p[a : n - b]
+                if a + b >= _MIN_TEMPLATE:
+                    head, tail = p[:a], p[n - b :] if b else b""
+                fits = p.startswith(head) and p.endswith(tail) and n >= len(head) + len(tail)
+            ends.append(len(buf))
+            pre.append(a)
+            suf.append(b)
+            prev = p
+        self._last = prev
+        self._template = (head, tail)
+        self._last_fits = fits
+        self._recent.extend(payloads)
+        return len(ends)
+
+    def read_nowait(self, start: int) -> list[bytes]:
+        """:meth:`read` without a coroutine (see :meth:`append_nowait`)."""
+        n = len(self._ends)
+        recent = self._recent
+        first_recent = n - len(recent)
+        if start >= first_recent:
+            if start >= n:
+                return []
+            return list(itertools.islice(recent, start - first_recent, None))
+        out = self._rebuild(start, first_recent)
+        out.extend(recent)
+        return out
+
+    def _rebuild(self, start: int, stop: int) -> list[bytes]:
+        """Payloads ``start`` to ``stop`` (exclusive), decoded from the keyframe before
+        ``start``."""
+        ends, pre, suf = self._ends, self._pre, self._suf
+        out: list[bytes] = []
+        prev = b""
+        with memoryview(self._buf) as view:
+            begin = ends[start - start % _KEYFRAME - 1] if start >= _KEYFRAME else 0
+            for i in range(start - start % _KEYFRAME, stop):
+                a, b, end = pre[i], suf[i], ends[i]
+                middle = view[begin:end]
+                prev = b"".join((prev[:a], middle, prev[len(prev) - b :] if b else b""))
+                begin = end
+                if i >= start:
+                    out.append(prev)
+        return out
+
+    @property
+    def length(self) -> int:
+        """Events appended so far."""
+        return len(self._ends)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the log holds: its buffer, bookkeeping per event, and the recent payloads."""
+        recent = sum(map(len, self._recent)) + 41 * len(self._recent)
+        return len(self._buf) + _PER_EVENT * len(self._ends) + recent
+
+
+def _shared(prev: bytes, p: bytes) -> tuple[int, int]:
+    """Lengths of the longest prefix, then the longest suffix, that ``p`` shares with ``prev``
+    (not overlapping in either), from the first differing byte at each end, found by XOR of the
+    two as big numbers (in C: no loop over bytes in Python)."""
+    limit = min(len(prev), len(p))
+    diff = int.from_bytes(prev[:limit], "big") ^ int.from_bytes(p[:limit], "big")
+    a = limit - (diff.bit_length() + 7) // 8
+    rest = limit - a
+    b = 0
+    if rest:
+        diff = int.from_bytes(prev[-rest:], "little") ^ int.from_bytes(p[-rest:], "little")
+        b = rest - (diff.bit_length() + 7) // 8
+    return min(a, _MAX_SHARED), min(b, _MAX_SHARED)

@@ -1,0 +1,165 @@
+"""What the relay does with each network read of an upstream stream, in the connection's read
+callback (see :mod:`streamsafe.gateway.event_stream`): check the payloads, append them to the
+generation's log and wake its subscribers, with no task switch per chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from streamsafe.gateway.continuation import is_role_chunk, whole_usage
+from streamsafe.gateway.errors import ERROR_PREFIXES
+from streamsafe.gateway.generation import Generation, State
+from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.upstream import AttemptWatch, Upstream, is_engine_death
+from streamsafe.gateway.upstream_kinds import parse_error_event
+from streamsafe.sse import DONE
+
+__all__ = ["StreamSink"]
+
+
+class StreamSink:
+    """What the relay does with each network read of a stream, called from the connection's
+    read callback: check the payloads (error events, an engine's death or an upstream failure
+    they stand for, a malformed chunk, multi-line data, a continued answer's usage), append them
+    and wake the subscribers. A log in this process is appended to right there, with no task
+    switch; a networked one gets the payloads from the reader task (:meth:`flush`), in order.
+
+    A stream that ends with ``[DONE]`` is finished here; one whose upstream sends none (Llama
+    Stack) is ended by the relay once the body is complete, from :attr:`last`."""
+
+    __slots__ = (
+        "_append_now",
+        "_counters",
+        "_finish",
+        "_pending",
+        "_preamble",
+        "_ready",
+        "_stop",
+        "_upstream",
+        "_watch",
+        "done",
+        "errored",
+        "gen",
+        "last",
+        "malformed",
+        "skip_role",
+        "tokens_before",
+    )
+
+    def __init__(
+        self,
+        gen: Generation,
+        watch: AttemptWatch,
+        continuing: bool,
+        *,
+        stop: Callable[[], None],
+        upstream: Upstream,
+        counters: Counters,
+        finish: Callable[[Generation, State], None],
+    ) -> None:
+        self.gen = gen
+        self._watch = watch
+        self._stop = stop
+        self._upstream = upstream
+        self._counters = counters
+        self._finish = finish
+        # A continuation opens with the assistant's role chunk again; the log has it.
+        self.skip_role = continuing
+        self.tokens_before = gen.tokens_before if continuing else 0
+        self._append_now = gen.log.append_nowait
+        self._pending: list[bytes] = []
+        self._ready: asyncio.Future[None] | None = None
+        # Events before the engine's first token (Llama Stack's start event) do not end the
+        # first-token wait.
+        route = gen.request.route
+        self._preamble = route.preamble if route is not None else 0
+        self.errored = False
+        #: The last payload appended (how a stream without ``[DONE]`` is told whole).
+        self.last = b""
+        self.done = False  # [DONE] seen
+        #: A chunk that is no JSON object came: the attempt stopped before it.
+        self.malformed = False
+
+    @property
+    def in_process(self) -> bool:
+        """The log lives in this process: :meth:`events` appends everything itself."""
+        return self._append_now is not None
+
+    def events(self, payloads: list[bytes]) -> None:
+        gen = self.gen
+        if self.done or self.malformed or gen.finished:
+            return
+        if self.skip_role:
+            self.skip_role = False
+            if is_role_chunk(payloads[0]):
+                del payloads[0]
+                if not payloads:
+                    return
+        malformed = None
+        for i, p in enumerate(payloads):
+            if p.startswith(ERROR_PREFIXES):
+                self.errored = True
+                upstream = self._upstream
+                if is_engine_death(p):
+                    upstream.engine_died("error event")
+                else:
+                    error = parse_error_event(upstream.kind, p)
+                    if error is not None and error.upstream_failure:
+                        self._counters.upstream_failures += 1
+                        upstream.failed(f"error event {error.status}")
+            elif p[:1] != b"{" or p[-1:] != b"}":
+                # Not a JSON object: a chunk cut off or garbled, never relayed (a check of its
+                # ends only: parsing every chunk would cost the hot path).
+                if p != DONE:
+                    malformed = i
+                    break
+            elif b"\n" in p:
+                gen.multiline = True
+            elif self.tokens_before and b'"usage"' in p:
+                payloads[i] = whole_usage(p, self.tokens_before)
+        if malformed is not None:
+            del payloads[malformed:]
+            self.malformed = True
+            self._stop()  # the rest of this attempt is not relayed; the engine aborts it
+            if not payloads:
+                return
+        self.last = payloads[-1]
+        self.done = self.last == DONE
+        append_now = self._append_now
+        if append_now is None:
+            self._pending.extend(payloads)
+            ready, self._ready = self._ready, None
+            if ready is not None and not ready.done():
+                ready.set_result(None)
+            return
+        gen.length = append_now(payloads)
+        self._appended(len(payloads))
+
+    def ready(self) -> asyncio.Future[None]:
+        """A future resolved once payloads are pending for :meth:`flush`."""
+        self._ready = ready = asyncio.get_running_loop().create_future()
+        if self._pending:
+            ready.set_result(None)
+        return ready
+
+    async def flush(self) -> None:
+        """Append what is pending to a networked log (several reads at once when the store is
+        slower than the engine)."""
+        if self._pending:
+            payloads, self._pending = self._pending, []
+            self.gen.length = await self.gen.log.append(payloads)
+            self._appended(len(payloads))
+
+    def _appended(self, n: int) -> None:
+        gen = self.gen
+        self._counters.events_relayed += n
+        gen.wake()
+        watch = self._watch
+        if not watch.flowing and gen.length > self._preamble:
+            watch.first_event()
+        if self.done and not self._pending:
+            if not self.errored:
+                self._upstream.succeeded()
+            self._finish(gen, State.FAILED if self.errored else State.DONE)

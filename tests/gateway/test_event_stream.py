@@ -1,0 +1,119 @@
+"""The hot stream reader on its own, against a real simulator and against a raw server that
+misbehaves on purpose: events arrive whole and in order, connections are reused, and an abandoned
+stream reaches the server as a disconnect (the upstream timeouts around it are the relay's)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+
+from streamsafe.engine_sim import SimConfig, Simulator
+from streamsafe.gateway.event_stream import EventStreamPool
+from streamsafe.serving import ServerThread
+
+_JSON = {"content-type": "application/json"}
+
+
+def _chat(max_tokens: int) -> bytes:
+    messages = [{"role": "user", "content": "hi"}]
+    return json.dumps(
+        {"model": "sim-llama-8b", "messages": messages, "max_tokens": max_tokens, "stream": True}
+    ).encode()
+
+
+def test_streams_reuse_one_kept_alive_connection_and_deliver_every_event() -> None:
+    async def two_streams(url: str) -> None:
+        pool = EventStreamPool(url, _JSON)
+        conns = []
+        for _ in range(2):
+            conn = await pool.request(b"POST", "/v1/chat/completions", _chat(20))
+            await conn.head()
+            assert conn.status == 200
+            got: list[bytes] = []
+            reads: list[int] = []
+            assert (
+                await conn.stream_events(got.extend, on_read=functools.partial(reads.append, 1))
+                is None
+            )
+            assert reads  # every read after the head is reported (the timeouts' sign of life)
+            # the role chunk, one chunk per token, [DONE]
+            assert len(got) == 22 and got[-1] == b"[DONE]"
+            assert all(json.loads(p)["object"] == "chat.completion.chunk" for p in got[:-1])
+            conn.release(finished=True)
+            conns.append(conn)
+        assert conns[0] is conns[1]
+        error = await pool.request(b"POST", "/v1/chat/completions", b"{}")
+        await error.head()
+        assert error.status == 400 and b'"error"' in await error.read_body(65536)
+        error.release()
+        pool.close()
+
+    with ServerThread(Simulator(SimConfig(itl_ms=1.0))) as server:
+        asyncio.run(two_streams(server.url))
+
+
+async def _stalling_server(events: int, seen: asyncio.Queue[str]) -> tuple[asyncio.Server, str]:
+    """Answers every request with ``events`` events, then says nothing more; reports
+    ``closed`` when the client drops the connection."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
+        for i in range(events):
+            event = b'data: {"n": %d}\n\n' % i
+            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+        await writer.drain()
+        await reader.read()  # until the client goes
+        await seen.put("closed")
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}"
+
+
+def test_a_server_that_goes_quiet_is_not_a_finished_stream() -> None:
+    async def run() -> None:
+        seen: asyncio.Queue[str] = asyncio.Queue()
+        server, url = await _stalling_server(3, seen)
+        pool = EventStreamPool(url)
+        conn = await pool.request(b"POST", "/v1/chat/completions", b"{}")
+        await conn.head()
+        got: list[bytes] = []
+        three = asyncio.Event()
+
+        def sink(payloads: list[bytes]) -> None:
+            got.extend(payloads)
+            if len(got) >= 3:
+                three.set()
+
+        end = conn.stream_events(sink)
+        await asyncio.wait_for(three.wait(), 5)
+        assert got == [b'{"n": 0}', b'{"n": 1}', b'{"n": 2}']
+        assert not end.done()  # quiet, not over
+        conn.release()  # the reader gives up: the connection goes, the server sees it
+        assert await asyncio.wait_for(seen.get(), 5) == "closed"
+        assert await asyncio.wait_for(end, 5) is not None
+        server.close()
+
+    asyncio.run(run())
+
+
+def test_an_abandoned_stream_closes_its_connection() -> None:
+    async def run() -> None:
+        seen: asyncio.Queue[str] = asyncio.Queue()
+        server, url = await _stalling_server(1, seen)
+        pool = EventStreamPool(url)
+        conn = await pool.request(b"POST", "/v1/chat/completions", b"{}")
+        await conn.head()
+        conn.stream_events(list)
+        conn.release()  # the reader went away mid-stream
+        assert await asyncio.wait_for(seen.get(), 5) == "closed"
+        assert not pool._idle
+        server.close()
+
+    asyncio.run(run())
