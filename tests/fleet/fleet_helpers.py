@@ -5,10 +5,15 @@ variable is set) and are skipped elsewhere; Debian and Ubuntu ship it as ``redis
 from __future__ import annotations
 
 import os
+import re
+import selectors
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 
 import pytest
@@ -94,3 +99,63 @@ class RedisProcess:
         """Kill and start again on the same port (an empty Redis)."""
         self.kill()
         self.start()
+
+
+_URL = re.compile(r"(http://127\.0\.0\.1:\d+)")
+
+
+class Process:
+    """``streamsafe ARGS --port 0`` as a child process; ``url`` is the address it announced."""
+
+    def __init__(self, *args: str, timeout: float = 30.0) -> None:
+        self.args = args
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "streamsafe.cli", *args, "--host", "127.0.0.1", "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.output: list[str] = []
+        self.url = self._announced(timeout)
+        # Keep draining its output so a chatty process never blocks on a full pipe.
+        self._drain = threading.Thread(target=self._read_rest, daemon=True)
+        self._drain.start()
+
+    def _announced(self, timeout: float) -> str:
+        assert self.proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        while True:
+            if not sel.select(max(0.0, deadline - time.monotonic())):
+                self.kill()
+                raise AssertionError(f"{self.args[0]}: no URL in {timeout} s: {self.output}")
+            line = self.proc.stdout.readline()
+            if not line:
+                raise AssertionError(f"{self.args[0]} exited ({self.proc.poll()}): {self.output}")
+            self.output.append(line)
+            if " on http://" in line or "listening on" in line or "running at" in line:
+                found = _URL.findall(line)
+                if found:
+                    return str(found[0])
+
+    def _read_rest(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs (a crashed host)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)

@@ -12,7 +12,8 @@ import pytest
 from fleet_helpers import RedisProcess
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from streamsafe.gateway.store_redis import LeaseLost, LogConflict, RedisStore
+from streamsafe.gateway.store import LeaseLost
+from streamsafe.gateway.store_redis import LogConflict, RedisStore
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import time
 from typing import Any
@@ -28,8 +29,10 @@ from streamsafe.gateway.errors import (
 )
 from streamsafe.gateway.metrics import CONTENT_TYPE, Metrics, Readings, stats_document
 from streamsafe.gateway.registry import Registry
+from streamsafe.gateway.replicas import Replicas
 from streamsafe.gateway.requests import completion_request, read_request_body, tenant_id
 from streamsafe.gateway.store import MemoryStore, Store
+from streamsafe.gateway.store_redis import RedisStore
 from streamsafe.gateway.subscriber import StreamRules, Subscriber, serve_json, serve_stream
 from streamsafe.gateway.upstream import Upstream
 
@@ -85,7 +88,19 @@ class Gateway:
             queue_size=config.queue_size,
             queue_timeout=config.queue_timeout,
         )
-        self.registry = Registry(config, store or MemoryStore(), self.admission, self.upstream)
+        replicas = None
+        if store is None and config.redis_url is not None:
+            redis_store = RedisStore(config.redis_url)
+            replicas = Replicas(redis_store, lease=config.lease, keep_finished=config.keep_finished)
+            store = redis_store
+        self.replicas = replicas
+        self.registry = Registry(
+            config,
+            store or MemoryStore(),
+            self.admission,
+            self.upstream,
+            replicas=replicas,
+        )
         self.metrics = Metrics(self.stats)
         self._rules = StreamRules.from_config(config)
         self._started = time.monotonic()
@@ -108,6 +123,17 @@ class Gateway:
             breaker_trips=upstream.breaker.trips,
             upstream_connect_retries=upstream.connect_retries_done,
         )
+        replicas = self.replicas
+        if replicas is not None:
+            rc = replicas.counters
+            readings = dataclasses.replace(
+                readings,
+                generations_mirrored=rc.mirrored,
+                generations_taken_over=rc.taken_over,
+                leases_lost=rc.leases_lost,
+                redis_errors=rc.redis_errors,
+                redis_degraded=replicas.degraded,
+            )
         return stats_document(registry.counters, readings, time.monotonic() - self._started)
 
     # -- ASGI -----------------------------------------------------------------------------------

@@ -111,6 +111,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=5,
         help="times a broken upstream chat stream is continued (default 5; 0: never)",
     )
+    p.add_argument(
+        "--redis",
+        default=None,
+        metavar="URL",
+        help="redis:// URL of the store shared by gateway replicas (default: this process only)",
+    )
+    p.add_argument(
+        "--lease",
+        type=float,
+        default=3.0,
+        help="seconds a replica's lease on a generation lasts; a dead replica's generations are "
+        "taken over after it (default 3)",
+    )
 
 
 def build_config(args: argparse.Namespace, upstream: str) -> Any:
@@ -137,6 +150,8 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
         upstream_api_key=args.upstream_api_key,
         probe_interval=args.probe_interval,
         max_continuations=args.max_continuations,
+        redis_url=args.redis,
+        lease=args.lease,
     )
 
 

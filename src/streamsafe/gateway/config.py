@@ -79,6 +79,13 @@ class GatewayConfig:
     probe_interval: float = 1.0
     #: Upstream connections kept alive in the pool (default 512).
     max_keepalive: int = 512
+    #: ``redis://`` URL of the store shared by several gateway replicas; ``None`` (default)
+    #: keeps everything in this process. With it, a retry or a resume that lands on any replica
+    #: finds the generation another one runs (see docs/design.md, Replicas).
+    redis_url: str | None = None
+    #: Seconds of the lease a replica holds on each generation it runs (default 3, renewed
+    #: every second): how long a dead replica's generations wait before another takes them over.
+    lease: float = 3.0
 
     def __post_init__(self) -> None:
         if self.commit not in ("early", "first-token"):
@@ -88,8 +95,12 @@ class GatewayConfig:
         for name in ("grace", "heartbeat", "queue_timeout", "keep_finished", "connect_backoff"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
-        if self.probe_interval <= 0 or self.connect_timeout <= 0:
-            raise ValueError("probe_interval and connect_timeout must be > 0")
+        if self.probe_interval <= 0 or self.connect_timeout <= 0 or self.lease <= 0:
+            raise ValueError("probe_interval, connect_timeout and lease must be > 0")
+        if self.redis_url is not None and not self.redis_url.startswith(
+            ("redis://", "rediss://", "unix://")
+        ):
+            raise ValueError(f"redis_url must be redis://..., not {self.redis_url!r}")
         for name in ("max_inflight", "max_memory_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -27,6 +27,7 @@ from streamsafe.gateway.continuation import (
 from streamsafe.gateway.errors import ERROR_PREFIXES, Failure, error_body
 from streamsafe.gateway.generation import Generation, State
 from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.store import LeaseLost
 from streamsafe.gateway.upstream import (
     Upstream,
     is_engine_death,
@@ -63,9 +64,11 @@ class Relay:
         self._finish = finish
         self._clock = clock
 
-    async def run(self, gen: Generation) -> None:
+    async def run(self, gen: Generation, cut: str | None = None) -> None:
         """Admit ``gen``, call upstream, and end it; the body of its reader task. Cancelling the
-        task closes the upstream response, so the engine aborts the request."""
+        task closes the upstream response, so the engine aborts the request. ``cut`` says why a
+        generation whose log already holds events is run again (another replica ran it and is
+        gone): it is continued from its log, like a broken stream."""
         ticket: Ticket | None = None
         try:
             if self.upstream.breaker.is_open:
@@ -92,11 +95,13 @@ class Relay:
             gen.admitted_at = self._clock()
             self.counters.generations_started += 1
             gen.wake()
-            await self._call_upstream(gen)
+            await self._call_upstream(gen, cut if gen.length else None)
         except asyncio.CancelledError:
             if not gen.finished:
                 self._finish(gen, State.ABORTED)
             raise
+        except LeaseLost:
+            raise  # another replica runs it now; this one must not write a word more
         except Exception as exc:  # a bug must not leave subscribers hanging
             log.exception("%s: reader failed", gen.id)
             await self._fail_mid_stream(gen, f"gateway error: {type(exc).__name__}")
@@ -104,10 +109,11 @@ class Relay:
             if ticket is not None:
                 self.admission.release(ticket)
 
-    async def _call_upstream(self, gen: Generation) -> None:
+    async def _call_upstream(self, gen: Generation, cut: str | None = None) -> None:
         body = gen.request.body
         while True:
-            cut = await self._upstream_once(gen, body)
+            if cut is None:
+                cut = await self._upstream_once(gen, body)
             if cut is None:
                 return
             # The upstream stream broke with no error and no [DONE] (a proxy or the connection
@@ -128,6 +134,7 @@ class Relay:
             self.counters.continued += 1
             log.info("%s: %s; continuing upstream (%d)", gen.id, cut, gen.continuations)
             body = continuation
+            cut = None
 
     async def _upstream_once(self, gen: Generation, body: bytes) -> str | None:
         """One upstream request for ``gen``. Returns why the stream broke where it can be

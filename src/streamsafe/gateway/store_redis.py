@@ -28,13 +28,16 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-__all__ = ["LeaseLost", "LogConflict", "RedisEventLog", "RedisStore"]
+from streamsafe.gateway.store import LeaseLost, MemoryEventLog
+
+__all__ = ["LeaseLost", "LogConflict", "RedisEventLog", "RedisStore", "ReplicatedLog"]
 
 log = logging.getLogger("streamsafe.gateway")
 
@@ -78,10 +81,6 @@ return n
 """
 
 
-class LeaseLost(Exception):
-    """The writer of a log no longer holds the generation's lease (another replica took it)."""
-
-
 class LogConflict(Exception):
     """A log is not at the offset its writer expected (two writers; the log is left as is)."""
 
@@ -108,6 +107,10 @@ class RedisEventLog:
     (it grows by appends and reads), so a follower learns the length by reading."""
 
     __slots__ = ("_key", "_lease_key", "_length", "_nbytes", "_store", "lease_holder")
+
+    #: Every read and append is a round trip: no coroutine-free fast path.
+    append_nowait = None
+    read_nowait = None
 
     def __init__(self, store: RedisStore, gen_id: str, lease_holder: str = "") -> None:
         self._store = store
@@ -157,6 +160,71 @@ class RedisEventLog:
     def nbytes(self) -> int:
         """Payload bytes this process appended (what its share of the kept memory is)."""
         return self._nbytes
+
+
+class ReplicatedLog:
+    """A log in Redis with a copy in this process: subscribers here read the copy without a
+    round trip, other replicas read Redis.
+
+    The writer appends to Redis first (fenced by its lease) and then to the copy, so nothing
+    reaches a subscriber here that the other replicas cannot read. A follower copies what another
+    replica wrote with :meth:`pull`. If Redis fails under the writer, the log is *detached*: it
+    goes on in this process alone (its subscribers here lose nothing) and ``detached`` says so.
+    """
+
+    __slots__ = ("detached", "local", "remote")
+
+    #: Writes need a round trip to Redis.
+    append_nowait = None
+
+    def __init__(self, remote: RedisEventLog) -> None:
+        self.remote = remote
+        self.local = MemoryEventLog()
+        #: Redis failed under an append; the log goes on in this process only.
+        self.detached = False
+
+    async def append(self, payloads: Sequence[bytes]) -> int:
+        """Append to Redis, then to the copy; return the new length. :class:`LeaseLost`
+        propagates (another replica writes this log now); a Redis failure detaches the log."""
+        if not self.detached:
+            try:
+                await self.remote.append(payloads)
+            except (RedisError, OSError) as exc:
+                log.warning("redis failed under a log append (%s); going on locally", exc)
+                self.detached = True
+        return self.local.append_nowait(payloads)
+
+    async def read(self, start: int) -> list[bytes]:
+        """Payloads from ``start`` on, from the copy."""
+        return self.local.read_nowait(start)
+
+    def read_nowait(self, start: int) -> list[bytes]:
+        """Payloads from ``start`` on, from the copy, without a coroutine."""
+        return self.local.read_nowait(start)
+
+    async def pull(self) -> list[bytes]:
+        """Copy what Redis holds past the copy's end; return the new payloads."""
+        new = await self.remote.read(self.local.length)
+        if new:
+            self.local.append_nowait(new)
+        return new
+
+    async def take_over(self, lease_holder: str) -> int:
+        """Become the writer (after winning the lease): copy the whole log, fence appends
+        with ``lease_holder``, and return the length."""
+        await self.pull()
+        self.remote.lease_holder = lease_holder
+        return await self.remote.sync()
+
+    @property
+    def length(self) -> int:
+        """Events in the copy."""
+        return self.local.length
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the copy holds."""
+        return self.local.nbytes
 
 
 class RedisStore:
@@ -209,6 +277,11 @@ class RedisStore:
         """Redis key of a generation's lease."""
         return f"{self.prefix}{{{gen_id}}}:lease"
 
+    def presence_key(self, gen_id: str) -> str:
+        """Redis key of the replicas that have subscribers of a generation (a sorted set
+        scored by when each presence lapses)."""
+        return f"{self.prefix}{{{gen_id}}}:subs"
+
     def fingerprint_key(self, tenant: str, fingerprint: bytes) -> str:
         """Redis key of the unkeyed-retry index entry of ``(tenant, fingerprint)``."""
         return f"{self.prefix}fp:{tenant}:{fingerprint.hex()}"
@@ -245,6 +318,11 @@ class RedisStore:
         given."""
         return RedisEventLog(self, gen_id, lease_holder)
 
+    def replicated_log(self, gen_id: str, *, writer: bool) -> ReplicatedLog:
+        """The log of ``gen_id`` with a copy here; a ``writer``'s appends are fenced by this
+        replica's lease."""
+        return ReplicatedLog(self.log(gen_id, self.replica_id if writer else ""))
+
     async def drop_log(self, gen_id: str) -> None:
         """Delete a generation: log, state, metadata and lease."""
         await self.redis.delete(
@@ -252,6 +330,7 @@ class RedisStore:
             self.state_key(gen_id),
             self.meta_key(gen_id),
             self.lease_key(gen_id),
+            self.presence_key(gen_id),
         )
 
     # -- leases ---------------------------------------------------------------------------------
@@ -328,6 +407,31 @@ class RedisStore:
             for name in (self.log_key(gen_id), self.state_key(gen_id), self.meta_key(gen_id)):
                 pipe.pexpire(name, ms)
             await pipe.execute()
+
+    # -- subscribers on other replicas ------------------------------------------------------------
+
+    async def set_presence(self, gen_ids: Iterable[str], ttl: float) -> None:
+        """Say that this replica has subscribers of ``gen_ids`` for the next ``ttl`` seconds
+        (one pipeline), so their owner does not abort them as abandoned."""
+        ids = list(gen_ids)
+        if not ids:
+            return
+        until = int((time.time() + ttl) * 1000)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for gen_id in ids:
+                pipe.zadd(self.presence_key(gen_id), {self.replica_id: until})
+                pipe.pexpire(self.presence_key(gen_id), _ms(ttl))
+            await pipe.execute()
+
+    async def clear_presence(self, gen_id: str) -> None:
+        """This replica has no subscriber of ``gen_id`` any more."""
+        await self.redis.zrem(self.presence_key(gen_id), self.replica_id)
+
+    async def remote_subscribers(self, gen_id: str) -> int:
+        """How many other replicas say they have subscribers of ``gen_id`` now."""
+        now = int(time.time() * 1000)
+        members: Any = await self.redis.zrangebyscore(self.presence_key(gen_id), now, "+inf")
+        return sum(1 for m in members if _text(m) != self.replica_id)
 
     # -- the unkeyed-retry index ----------------------------------------------------------------
 
