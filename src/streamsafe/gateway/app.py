@@ -19,6 +19,7 @@ import orjson
 from streamsafe._asgi import Receive, Scope, Send, header, respond, serve_lifespan
 from streamsafe.gateway.admission import Admission
 from streamsafe.gateway.config import GatewayConfig
+from streamsafe.gateway.engines import Engines
 from streamsafe.gateway.errors import (
     BadRequest,
     KeyReused,
@@ -28,6 +29,7 @@ from streamsafe.gateway.errors import (
     send_bad_request,
 )
 from streamsafe.gateway.metrics import CONTENT_TYPE, Metrics, Readings, stats_document
+from streamsafe.gateway.pool import parse_engine, parse_fallback
 from streamsafe.gateway.registry import Registry
 from streamsafe.gateway.replicas import Replicas
 from streamsafe.gateway.requests import completion_request, read_request_body, tenant_id
@@ -73,14 +75,29 @@ class Gateway:
             hashlib.sha256(k.strip().encode()).digest(): tenant_id(k.strip().encode())
             for k in config.api_keys
         }
-        self.upstream = Upstream(
-            config.upstream,
-            connect_timeout=config.connect_timeout,
-            connect_retries=config.connect_retries,
-            connect_backoff=config.connect_backoff,
-            probe_interval=config.probe_interval,
-            max_keepalive=config.max_keepalive,
-            api_key=config.upstream_api_key,
+        self.engines: Engines | None = None
+        if config.engines:
+            self.engines = Engines(
+                [parse_engine(text) for text in config.engines],
+                fallbacks=dict(parse_fallback(text) for text in config.fallback_models),
+                connect_timeout=config.connect_timeout,
+                max_keepalive=config.max_keepalive,
+                api_key=config.upstream_api_key,
+                max_attempts=config.failover_attempts,
+                cooldown=config.probe_interval,
+            )
+        self.upstream = (
+            self.engines.upstreams[0]
+            if self.engines
+            else Upstream(
+                config.upstream,
+                connect_timeout=config.connect_timeout,
+                connect_retries=config.connect_retries,
+                connect_backoff=config.connect_backoff,
+                probe_interval=config.probe_interval,
+                max_keepalive=config.max_keepalive,
+                api_key=config.upstream_api_key,
+            )
         )
         self.admission = Admission(
             max_inflight=config.max_inflight,
@@ -100,7 +117,9 @@ class Gateway:
             self.admission,
             self.upstream,
             replicas=replicas,
+            engines=self.engines,
         )
+        self._breaker = self.engines.breaker if self.engines else self.upstream.breaker
         self.metrics = Metrics(self.stats)
         self._rules = StreamRules.from_config(config)
         self._started = time.monotonic()
@@ -119,8 +138,8 @@ class Gateway:
             memory_tokens=admission.memory,
             subscribers=registry.subscribers,
             kept_bytes=registry.kept_bytes,
-            breaker_open=upstream.breaker.is_open,
-            breaker_trips=upstream.breaker.trips,
+            breaker_open=self._breaker.is_open,
+            breaker_trips=self._breaker.trips,
             upstream_connect_retries=upstream.connect_retries_done,
         )
         replicas = self.replicas
@@ -134,7 +153,15 @@ class Gateway:
                 redis_errors=rc.redis_errors,
                 redis_degraded=replicas.degraded,
             )
-        return stats_document(registry.counters, readings, time.monotonic() - self._started)
+        engines = self.engines
+        if engines is not None:
+            readings = dataclasses.replace(
+                readings, engine_failovers=engines.failovers, engine_migrations=engines.migrations
+            )
+        doc = stats_document(registry.counters, readings, time.monotonic() - self._started)
+        if engines is not None:
+            doc["engines"] = engines.stats()
+        return doc
 
     # -- ASGI -----------------------------------------------------------------------------------
 
@@ -147,12 +174,18 @@ class Gateway:
 
     async def startup(self) -> None:
         """Open the upstream connection pool (called by ASGI lifespan)."""
-        await self.upstream.start()
+        if self.engines is not None:
+            await self.engines.start()
+        else:
+            await self.upstream.start()
 
     async def shutdown(self) -> None:
         """Stop every generation and close upstream connections (ASGI lifespan)."""
         await self.registry.close()
-        await self.upstream.close()
+        if self.engines is not None:
+            await self.engines.close()
+        else:
+            await self.upstream.close()
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
@@ -195,14 +228,19 @@ class Gateway:
         raise BadRequest(401, "missing API key: send Authorization: Bearer <key>")
 
     async def _health(self, send: Send) -> None:
-        if self.upstream.breaker.is_open:
+        if self._breaker.is_open:
             body = error_body("engine is down", "service_unavailable", 503)
-            ra = str(self.upstream.breaker.retry_after()).encode()
+            ra = str(self._breaker.retry_after()).encode()
             await respond(send, 503, body, headers=[(b"retry-after", ra)])
         else:
             await respond(send, 200, b'{"status":"ok"}')
 
     async def _models(self, send: Send) -> None:
+        listed = self.engines.pool.models() if self.engines is not None else []
+        if listed:  # the pool's models, wherever they are served
+            data = [{"id": m, "object": "model", "owned_by": "streamsafe"} for m in listed]
+            await respond(send, 200, orjson.dumps({"object": "list", "data": data}))
+            return
         try:
             response = await self.upstream.open("GET", "/v1/models")
             try:

@@ -19,8 +19,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument(
         "--upstream",
+        action="append",
         default=None,
-        help="engine base URL, e.g. http://127.0.0.1:8001 (default: start the simulator here)",
+        metavar="URL [models=a,b] [weight=W]",
+        help="engine base URL, e.g. http://127.0.0.1:8001 (default: start the simulator here); "
+        "repeat it for a pool of engines, each optionally with the models it serves and a "
+        'weight: --upstream "http://a:8000 models=llama-8b weight=2"',
+    )
+    p.add_argument(
+        "--fallback-model",
+        action="append",
+        default=[],
+        metavar="MODEL=OTHER",
+        help="with a pool: OTHER answers when no engine of MODEL can, and takes MODEL's "
+        "context-length 400s (repeatable)",
+    )
+    p.add_argument(
+        "--failover-attempts",
+        type=int,
+        default=3,
+        help="with a pool: attempts of a request before its first token, across engines "
+        "(default 3)",
     )
     p.add_argument(
         "--grace",
@@ -130,6 +149,9 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
     """The :class:`GatewayConfig` the parsed arguments describe."""
     from streamsafe.gateway.config import GatewayConfig
 
+    given = list(args.upstream or [])
+    # One plain URL keeps the single-upstream gateway; more, or options, make a pool.
+    engines = tuple(given) if len(given) > 1 or any(" " in u.strip() for u in given) else ()
     keys = list(args.api_key)
     keys += [k.strip() for k in os.environ.get("STREAMSAFE_API_KEYS", "").split(",") if k.strip()]
     return GatewayConfig(
@@ -152,6 +174,9 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
         max_continuations=args.max_continuations,
         redis_url=args.redis,
         lease=args.lease,
+        engines=engines,
+        fallback_models=tuple(args.fallback_model),
+        failover_attempts=args.failover_attempts,
     )
 
 
@@ -159,18 +184,26 @@ def serve(args: argparse.Namespace, upstream: str) -> int:
     """Run the gateway the parsed arguments describe in front of ``upstream`` until interrupted
     (``args`` as ``streamsafe serve`` parses them, ``--log-level`` included); the exit code."""
     from streamsafe.gateway.app import Gateway
+    from streamsafe.gateway.pool import parse_engine
     from streamsafe.serving import run_server
 
+    try:
+        upstream = parse_engine(upstream).url  # the first of a pool may carry options
+    except ValueError as exc:
+        print(f"streamsafe serve: {exc}")
+        return 2
     try:
         gateway = Gateway(build_config(args, upstream))
     except ValueError as exc:
         print(f"streamsafe serve: {exc}")
         return 2
     keys = len(gateway.config.api_keys)
+    pool = gateway.config.engines
+    target = f"{len(pool)} engines ({', '.join(pool)})" if pool else upstream
 
     def announce(url: str) -> None:
         print(
-            f"streamsafe gateway on {url} -> {upstream} "
+            f"streamsafe gateway on {url} -> {target} "
             f"(commit {args.commit}, grace {args.grace:g} s, {keys} API key(s))",
             flush=True,
         )

@@ -79,6 +79,18 @@ class GatewayConfig:
     probe_interval: float = 1.0
     #: Upstream connections kept alive in the pool (default 512).
     max_keepalive: int = 512
+    #: Engines of a pool, each ``URL [models=a,b] [weight=W]`` (see
+    #: :class:`~streamsafe.gateway.pool.EngineSpec`); empty (default) for the one ``upstream``.
+    #: With a pool the gateway routes by model, picks the least loaded engine, fails over
+    #: before the first token and continues a cut stream on another engine (see
+    #: docs/design.md, Engine pool).
+    engines: tuple[str, ...] = ()
+    #: ``MODEL=OTHER`` pairs: OTHER answers when no engine of MODEL can, and takes MODEL's
+    #: context-length 400s (default none).
+    fallback_models: tuple[str, ...] = ()
+    #: Attempts of one generation before its first token, across the pool (default 3: the
+    #: first plus two failovers, as the Stainless clients' own retries).
+    failover_attempts: int = 3
     #: ``redis://`` URL of the store shared by several gateway replicas; ``None`` (default)
     #: keeps everything in this process. With it, a retry or a resume that lands on any replica
     #: finds the generation another one runs (see docs/design.md, Replicas).
@@ -97,6 +109,8 @@ class GatewayConfig:
                 raise ValueError(f"{name} must be >= 0")
         if self.probe_interval <= 0 or self.connect_timeout <= 0 or self.lease <= 0:
             raise ValueError("probe_interval, connect_timeout and lease must be > 0")
+        if self.failover_attempts < 1:
+            raise ValueError("failover_attempts must be >= 1")
         if self.redis_url is not None and not self.redis_url.startswith(
             ("redis://", "rediss://", "unix://")
         ):

@@ -76,6 +76,12 @@ class Readings:
     breaker_open: bool = _gauge("1 while the engine is considered dead")
     breaker_trips: int = _counter("Times the engine was found dead")
     upstream_connect_retries: int = _counter("Upstream connections retried after being refused")
+    engine_failovers: int = _counter(
+        "Attempts sent to another engine or model before the first token (engine pool)"
+    )
+    engine_migrations: int = _counter(
+        "Cut streams continued on the pool, on another engine where there was one"
+    )
     generations_mirrored: int = _counter(
         "Generations of other replicas followed here (for a retry, resume or replay)"
     )

@@ -19,6 +19,7 @@ from typing import Any
 
 from streamsafe.gateway.admission import Admission
 from streamsafe.gateway.config import GatewayConfig
+from streamsafe.gateway.engines import Engines
 from streamsafe.gateway.errors import KeyReused, LiveDuplicate, NotResumable
 from streamsafe.gateway.generation import (
     Generation,
@@ -60,6 +61,7 @@ class Registry:
         upstream: Upstream,
         clock: Callable[[], float] = time.monotonic,
         replicas: Replicas | None = None,
+        engines: Engines | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -68,7 +70,9 @@ class Registry:
         self._own_store: Store = MemoryStore(clock) if replicas is not None else store
         self.counters = Counters()
         self._clock = clock
-        self._relay = Relay(config, admission, upstream, self.counters, self._finish, clock)
+        self._relay = Relay(
+            config, admission, upstream, self.counters, self._finish, clock, engines
+        )
         self._gens: dict[str, Generation] = {}
         self._by_fingerprint: dict[tuple[str, bytes], Generation] = {}
         self._finished: collections.OrderedDict[str, Generation] = collections.OrderedDict()

@@ -24,6 +24,7 @@ from streamsafe.gateway.continuation import (
     is_role_chunk,
     read_partial,
 )
+from streamsafe.gateway.engines import Attempts, Engines, OneEngine
 from streamsafe.gateway.errors import ERROR_PREFIXES, Failure, error_body
 from streamsafe.gateway.generation import Generation, State
 from streamsafe.gateway.metrics import Counters
@@ -56,10 +57,14 @@ class Relay:
         counters: Counters,
         finish: Finish,
         clock: Callable[[], float] = time.monotonic,
+        engines: Engines | None = None,
     ) -> None:
         self.config = config
         self.admission = admission
         self.upstream = upstream
+        #: The engine pool, where the gateway has several engines (else ``upstream`` alone).
+        self.engines = engines
+        self._breaker = engines.breaker if engines is not None else upstream.breaker
         self.counters = counters
         self._finish = finish
         self._clock = clock
@@ -70,8 +75,14 @@ class Relay:
         generation whose log already holds events is run again (another replica ran it and is
         gone): it is continued from its log, like a broken stream."""
         ticket: Ticket | None = None
+        engines = self.engines
+        attempts: Attempts = (
+            engines.for_generation(gen.request.body, gen.cost)
+            if engines is not None
+            else OneEngine(self.upstream)
+        )
         try:
-            if self.upstream.breaker.is_open:
+            if self._breaker.is_open:
                 await self._fail_dead(gen)
                 return
             try:
@@ -88,14 +99,14 @@ class Relay:
                     gen, Failure(400, error_body(str(exc), "invalid_request_error", 400))
                 )
                 return
-            if self.upstream.breaker.is_open:
+            if self._breaker.is_open:
                 await self._fail_dead(gen)
                 return
             gen.state = State.RUNNING
             gen.admitted_at = self._clock()
             self.counters.generations_started += 1
             gen.wake()
-            await self._call_upstream(gen, cut if gen.length else None)
+            await self._call_upstream(gen, attempts, cut if gen.length else None)
         except asyncio.CancelledError:
             if not gen.finished:
                 self._finish(gen, State.ABORTED)
@@ -106,16 +117,20 @@ class Relay:
             log.exception("%s: reader failed", gen.id)
             await self._fail_mid_stream(gen, f"gateway error: {type(exc).__name__}")
         finally:
+            attempts.release()
             if ticket is not None:
                 self.admission.release(ticket)
 
-    async def _call_upstream(self, gen: Generation, cut: str | None = None) -> None:
+    async def _call_upstream(
+        self, gen: Generation, attempts: Attempts, cut: str | None = None
+    ) -> None:
         body = gen.request.body
         while True:
             if cut is None:
-                cut = await self._upstream_once(gen, body)
+                cut = await self._upstream_once(gen, body, attempts)
             if cut is None:
                 return
+            attempts.cut()
             # The upstream stream broke with no error and no [DONE] (a proxy or the connection
             # died). The engine aborted its copy when the connection closed, so continuing
             # the partial answer duplicates no work: it generates only the missing tokens.
@@ -136,13 +151,13 @@ class Relay:
             body = continuation
             cut = None
 
-    async def _upstream_once(self, gen: Generation, body: bytes) -> str | None:
+    async def _upstream_once(self, gen: Generation, body: bytes, attempts: Attempts) -> str | None:
         """One upstream request for ``gen``. Returns why the stream broke where it can be
         continued, ``None`` where the generation has ended (done or failed)."""
         req = gen.request
         continuing = gen.continuations > 0
         try:
-            response = await self.upstream.open(
+            response = await attempts.open(
                 "POST",
                 req.path,
                 content=body,
@@ -160,16 +175,17 @@ class Relay:
                 body = await read_bounded(response)
                 if status >= 500:
                     if is_engine_death(body):
-                        self.upstream.engine_died(f"upstream {status}")
+                        attempts.engine_died(f"upstream {status}")
                     else:
-                        self.upstream.suspect()
+                        attempts.suspect()
                 retry_after = parse_retry_after(response.headers.get("retry-after"))
                 await self._fail(gen, Failure(status, body, retry_after))
                 return None
             gen.wake()  # upstream accepted the request: an early commit may go now
             if gen.stream:
-                return await self._pump(gen, response, skip_role=continuing)
+                return await self._pump(gen, response, attempts, skip_role=continuing)
             body = await response.aread()
+            attempts.served()
             gen.length = await gen.log.append((body,))
             self._finish(gen, State.DONE)
             return None
@@ -183,7 +199,12 @@ class Relay:
             await response.aclose()
 
     async def _pump(
-        self, gen: Generation, response: httpx2.Response, *, skip_role: bool = False
+        self,
+        gen: Generation,
+        response: httpx2.Response,
+        attempts: Attempts,
+        *,
+        skip_role: bool = False,
     ) -> str | None:
         """Relay the event stream; the hot path, once per network chunk."""
         decoder = SSEDecoder()
@@ -192,6 +213,7 @@ class Relay:
         append_now = log_.append_nowait
         counters = self.counters
         errored = False
+        served: Callable[[], None] | None = attempts.served
         try:
             async for chunk in response.aiter_raw():
                 events = decoder.feed(chunk)
@@ -210,7 +232,7 @@ class Relay:
                     if p.startswith(ERROR_PREFIXES):
                         errored = True
                         if is_engine_death(p):
-                            self.upstream.engine_died("error event")
+                            attempts.engine_died("error event")
                     elif b"\n" in p:
                         gen.multiline = True
                 if append_now is not None:
@@ -219,6 +241,9 @@ class Relay:
                     gen.length = await log_.append(payloads)
                 counters.events_relayed += len(payloads)
                 gen.wake()
+                if served is not None:  # once per stream: the engine delivered
+                    served()
+                    served = None
                 if payloads[-1] == DONE:
                     self._finish(gen, State.FAILED if errored else State.DONE)
                     return None
@@ -234,7 +259,7 @@ class Relay:
 
     async def _fail_dead(self, gen: Generation) -> None:
         self.counters.breaker_rejections += 1
-        retry_after = self.upstream.breaker.retry_after()
+        retry_after = self._breaker.retry_after()
         msg = f"engine is down; retry after {retry_after} s"
         await self._fail(
             gen, Failure(503, error_body(msg, "service_unavailable", 503), retry_after)
