@@ -295,6 +295,8 @@ class EngineAttempts:
                     503, error_body(msg, "service_unavailable", 503), max(1.0, pick.retry_after)
                 )
             engine = pick.engine
+            if self.attempts and engine is not self._current:
+                engines.failovers += 1
             self._current = engine
             self.attempts += 1
             body = content if not pick.fallback else _with_model(content, pick.model)
@@ -341,7 +343,6 @@ class EngineAttempts:
                     assert last_error is not None
                     raise last_error
                 return _answer(status, answer, retry_after)
-            engines.failovers += step.action is not Failover.SAME_ENGINE
             log.info(
                 "engine %s answered %s before the first token; %s",
                 engine.spec.url,

@@ -1,0 +1,170 @@
+"""One gateway in front of several simulator processes (``--upstream`` repeated): routing by
+model, load spread, failover before the first token, continuation on another engine when one
+dies mid-stream, and fallback models."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx2
+import pytest
+from fleet_helpers import Process
+
+from streamsafe.engine_sim import expected_text
+
+pytestmark = pytest.mark.timeout(60)
+
+MODEL = "sim-llama-8b"
+
+
+def chat(content: str, max_tokens: int, model: str = MODEL, stream: bool = True) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
+
+
+def stats(proc: Process) -> dict[str, Any]:
+    return dict(httpx2.get(proc.url + "/stats", timeout=10).json())
+
+
+def sim(*extra: str) -> Process:
+    return Process("simulate", "--itl-ms", "15", "--itl-ms-per-seq", "0", *extra)
+
+
+def stream_text(url: str, body: dict[str, Any], started: threading.Event | None = None) -> str:
+    """The text of a streamed chat answer; sets ``started`` after three content events."""
+    parts: list[str] = []
+    with httpx2.stream("POST", url + "/v1/chat/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            payload = json.loads(line[6:])
+            assert "error" not in payload, payload
+            parts.append(payload["choices"][0]["delta"].get("content") or "")
+            if started is not None and len(parts) == 3:
+                started.set()
+    return "".join(parts)
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Process]]:
+    started: list[Process] = []
+    yield started
+    for proc in reversed(started):
+        proc.stop()
+
+
+def test_engine_killed_mid_stream_every_stream_completes_exactly_on_the_other(
+    procs: list[Process],
+) -> None:
+    a, b = sim(), sim()
+    procs += [a, b]
+    gw = Process("serve", "--upstream", a.url, "--upstream", b.url)
+    procs.append(gw)
+    bodies = [chat(f"pool user {i}", 40) for i in range(4)]
+    started = [threading.Event() for _ in bodies]
+    out: dict[int, Any] = {}
+
+    def run(i: int) -> None:
+        try:
+            out[i] = stream_text(gw.url, bodies[i], started[i])
+        except Exception as exc:  # reported below
+            out[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for event in started:
+        assert event.wait(30)
+    # The pool spread the streams over both engines (least memory in flight first).
+    assert stats(a)["active"] >= 1 and stats(b)["active"] >= 1
+    a.kill()
+    for t in threads:
+        t.join(30)
+    for i, body in enumerate(bodies):
+        assert out[i] == expected_text(body, 40, 0), out[i]
+    gw_stats = stats(gw)
+    assert gw_stats["continued"] >= 1 and gw_stats["engine_migrations"] >= 1
+    assert stats(b)["continuations"] >= 1
+
+
+def test_failover_before_the_first_token_and_the_breaker_keeps_traffic_away(
+    procs: list[Process],
+) -> None:
+    bad = sim("--fault", "status:503:1.0")
+    good = sim()
+    procs += [bad, good]
+    gw = Process("serve", "--upstream", bad.url, "--upstream", good.url, "--probe-interval", "30")
+    procs.append(gw)
+    for i in range(6):
+        body = chat(f"failover user {i}", 8)
+        assert stream_text(gw.url, body) == expected_text(body, 8, 0)
+    # Three straight 503s opened the bad engine's breaker: after them nothing more went there.
+    assert stats(bad)["faults_injected"]["status"] == 3
+    assert stats(good)["generations_completed"] == 6
+    engines = stats(gw)["engines"]
+    assert engines[0]["breaker"] == "open" and engines[1]["breaker"] == "closed"
+    # The first request tried the bad engine twice (a 503 is worth one more try), the second
+    # once; each then moved to the good engine.
+    assert stats(gw)["engine_failovers"] == 2
+
+
+def test_429_with_retry_after_is_tried_once_more_on_the_same_engine(
+    procs: list[Process],
+) -> None:
+    only = sim("--fault", "status:429:1.0:1")
+    procs.append(only)
+    gw = Process("serve", "--upstream", only.url, "--upstream", only.url + "/")
+    procs.append(gw)
+    r = httpx2.post(gw.url + "/v1/chat/completions", json=chat("shed", 4, stream=False))
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    assert r.json()["error"]
+    # Honoured once on the same engine, then the other engine, then the bound of 3 attempts.
+    assert stats(only)["faults_injected"]["status"] == 3
+
+
+def test_fallback_model_answers_when_its_engines_are_down_and_says_so(
+    procs: list[Process],
+) -> None:
+    small = sim("--model", "small")
+    big = sim("--model", "big")
+    procs += [small, big]
+    gw = Process(
+        "serve",
+        "--upstream",
+        f"{small.url} models=small",
+        "--upstream",
+        f"{big.url} models=big",
+        "--fallback-model",
+        "small=big",
+    )
+    procs.append(gw)
+    models = httpx2.get(gw.url + "/v1/models").json()
+    assert sorted(m["id"] for m in models["data"]) == ["big", "small"]
+    first = httpx2.post(gw.url + "/v1/chat/completions", json=chat("q", 4, "small", False))
+    assert first.json()["model"] == "small"
+    small.kill()
+    second = httpx2.post(gw.url + "/v1/chat/completions", json=chat("q", 4, "small", False))
+    assert second.status_code == 200
+    assert second.json()["model"] == "big"  # the model that answered
+    unknown = httpx2.post(gw.url + "/v1/chat/completions", json=chat("q", 4, "gpt-9", False))
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["type"] == "not_found_error"
+
+
+def test_client_errors_pass_through_without_a_retry(procs: list[Process]) -> None:
+    a, b = sim(), sim()
+    procs += [a, b]
+    gw = Process("serve", "--upstream", a.url, "--upstream", b.url)
+    procs.append(gw)
+    bad = {"model": MODEL, "messages": "not a list", "stream": False}
+    r = httpx2.post(gw.url + "/v1/chat/completions", json=bad)
+    assert 400 <= r.status_code < 500 and r.json()["error"]["message"]
+    assert stats(a)["requests_received"] + stats(b)["requests_received"] <= 1
