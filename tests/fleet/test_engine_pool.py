@@ -168,3 +168,13 @@ def test_client_errors_pass_through_without_a_retry(procs: list[Process]) -> Non
     r = httpx2.post(gw.url + "/v1/chat/completions", json=bad)
     assert 400 <= r.status_code < 500 and r.json()["error"]["message"]
     assert stats(a)["requests_received"] + stats(b)["requests_received"] <= 1
+
+
+def test_bench_fleet_small_run_completes_every_stream_exactly() -> None:
+    from streamsafe.bench.fleet import FleetSettings, run
+
+    report = run(FleetSettings(replicas=2, engines=2, requests=12, window_s=1.5, max_tokens=30))
+    assert report["completed"] == report["logical_requests"] == 12
+    assert report["amplification"] == 1.0
+    assert report["tokens_lost"] == report["tokens_repeated"] == 0
+    assert report["errors"] == []

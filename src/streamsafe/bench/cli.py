@@ -17,6 +17,7 @@ _BENCHES: tuple[tuple[str, str], ...] = (
     ("simulator", "streamsafe.bench.simulator"),
     ("overhead", "streamsafe.bench.overhead"),
     ("overload", "streamsafe.bench.overload"),
+    ("fleet", "streamsafe.bench.fleet"),
 )
 
 
