@@ -325,3 +325,30 @@ def test_redis_lost_mid_stream_the_owner_finishes_and_comes_back(
         assert redis.Redis.from_url(own_redis.url).get("ss:k:k\x00anonymous\x00after-redis-1")
     finally:
         gw.stop()
+
+
+def test_owner_keeps_running_while_another_replica_has_subscribers(
+    sim: Process, redis_server: RedisProcess
+) -> None:
+    owner, other = serve(sim, redis_server, "--grace", "0.2"), serve(sim, redis_server)
+    try:
+        body = chat("read elsewhere", 80)
+        key = {"Idempotency-Key": "read-elsewhere-1"}
+        got: list[tuple[int, bytes]] = []
+        with httpx2.stream("POST", owner.url + "/v1/chat/completions", json=body, headers=key) as r:
+            for event in events(r):
+                got.append(event)
+                if len(got) == 3:
+                    break
+        # The client moved to another replica; the owner has no subscriber of its own, and its
+        # grace period passes many times while the other replica reads.
+        resume = {**key, "Last-Event-ID": str(got[-1][0])}
+        with httpx2.stream(
+            "POST", other.url + "/v1/chat/completions", json=body, headers=resume
+        ) as r:
+            got += list(events(r))
+        assert text_of(got) == expected_text(body, 80, 0)
+        assert stats(owner)["generations_aborted"] == 0
+    finally:
+        owner.stop()
+        other.stop()
