@@ -9,6 +9,7 @@ each attempt, retry or resume lands on; a replica killed -9 mid-stream loses not
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -349,6 +350,53 @@ def test_owner_keeps_running_while_another_replica_has_subscribers(
             got += list(events(r))
         assert text_of(got) == expected_text(body, 80, 0)
         assert stats(owner)["generations_aborted"] == 0
+    finally:
+        owner.stop()
+        other.stop()
+
+
+def test_redis_restarted_mid_stream_a_mirror_elsewhere_loses_nothing(
+    sim: Process, own_redis: RedisProcess
+) -> None:
+    owner, other = serve(sim, own_redis), serve(sim, own_redis)
+    try:
+        body = chat("redis restarts under a mirror", 80)
+        key = {"Idempotency-Key": "redis-restart-mirror-1"}
+        on_owner: list[tuple[int, bytes]] = []
+        on_other: list[tuple[int, bytes]] = []
+        reading = threading.Event()
+        failures: list[BaseException] = []
+
+        def read_owner() -> None:
+            try:
+                url = owner.url + "/v1/chat/completions"
+                with httpx2.stream("POST", url, json=body, headers=key, timeout=30) as r:
+                    for event in events(r):
+                        on_owner.append(event)
+                        if len(on_owner) == 3:
+                            reading.set()
+            except BaseException as exc:  # reported below
+                failures.append(exc)
+                reading.set()
+
+        thread = threading.Thread(target=read_owner)
+        thread.start()
+        assert reading.wait(30)
+        resume = {**key, "Last-Event-ID": "1"}
+        url = other.url + "/v1/chat/completions"
+        with httpx2.stream("POST", url, json=body, headers=resume, timeout=30) as r:
+            for event in events(r):
+                on_other.append(event)
+                if len(on_other) == 3:
+                    own_redis.kill()  # Redis dies while both replicas stream
+                    own_redis.start()  # and comes back empty
+        thread.join(30)
+        assert not failures, failures
+        expected = expected_text(body, 80, 0)
+        assert text_of(on_owner) == expected
+        assert [i for i, _ in on_other] == list(range(2, 2 + len(on_other)))
+        assert text_of(on_owner[:2] + on_other) == expected
+        assert stats(owner)["redis_errors"] + stats(other)["redis_errors"] >= 1
     finally:
         owner.stop()
         other.stop()

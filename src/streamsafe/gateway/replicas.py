@@ -95,6 +95,8 @@ class Replicas:
         self._renewer: asyncio.Task[None] | None = None
         self._probe: asyncio.Task[None] | None = None
         self._presence: set[asyncio.Task[None]] = set()
+        #: Generations that ended while Redis was away, to record once it is back.
+        self._unsynced: dict[str, Generation] = {}
 
     @property
     def replica_id(self) -> str:
@@ -130,24 +132,30 @@ class Replicas:
         log.warning("redis reachable again; generations are shared again")
 
     async def _write_back(self) -> None:
-        """Put the generations this replica runs back into Redis (record, lease, whole log),
-        for a Redis that restarted empty or lost writes while it was away."""
-        for gen in list(self._owned.values()):
+        """Put the generations this replica runs, or finished while Redis was away, back into
+        Redis (record, lease, key, whole log, final state), for a Redis that restarted empty or
+        lost writes meanwhile; mirrors elsewhere then go on from where their copy ends."""
+        store = self.store
+        for gen in [*self._owned.values(), *self._unsynced.values()]:
             log_ = gen.log
             if not isinstance(log_, ReplicatedLog):
                 continue
-            await self.store.put_generation(gen.id, _record(gen), _RECORD_TTL)
-            await self.store.redis.set(
-                self.store.lease_key(gen.id), self.replica_id, px=int(self.lease * 1000)
-            )
+            lease_key = store.lease_key(gen.id)
+            await store.redis.set(lease_key, self.replica_id, nx=True, px=int(self.lease * 1000))
+            log_.detached = False  # appends go to Redis again (and meet a lease taken meanwhile)
+            if await store.lease_holder(gen.id) != self.replica_id:
+                self._unsynced.pop(gen.id, None)
+                continue  # another replica took it over while Redis was away: it writes now
+            await store.put_generation(gen.id, _record(gen), _RECORD_TTL)
             if gen.key is not None:
-                await self.store.redis.set(self.store.claim_key(gen.key), gen.id)
-            await self.store.index_fingerprint(gen.tenant, gen.fingerprint, gen.id, _RECORD_TTL)
+                await store.redis.set(store.claim_key(gen.key), gen.id, nx=True)
+            await store.index_fingerprint(gen.tenant, gen.fingerprint, gen.id, _RECORD_TTL)
             stored = await log_.remote.sync()
             missing = log_.local.read_nowait(stored)
             if missing:
                 await log_.remote.append(missing)
-            log_.detached = False
+            if self._unsynced.pop(gen.id, None) is not None:
+                await self._record_end(gen)
 
     # -- owning ---------------------------------------------------------------------------------
 
@@ -181,10 +189,19 @@ class Replicas:
 
     async def finished(self, gen: Generation) -> None:
         """``gen``, which this replica ran, ended: record how, keep it for replay
-        ``keep_finished`` seconds (or drop what a retry must not find), give up the lease."""
+        ``keep_finished`` seconds (or drop what a retry must not find), give up the lease.
+        While Redis is away this waits for the write-back."""
         self._owned.pop(gen.id, None)
         if self.degraded:
+            self._unsynced[gen.id] = gen
             return
+        try:
+            await self._record_end(gen)
+        except REDIS_ERRORS as exc:
+            self._unsynced[gen.id] = gen
+            self.failed(exc)
+
+    async def _record_end(self, gen: Generation) -> None:
         store = self.store
         fields: dict[str, bytes | str | int] = {}
         failure = gen.failure
@@ -192,19 +209,14 @@ class Replicas:
             fields = {"status": failure.status, "error": failure.body}
             if failure.retry_after is not None:
                 fields["retry_after"] = failure.retry_after
-        try:
-            await store.set_state(gen.id, gen.state.value, fields)
-            if gen.state is State.DONE and self.keep_finished > 0:
-                await store.expire_generation(gen.id, self.keep_finished)
-                await store.expire_fingerprint(
-                    gen.tenant, gen.fingerprint, gen.id, self.keep_finished
-                )
-            else:
-                await store.unindex_fingerprint(gen.tenant, gen.fingerprint, gen.id)
-                await store.expire_generation(gen.id, max(self.lease * 2, 1.0))
-            await store.release_lease(gen.id)
-        except REDIS_ERRORS as exc:
-            self.failed(exc)
+        await store.set_state(gen.id, gen.state.value, fields)
+        if gen.state is State.DONE and self.keep_finished > 0:
+            await store.expire_generation(gen.id, self.keep_finished)
+            await store.expire_fingerprint(gen.tenant, gen.fingerprint, gen.id, self.keep_finished)
+        else:
+            await store.unindex_fingerprint(gen.tenant, gen.fingerprint, gen.id)
+            await store.expire_generation(gen.id, max(self.lease * 2, 1.0))
+        await store.release_lease(gen.id)
 
     async def followed_elsewhere(self, gen: Generation) -> bool:
         """True if another replica has subscribers of ``gen`` (so it is not abandoned)."""
@@ -311,6 +323,7 @@ class Replicas:
         store = self.store
         states = 0
         delay = 0.05
+        missing_since: float | None = None
         while gen.id in self._mirrors:
             try:
                 new = await log_.pull()
@@ -321,12 +334,20 @@ class Replicas:
                         gen.multiline = True
                     gen.wake()
                 seen = await store.state_changes(gen.id)
-                if seen > states or _ends(new):
+                if seen != states or _ends(new) or missing_since is not None:
                     states = seen
                     record = await store.generation(gen.id)
                     if record is None:
-                        on_end(gen, _lost(gen, log_))
-                        return
+                        # Gone from Redis: give its owner time to write it back (a restarted,
+                        # empty Redis) before calling it lost.
+                        now = self._clock()
+                        missing_since = missing_since or now
+                        if now - missing_since > 2 * self.lease:
+                            on_end(gen, _lost(gen, log_))
+                            return
+                        await asyncio.sleep(self.lease / 4)
+                        continue
+                    missing_since = None
                     ended = _apply(gen, record, log_)
                     if ended is not None:
                         on_end(gen, ended)
@@ -337,6 +358,9 @@ class Replicas:
                 # Quiet for half a lease: is the owner still there? SET NX decides who takes
                 # over when it is not.
                 orphaned = gen.live and await store.lease_holder(gen.id) is None
+                # Only with its record there: an empty, restarted Redis is no proof of a
+                # dead owner (the owner writes it back).
+                orphaned = orphaned and await store.generation(gen.id) is not None
                 if orphaned and await store.take_lease(gen.id, self.lease):
                     await log_.take_over(self.replica_id)
                     gen.length = log_.length
