@@ -13,7 +13,7 @@ from fleet_helpers import RedisProcess
 from redis.exceptions import RedisError
 
 from streamsafe.gateway.store import LeaseLost
-from streamsafe.gateway.store_redis import LogConflict, RedisStore
+from streamsafe.gateway.store_redis import LogConflict, LogLost, RedisStore
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -122,6 +122,30 @@ async def test_takeover_after_the_lease_lapses_continues_at_the_log_end(
     with pytest.raises(LeaseLost):  # the old owner woke up: it cannot write any more
         await old.append([b"late"])
     assert await b.log("gen-1").read(0) == [b"one", b"two", b"three"]
+
+
+async def test_writer_takes_back_a_lapsed_lease_nobody_took(make_store: MakeStore) -> None:
+    a = make_store()
+    assert await a.take_lease("gen-1", ttl=0.05)
+    log = a.log("gen-1", lease_holder=a.replica_id, lease=30)
+    await log.append([b"one"])
+
+    async def lapsed() -> bool:
+        return await a.lease_holder("gen-1") is None
+
+    await eventually(lapsed)
+    assert await log.append([b"two"]) == 2  # only slow: the lease is its own again
+    assert await a.lease_holder("gen-1") == a.replica_id
+
+
+async def test_append_after_redis_lost_the_log_says_so(make_store: MakeStore) -> None:
+    a = make_store()
+    assert await a.take_lease("gen-1", ttl=30)
+    log = a.log("gen-1", lease_holder=a.replica_id)
+    await log.append([b"one", b"two"])
+    await a.redis.delete(a.log_key("gen-1"), a.lease_key("gen-1"))  # as a restarted Redis
+    with pytest.raises(LogLost):
+        await log.append([b"three"])
 
 
 async def test_append_at_a_stale_offset_is_refused(make_store: MakeStore) -> None:

@@ -161,7 +161,9 @@ class Replicas:
 
     def new_log(self, gen_id: str) -> ReplicatedLog:
         """The log of a generation this replica starts."""
-        return self.store.replicated_log(gen_id, writer=True)
+        log_ = self.store.replicated_log(gen_id, writer=True, lease=self.lease)
+        log_.on_detach = self.failed
+        return log_
 
     async def publish(self, gen: Generation) -> None:
         """Make ``gen`` findable by every replica and take its lease (one round trip each)."""
@@ -264,7 +266,8 @@ class Replicas:
             cost=int(record["cost"]),
             stream=record["stream"] == b"1",
         )
-        log_ = self.store.replicated_log(gen_id, writer=False)
+        log_ = self.store.replicated_log(gen_id, writer=False, lease=self.lease)
+        log_.on_detach = self.failed
         stored_key = record.get("key", b"").decode() or None
         gen = Generation(gen_id, request, log_, key or stored_key, created_at)
         await log_.pull()

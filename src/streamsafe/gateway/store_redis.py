@@ -29,7 +29,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -37,7 +37,7 @@ from redis.exceptions import RedisError
 
 from streamsafe.gateway.store import LeaseLost, MemoryEventLog
 
-__all__ = ["LeaseLost", "LogConflict", "RedisEventLog", "RedisStore", "ReplicatedLog"]
+__all__ = ["LogConflict", "LogLost", "RedisEventLog", "RedisStore", "ReplicatedLog"]
 
 log = logging.getLogger("streamsafe.gateway")
 
@@ -57,13 +57,22 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[
 return 0
 """
 # KEYS[1] log stream, KEYS[2] lease; ARGV[1] expected length, ARGV[2] lease holder ('' for an
-# unleased log), ARGV[3..] payloads. Returns the new length, -1 if the lease is not the writer's,
-# or -2 - length if the log is not at the expected offset.
+# unleased log), ARGV[3] lease ms, ARGV[4..] payloads. Returns the new length; -1 if another
+# replica holds the lease; -2 if nobody does and the log is not where the writer left it (Redis
+# lost it); -100 - length if the log is not at the expected offset. A lease that lapsed with nobody
+# taking it over is taken back (the writer was only slow).
 _APPEND = """
-if ARGV[2] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[2] then return -1 end
 local n = redis.call('XLEN', KEYS[1])
-if n ~= tonumber(ARGV[1]) then return -2 - n end
-for i = 3, #ARGV do
+if ARGV[2] ~= '' then
+  local holder = redis.call('GET', KEYS[2])
+  if holder ~= ARGV[2] then
+    if holder then return -1 end
+    if n ~= tonumber(ARGV[1]) then return -2 end
+    redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+  end
+end
+if n ~= tonumber(ARGV[1]) then return -100 - n end
+for i = 4, #ARGV do
   n = n + 1
   redis.call('XADD', KEYS[1], '0-' .. n, 'd', ARGV[i])
 end
@@ -83,6 +92,11 @@ return n
 
 class LogConflict(Exception):
     """A log is not at the offset its writer expected (two writers; the log is left as is)."""
+
+
+class LogLost(Exception):
+    """Redis no longer holds what the writer wrote (it restarted empty, or evicted the log):
+    the writer's copy is the only one left."""
 
 
 def _ms(seconds: float) -> int:
@@ -106,13 +120,15 @@ class RedisEventLog:
     """One generation's event log in a Redis Stream. ``length`` is what this process last saw
     (it grows by appends and reads), so a follower learns the length by reading."""
 
-    __slots__ = ("_key", "_lease_key", "_length", "_nbytes", "_store", "lease_holder")
+    __slots__ = ("_key", "_lease_key", "_length", "_nbytes", "_store", "lease_holder", "lease_ms")
 
     #: Every read and append is a round trip: no coroutine-free fast path.
     append_nowait = None
     read_nowait = None
 
-    def __init__(self, store: RedisStore, gen_id: str, lease_holder: str = "") -> None:
+    def __init__(
+        self, store: RedisStore, gen_id: str, lease_holder: str = "", lease: float = 3.0
+    ) -> None:
         self._store = store
         self._key = store.log_key(gen_id)
         self._lease_key = store.lease_key(gen_id)
@@ -120,21 +136,26 @@ class RedisEventLog:
         self._nbytes = 0
         #: Appends are fenced by this lease value ('' for none): see :class:`RedisStore`.
         self.lease_holder = lease_holder
+        #: The lease an append takes back where it lapsed with nobody taking it over.
+        self.lease_ms = _ms(lease)
 
     async def append(self, payloads: Sequence[bytes]) -> int:
         """Append payloads at the offset this writer last saw; return the new length. Raises
-        :class:`LeaseLost` if another replica holds the lease and :class:`LogConflict` if the log
-        moved under the writer."""
+        :class:`LeaseLost` if another replica holds the lease, :class:`LogLost` if Redis lost
+        the log, and :class:`LogConflict` if the log moved under the writer."""
         if not payloads:
             return self._length
         n: int = await self._store._append(
             keys=[self._key, self._lease_key],
-            args=[self._length, self.lease_holder, *payloads],
+            args=[self._length, self.lease_holder, self.lease_ms, *payloads],
         )
         if n == -1:
             raise LeaseLost(self._key)
+        if n == -2:
+            raise LogLost(self._key)
         if n < 0:
-            raise LogConflict(f"{self._key} holds {-2 - n} events, writer expected {self._length}")
+            held = -100 - n
+            raise LogConflict(f"{self._key} holds {held} events, writer expected {self._length}")
         self._length = n
         self._nbytes += sum(map(len, payloads))
         return n
@@ -172,7 +193,7 @@ class ReplicatedLog:
     goes on in this process alone (its subscribers here lose nothing) and ``detached`` says so.
     """
 
-    __slots__ = ("detached", "local", "remote")
+    __slots__ = ("detached", "local", "on_detach", "remote")
 
     #: Writes need a round trip to Redis.
     append_nowait = None
@@ -182,6 +203,8 @@ class ReplicatedLog:
         self.local = MemoryEventLog()
         #: Redis failed under an append; the log goes on in this process only.
         self.detached = False
+        #: Told why the log detached (the replica's Redis failure policy starts there).
+        self.on_detach: Callable[[BaseException], None] | None = None
 
     async def append(self, payloads: Sequence[bytes]) -> int:
         """Append to Redis, then to the copy; return the new length. :class:`LeaseLost`
@@ -189,9 +212,11 @@ class ReplicatedLog:
         if not self.detached:
             try:
                 await self.remote.append(payloads)
-            except (RedisError, OSError) as exc:
-                log.warning("redis failed under a log append (%s); going on locally", exc)
+            except (RedisError, OSError, LogLost) as exc:
+                log.warning("redis failed under a log append (%r); going on locally", exc)
                 self.detached = True
+                if self.on_detach is not None:
+                    self.on_detach(exc)
         return self.local.append_nowait(payloads)
 
     async def read(self, start: int) -> list[bytes]:
@@ -313,15 +338,15 @@ class RedisStore:
 
     # -- logs (Store) ---------------------------------------------------------------------------
 
-    def log(self, gen_id: str, lease_holder: str = "") -> RedisEventLog:
+    def log(self, gen_id: str, lease_holder: str = "", lease: float = 3.0) -> RedisEventLog:
         """A handle on the log of ``gen_id``; appends are fenced by ``lease_holder`` where
-        given."""
-        return RedisEventLog(self, gen_id, lease_holder)
+        given (a lease of ``lease`` seconds)."""
+        return RedisEventLog(self, gen_id, lease_holder, lease)
 
-    def replicated_log(self, gen_id: str, *, writer: bool) -> ReplicatedLog:
+    def replicated_log(self, gen_id: str, *, writer: bool, lease: float = 3.0) -> ReplicatedLog:
         """The log of ``gen_id`` with a copy here; a ``writer``'s appends are fenced by this
-        replica's lease."""
-        return ReplicatedLog(self.log(gen_id, self.replica_id if writer else ""))
+        replica's lease (of ``lease`` seconds)."""
+        return ReplicatedLog(self.log(gen_id, self.replica_id if writer else "", lease))
 
     async def drop_log(self, gen_id: str) -> None:
         """Delete a generation: log, state, metadata and lease."""
