@@ -21,7 +21,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--upstream",
         action="append",
         default=None,
-        metavar="URL [models=a,b] [weight=W]",
         help="engine base URL, e.g. http://127.0.0.1:8001 (default: start the simulator here); "
         "repeat it for a pool of engines, each optionally with the models it serves and a "
         'weight: --upstream "http://a:8000 models=llama-8b weight=2"',
