@@ -174,3 +174,40 @@ def test_bench_fleet_small_run_completes_every_stream_exactly() -> None:
     assert report["amplification"] == 1.0
     assert report["tokens_lost"] == report["tokens_repeated"] == 0
     assert report["errors"] == []
+
+
+@pytest.mark.parametrize(
+    "fault",
+    ["status:503:1.0", "status:429:1.0:1", "status:500:1.0", "cut:0:1.0", "cut:3:1.0"],
+)
+def test_every_fault_of_the_primary_is_answered_completely_by_the_pool(fault: str) -> None:
+    """The engine of model ``m`` fails (before its first token, or mid-stream); model ``m-big``
+    is its configured fallback, on a healthy engine: the caller gets the whole answer, named
+    after the model that answered it."""
+    from streamsafe.engine_sim import Fault, SimConfig, Simulator
+    from streamsafe.gateway import Gateway, GatewayConfig
+    from streamsafe.serving import ServerThread
+
+    fast = {"itl_ms": 2.0, "itl_ms_per_seq": 0.0, "prefill_ms_per_token": 0.0}
+    faulty = Simulator(SimConfig(model="m", faults=(Fault.parse(fault),), **fast))
+    healthy = Simulator(SimConfig(model="m-big", **fast))
+    with ServerThread(faulty) as a, ServerThread(healthy) as b:
+        config = GatewayConfig(
+            upstream=a.url,
+            engines=(f"{a.url} models=m", f"{b.url} models=m-big"),
+            fallback_models=("m=m-big",),
+        )
+        with ServerThread(Gateway(config)) as gw:
+            body = chat(f"fault {fault}", 12, model="m")
+            models: set[str] = set()
+            parts: list[str] = []
+            with httpx2.stream("POST", gw.url + "/v1/chat/completions", json=body) as r:
+                assert r.status_code == 200
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        payload = json.loads(line[6:])
+                        assert "error" not in payload, payload
+                        models.add(payload["model"])
+                        parts.append(payload["choices"][0]["delta"].get("content") or "")
+            assert "".join(parts) == expected_text(body, 12, 0)
+            assert "m-big" in models  # the fallback answered (all of it, or the rest)
