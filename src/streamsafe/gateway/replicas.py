@@ -49,6 +49,9 @@ REDIS_ERRORS = (RedisError, OSError)
 #: Seconds a generation's record lives in Redis while it runs (renewed with the lease): bounds
 #: what a fleet that lost every replica leaves behind.
 _RECORD_TTL = 3600.0
+#: Least seconds a mirror waits for a generation that vanished from Redis to be written back by
+#: its owner (Redis restarted empty) before it ends it with an error.
+_WRITE_BACK_WAIT = 5.0
 
 
 @dataclass(slots=True)
@@ -345,7 +348,7 @@ class Replicas:
                         # empty Redis) before calling it lost.
                         now = self._clock()
                         missing_since = missing_since or now
-                        if now - missing_since > 2 * self.lease:
+                        if now - missing_since > max(_WRITE_BACK_WAIT, 2 * self.lease):
                             on_end(gen, _lost(gen, log_))
                             return
                         await asyncio.sleep(self.lease / 4)
