@@ -211,3 +211,30 @@ def test_every_fault_of_the_primary_is_answered_completely_by_the_pool(fault: st
                         parts.append(payload["choices"][0]["delta"].get("content") or "")
             assert "".join(parts) == expected_text(body, 12, 0)
             assert "m-big" in models  # the fallback answered (all of it, or the rest)
+
+
+def test_an_engine_holds_no_more_than_its_memory_and_the_rest_wait() -> None:
+    from streamsafe.engine_sim import SimConfig, Simulator
+    from streamsafe.gateway import Gateway, GatewayConfig
+    from streamsafe.serving import ServerThread
+
+    fast = {"itl_ms": 10.0, "itl_ms_per_seq": 0.0, "prefill_ms_per_token": 0.0}
+    one, two = Simulator(SimConfig(**fast)), Simulator(SimConfig(**fast))
+    with ServerThread(one) as a, ServerThread(two) as b:
+        # Each request holds about 30 + its prompt tokens: one at a time per engine.
+        engines = (f"{a.url} memory=60", f"{b.url} memory=60")
+        with ServerThread(Gateway(GatewayConfig(upstream=a.url, engines=engines))) as gw:
+            bodies = [chat(f"room {i}", 30) for i in range(4)]
+            out: dict[int, str] = {}
+            threads = [
+                threading.Thread(target=lambda i=i: out.update({i: stream_text(gw.url, bodies[i])}))
+                for i in range(4)
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+            for i, body in enumerate(bodies):
+                assert out[i] == expected_text(body, 30, 0)
+        assert one.stats()["peak_active"] == 1 and two.stats()["peak_active"] == 1
+        assert one.stats()["generations_completed"] == two.stats()["generations_completed"] == 2

@@ -12,6 +12,7 @@ from streamsafe.gateway.pool import (
     EngineBreaker,
     EngineSpec,
     Failover,
+    Full,
     Pick,
     Pool,
     Unavailable,
@@ -29,6 +30,7 @@ specs_st = st.lists(
         url=st.integers(8000, 8999).map(lambda p: f"http://127.0.0.1:{p}"),
         models=models_st,
         weight=weights_st,
+        memory=st.one_of(st.none(), st.integers(1, 500)),
     ),
     min_size=1,
     max_size=5,
@@ -45,15 +47,23 @@ def test_engine_spec_reads_back_what_it_writes(specs: list[EngineSpec]) -> None:
 
 
 def test_engine_spec_examples() -> None:
-    spec = parse_engine("http://a:8000/ models=llama-8b,qwen-7b weight=2")
-    assert spec == EngineSpec("http://a:8000", frozenset({"llama-8b", "qwen-7b"}), 2.0)
+    spec = parse_engine("http://a:8000/ models=llama-8b,qwen-7b weight=2 memory=300")
+    assert spec == EngineSpec("http://a:8000", frozenset({"llama-8b", "qwen-7b"}), 2.0, 300)
     assert spec.serves("qwen-7b") and not spec.serves("llama-70b")
     assert parse_engine("http://b:8000").serves("anything")
 
 
 @pytest.mark.parametrize(
     "text",
-    ["a:8000", "http://a weight=0", "http://a weight=x", "http://a color=red", "http://a models"],
+    [
+        "a:8000",
+        "http://a weight=0",
+        "http://a weight=x",
+        "http://a color=red",
+        "http://a models",
+        "http://a memory=0",
+        "http://a memory=lots",
+    ],
 )
 def test_bad_engine_spec_is_refused(text: str) -> None:
     with pytest.raises(ValueError):
@@ -83,6 +93,29 @@ def test_pick_routes_only_to_engines_of_the_model(
     else:
         assert isinstance(result, Unavailable)
         assert result.known == bool(pool.serving(model))
+
+
+@given(
+    specs_st,
+    st.sampled_from(MODELS),
+    st.lists(st.integers(0, 400), max_size=5),
+    st.integers(1, 300),
+)
+def test_pick_never_overfills_an_engine(
+    specs: list[EngineSpec], model: str, held: list[int], cost: int
+) -> None:
+    pool = Pool(specs)
+    for engine, memory in zip(pool.engines, held, strict=False):
+        engine.load.memory = memory
+    result = pool.pick(model, 0.0, cost=cost)
+    serving = pool.serving(model)
+    if isinstance(result, Pick):
+        cap = result.engine.spec.memory
+        assert cap is None or result.engine.load.memory + cost <= cap
+    elif isinstance(result, Full):
+        assert serving and not any(e.has_room(cost) for e in serving)
+    else:
+        assert not serving
 
 
 @settings(max_examples=60)

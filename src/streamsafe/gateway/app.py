@@ -85,6 +85,7 @@ class Gateway:
                 api_key=config.upstream_api_key,
                 max_attempts=config.failover_attempts,
                 cooldown=config.probe_interval,
+                queue_timeout=config.queue_timeout,
             )
         self.upstream = (
             self.engines.upstreams[0]

@@ -30,6 +30,7 @@ from streamsafe.gateway.pool import (
     Engine,
     EngineSpec,
     Failover,
+    Full,
     Pick,
     Pool,
     Unavailable,
@@ -100,6 +101,7 @@ class Engines:
         api_key: str | None = None,
         max_attempts: int = 3,
         failover_window: float = 30.0,
+        queue_timeout: float = 20.0,
         cooldown: float = 1.0,
         budget: RetryBudget | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -123,11 +125,43 @@ class Engines:
         self.clock = clock
         self.sleep = sleep
         self.breaker = _AllDown(self)
+        self.queue_timeout = queue_timeout
+        self._room: list[asyncio.Future[None]] = []
         #: Attempts sent to another engine (or model) before a first token.
         self.failovers = 0
         #: Continuations sent to another engine after a stream was cut.
         self.migrations = 0
         self.connect_retries_done = 0
+
+    def can_ever_fit(self, model: str, cost: int) -> bool:
+        """False if ``cost`` exceeds the memory of every engine of ``model`` (waiting would
+        never help)."""
+        caps = [e.spec.memory for e in self.pool.serving(model)]
+        return any(cap is None or cost <= cap for cap in caps)
+
+    async def room_freed(self, deadline: float) -> bool:
+        """Wait until some generation releases engine memory; ``False`` at ``deadline``."""
+        remaining = deadline - self.clock()
+        if remaining <= 0:
+            return False
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._room.append(fut)
+        try:
+            async with asyncio.timeout(remaining):
+                await fut
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            if fut in self._room:
+                self._room.remove(fut)
+
+    def room_made(self) -> None:
+        """Engine memory was released: every waiter picks again (the first that fits wins)."""
+        waiters, self._room = self._room, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
 
     def for_generation(self, body: bytes, cost: int) -> EngineAttempts:
         """The attempts of one generation whose request body is ``body``."""
@@ -277,13 +311,27 @@ class EngineAttempts:
         model = self.model
         same_tries = 0
         last_error: httpx2.HTTPError | None = None
-        pick: Pick | Unavailable | None = None
+        pick: Pick | Full | Unavailable | None = None
+        self.release()  # a continuation weighs again on whichever engine it goes to
         while True:
             now = engines.clock()
             if pick is None:
-                pick = engines.pool.pick(model, now, self._tried)
+                pick = engines.pool.pick(model, now, self._tried, self._cost)
                 if isinstance(pick, Unavailable) and self._tried and self.attempts == 0:
-                    pick = engines.pool.pick(model, now)  # only cut engines left: use them
+                    # Only cut engines left: use them.
+                    pick = engines.pool.pick(model, now, (), self._cost)
+            if isinstance(pick, Full):
+                if not engines.can_ever_fit(model, self._cost):
+                    msg = (
+                        f"request needs about {self._cost} tokens of engine memory, more than "
+                        f"any engine of {model!r} holds; lower max_tokens"
+                    )
+                    return _answer(400, error_body(msg, "invalid_request_error", 400))
+                if not await engines.room_freed(self._started + engines.queue_timeout):
+                    msg = f"every engine of {model!r} is full; retry later"
+                    return _answer(429, error_body(msg, "rate_limit_error", 429), 1.0)
+                pick = None
+                continue
             if isinstance(pick, Unavailable):
                 if last_error is not None:
                     raise last_error
@@ -298,6 +346,7 @@ class EngineAttempts:
             if self.attempts and engine is not self._current:
                 engines.failovers += 1
             self._current = engine
+            self._hold(engine)  # its memory counts from now: routing and room see it
             self.attempts += 1
             body = content if not pick.fallback else _with_model(content, pick.model)
             upstream = engines.upstreams[engine.index]
@@ -315,7 +364,6 @@ class EngineAttempts:
             else:
                 if response.status_code == 200:
                     engines.budget.record_success()
-                    self._hold(engine)
                     return response
                 status = response.status_code
                 answer = await read_bounded(response)
@@ -326,6 +374,7 @@ class EngineAttempts:
                     engines.budget.record_failure()
                 else:
                     engine.breaker.on_abandon()  # the engine answered: no verdict on its health
+            self.release()  # this attempt holds nothing on the engine any more
             step = failover_step(
                 status,
                 answer,
@@ -373,6 +422,7 @@ class EngineAttempts:
         held, self._held = self._held, None
         if held is not None:
             self._engines.loads[held.index].memory -= self._cost
+            self._engines.room_made()
 
     def served(self) -> None:
         """The first token arrived: the engine works (its breaker closes)."""

@@ -36,6 +36,7 @@ __all__ = [
     "EngineSpec",
     "Failover",
     "FailoverStep",
+    "Full",
     "Pick",
     "Pool",
     "Unavailable",
@@ -59,8 +60,8 @@ _CONTEXT_MARKERS = (b"context length", b"context_length", b"maximum context", b"
 class EngineSpec:
     """One engine behind the gateway.
 
-    Written on the command line as ``URL [models=a,b] [weight=W]``, e.g.
-    ``--upstream "http://10.0.0.5:8000 models=llama-8b weight=2"``.
+    Written on the command line as ``URL [models=a,b] [weight=W] [memory=TOKENS]``, e.g.
+    ``--upstream "http://10.0.0.5:8000 models=llama-8b weight=2 memory=30000"``.
     """
 
     #: Base URL of the OpenAI-compatible engine.
@@ -70,12 +71,18 @@ class EngineSpec:
     #: Share of traffic relative to the others (default 1): an engine with twice the GPUs gets
     #: weight 2 and is picked until it holds twice the load.
     weight: float = 1.0
+    #: Engine memory in tokens that generations sent to it may hold at once (prompt +
+    #: max_tokens each; vLLM logs its KV capacity as "GPU KV cache size"). ``None`` (default):
+    #: no bound of its own; a generation that fits no engine of its model waits for room.
+    memory: int | None = None
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"engine URL must be http(s)://..., not {self.url!r}")
         if not (self.weight > 0 and math.isfinite(self.weight)):
             raise ValueError(f"engine weight must be a positive number, not {self.weight!r}")
+        if self.memory is not None and self.memory < 1:
+            raise ValueError(f"engine memory must be >= 1 token, not {self.memory!r}")
 
     def serves(self, model: str) -> bool:
         """True if this engine serves ``model``."""
@@ -87,6 +94,8 @@ class EngineSpec:
             parts.append("models=" + ",".join(sorted(self.models)))
         if self.weight != 1.0:
             parts.append(f"weight={self.weight:g}")
+        if self.memory is not None:
+            parts.append(f"memory={self.memory}")
         return " ".join(parts)
 
 
@@ -95,6 +104,7 @@ def parse_engine(text: str) -> EngineSpec:
     url, *options = text.split()
     models: frozenset[str] = frozenset()
     weight = 1.0
+    memory: int | None = None
     for option in options:
         name, sep, value = option.partition("=")
         if not sep or not value:
@@ -106,9 +116,14 @@ def parse_engine(text: str) -> EngineSpec:
                 weight = float(value)
             except ValueError:
                 raise ValueError(f"engine weight {value!r} is not a number") from None
+        elif name == "memory":
+            try:
+                memory = int(value)
+            except ValueError:
+                raise ValueError(f"engine memory {value!r} is not a number of tokens") from None
         else:
-            raise ValueError(f"unknown engine option {name!r} (models=..., weight=...)")
-    return EngineSpec(url.rstrip("/"), models, weight)
+            raise ValueError(f"unknown engine option {name!r} (models=, weight=, memory=)")
+    return EngineSpec(url.rstrip("/"), models, weight, memory)
 
 
 def parse_fallback(text: str) -> tuple[str, str]:
@@ -239,6 +254,11 @@ class Engine:
     #: Pick counter at its last pick: equal engines take turns.
     last_pick: int = -1
 
+    def has_room(self, cost: int) -> bool:
+        """True if a generation of ``cost`` tokens fits the engine's memory now."""
+        cap = self.spec.memory
+        return cap is None or self.load.memory + cost <= cap
+
     def score(self) -> tuple[float, float, int]:
         """Lower is picked first: memory per weight, then queue per weight, then turn."""
         weight = self.spec.weight
@@ -260,6 +280,12 @@ class Pick:
     def fallback(self) -> bool:
         """True where a fallback model answers instead of the one asked for."""
         return self.model != self.asked
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Full:
+    """Engines of the model take traffic but none has room for the generation now: wait for
+    one to free memory (admission per engine)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -308,10 +334,13 @@ class Pool:
         """Engines that serve ``model`` (whatever their breakers say)."""
         return [e for e in self.engines if e.spec.serves(model)]
 
-    def pick(self, model: str, now: float, exclude: Collection[int] = ()) -> Pick | Unavailable:
-        """The engine for the next attempt of a request for ``model``; ``exclude`` holds the
-        indexes of engines this request already failed on. Marks the pick as a probe where the
-        engine's breaker is half-open."""
+    def pick(
+        self, model: str, now: float, exclude: Collection[int] = (), cost: int = 0
+    ) -> Pick | Full | Unavailable:
+        """The engine for the next attempt of a request for ``model`` that holds ``cost``
+        tokens; ``exclude`` holds the indexes of engines this request already failed on. Marks
+        the pick as a probe where the engine's breaker is half-open. :class:`Full` where engines
+        of the model are up but none has room (a full model waits; it does not fall back)."""
         seen: set[str] = set()
         wait = math.inf
         known = False
@@ -322,7 +351,10 @@ class Pool:
             known = known or bool(self.serving(current))
             usable = [e for e in candidates if e.breaker.allows(now)]
             if usable:
-                best = min(usable, key=Engine.score)
+                roomy = [e for e in usable if e.has_room(cost)]
+                if not roomy:
+                    return Full()
+                best = min(roomy, key=Engine.score)
                 best.breaker.on_attempt(now)
                 best.last_pick = self._picks
                 self._picks += 1
