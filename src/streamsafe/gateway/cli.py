@@ -23,7 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="engine base URL, e.g. http://127.0.0.1:8001 (default: start the simulator here); "
         "repeat it for a pool of engines, each optionally with the models it serves and a "
-        'weight: --upstream "http://a:8000 models=llama-8b weight=2"',
+        "weight and the engine memory its generations may hold: "
+        '--upstream "http://a:8000 models=llama-8b weight=2 memory=30000"',
     )
     p.add_argument(
         "--fallback-model",
