@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint format unasync test demo bench docs clean
+.PHONY: install lint format unasync test demo bench peers docs clean
 
 install: $(STAMP)
 
@@ -36,7 +36,7 @@ demo: $(STAMP)
 	mkdir -p reports
 	$(BIN)/streamsafe demo --json reports/demo.json --plot reports/demo.png
 
-bench: $(STAMP)
+bench: $(STAMP) peers
 	mkdir -p reports
 	$(BIN)/streamsafe bench all --out reports
 
@@ -44,5 +44,23 @@ bench: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/python -m streamsafe._clidoc --write docs/cli.md
 
+# The peers `streamsafe bench peers` measures against: the LiteLLM proxy in its own virtualenv (its
+# dependencies would clash with ours), pinned in streamsafe/bench/peer_servers.py, and Debian's
+# nginx where apt-get can install it. A peer that is not there is reported missing, not skipped.
+LITELLM_VENV := .venv-litellm
+LITELLM_VERSION := $(shell sed -n 's/^LITELLM_VERSION = "\(.*\)"/\1/p' src/streamsafe/bench/peer_servers.py)
+
+peers: $(LITELLM_VENV)/.installed-$(LITELLM_VERSION)
+	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || \
+	  (test "$$(id -u)" = 0 && command -v apt-get >/dev/null && \
+	   (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx || \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx))) || \
+	  echo "nginx is not installed: bench peers will report it missing"
+
+$(LITELLM_VENV)/.installed-$(LITELLM_VERSION):
+	test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/python -m pip install --quiet 'litellm[proxy]==$(LITELLM_VERSION)'
+	touch $@
+
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(LITELLM_VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

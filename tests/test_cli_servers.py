@@ -82,3 +82,15 @@ def test_serve_without_upstream_starts_the_simulator_behind_the_gateway():
         stats = httpx2.get(url + "/stats").json()
         assert stats["generations_completed"] == 1
         assert httpx2.get(url + "/health").status_code == 200
+
+
+def test_serve_enforces_header_limits_and_the_admin_key_given_on_the_command_line():
+    args = ("serve", "--max-header-kb", "8", "--max-header-line-kb", "2", "--admin-key", "adm")
+    with running(*args) as url:
+        big = httpx2.get(url + "/health", headers={"x-big": "a" * 3000})
+        assert big.status_code == 431
+        assert big.json()["error"]["code"] == 431
+        assert httpx2.get(url + "/stats").status_code == 401
+        admin = httpx2.get(url + "/stats", headers={"Authorization": "Bearer adm"})
+        assert admin.status_code == 200
+        assert len(_chat(url).split()) == 5

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 __all__ = [
+    "RESET_EXTENSION",
     "BodyTooLarge",
     "Disconnected",
     "Message",
@@ -19,6 +20,7 @@ __all__ = [
     "Send",
     "header",
     "read_body",
+    "reset_connection",
     "respond",
     "serve_lifespan",
 ]
@@ -29,6 +31,18 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 _JSON = b"application/json"
+
+#: ``scope["extensions"]`` key of a no-argument callable that resets the request's connection
+#: (TCP RST, no answer): offered by :mod:`streamsafe.serving`'s servers, used to inject a reset
+#: and to end a stream that must not read as complete.
+RESET_EXTENSION = "streamsafe.reset"
+
+
+def reset_connection(scope: Scope) -> Callable[[], None] | None:
+    """The server's connection reset for this request, where it offers one."""
+    extensions = scope.get("extensions")
+    reset = extensions.get(RESET_EXTENSION) if isinstance(extensions, dict) else None
+    return reset if callable(reset) else None
 
 
 class BodyTooLarge(Exception):

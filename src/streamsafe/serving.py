@@ -5,6 +5,9 @@ Every server here binds its own socket first, so port 0 gives a free port with n
 caller learns the port before the first request. ASGI lifespan is on: apps start and stop their
 background work (the simulator's engine loop, the gateway's upstream connection pool) in
 ``lifespan``.
+
+Every server enforces :class:`ServerLimits` (header sizes, read timeouts for unfinished requests,
+a connection cap) before the app sees a request.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from typing import Any
 
 import uvicorn
 
-__all__ = ["ServerThread", "bind_socket", "run_server", "serve_in_thread"]
+from streamsafe._http_protocol import ServerLimits, limited_protocol
+
+__all__ = ["ServerLimits", "ServerThread", "bind_socket", "run_server", "serve_in_thread"]
 
 
 def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
@@ -32,12 +37,14 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     return sock
 
 
-def _config(app: Any, *, log_level: str, loop: str, **kwargs: Any) -> uvicorn.Config:
+def _config(
+    app: Any, *, log_level: str, loop: str, limits: ServerLimits | None, **kwargs: Any
+) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         log_level=log_level,
         loop=loop,
-        http="httptools",
+        http=limited_protocol(limits or ServerLimits()),
         lifespan="on",
         access_log=False,
         timeout_graceful_shutdown=2,
@@ -54,7 +61,7 @@ class ServerThread:
     ``start()`` returns once the server accepts connections; ``stop()`` shuts it down (open
     streams are cancelled after a short grace) and joins the thread. ``loop`` is the server's
     event loop, for tests that must run a coroutine next to the app
-    (:meth:`call`).
+    (:meth:`call`). ``limits``: what one connection may cost (default :class:`ServerLimits`).
     """
 
     def __init__(
@@ -65,12 +72,13 @@ class ServerThread:
         port: int = 0,
         log_level: str = "warning",
         loop: str = "asyncio",
+        limits: ServerLimits | None = None,
     ) -> None:
         self.app = app
         self._sock = bind_socket(host, port)
         self.host = host
         self.port: int = self._sock.getsockname()[1]
-        self._server = uvicorn.Server(_config(app, log_level=log_level, loop=loop))
+        self._server = uvicorn.Server(_config(app, log_level=log_level, loop=loop, limits=limits))
         self._thread = threading.Thread(target=self._run, name=f"server:{self.port}", daemon=True)
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -155,6 +163,7 @@ def run_server(
     port: int = 8000,
     log_level: str = "info",
     announce: Callable[[str], None] | None = None,
+    limits: ServerLimits | None = None,
 ) -> None:
     """Serve ``app`` in the foreground until interrupted (uvloop where available).
 
@@ -169,5 +178,5 @@ def run_server(
     if announce is not None:
         bound = sock.getsockname()[1]
         announce(f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}")
-    server = uvicorn.Server(_config(app, log_level=log_level, loop=loop))
+    server = uvicorn.Server(_config(app, log_level=log_level, loop=loop, limits=limits))
     server.run(sockets=[sock])

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["estimate_prompt_tokens", "estimate_text_tokens", "prompt_text"]
+__all__ = ["content_text", "estimate_prompt_tokens", "estimate_text_tokens", "prompt_text"]
 
 _PER_MESSAGE = 4
 _REPLY_HEADER = 2
@@ -22,11 +22,16 @@ def estimate_text_tokens(text: str) -> int:
     return (len(text.encode()) + 3) // 4
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
+    """The text of a chat message's ``content``: the string itself, or the string ``text`` of
+    each part of a list of parts joined; anything else is no text."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-        return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+        # Only string texts count: a request's shape is checked where it is received (with an
+        # error naming the field); an estimate must never be the thing that fails.
+        texts = (part.get("text") for part in content if isinstance(part, Mapping))
+        return "".join(t for t in texts if isinstance(t, str))
     return ""
 
 
@@ -37,7 +42,7 @@ def prompt_text(body: Mapping[str, Any]) -> str:
         parts = []
         for msg in body.get("messages") or ():
             if isinstance(msg, Mapping):
-                parts.append(f"{msg.get('role', '')}: {_content_text(msg.get('content'))}")
+                parts.append(f"{msg.get('role', '')}: {content_text(msg.get('content'))}")
         return "\n".join(parts)
     prompt = body.get("prompt", "")
     if isinstance(prompt, list):
@@ -51,6 +56,6 @@ def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
         total = _REPLY_HEADER
         for msg in body.get("messages") or ():
             if isinstance(msg, Mapping):
-                total += _PER_MESSAGE + estimate_text_tokens(_content_text(msg.get("content")))
+                total += _PER_MESSAGE + estimate_text_tokens(content_text(msg.get("content")))
         return total
     return max(1, estimate_text_tokens(prompt_text(body)))

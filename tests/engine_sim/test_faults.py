@@ -158,3 +158,125 @@ def test_fault_header_aims_a_fault_at_one_request(serve, body):
     assert cut and len(events) == 2
     bad = httpx2.post(_url(server), json=body(), headers={"x-sim-fault": "bogus"})
     assert bad.status_code == 400
+
+
+def test_new_fault_specs_parse_with_target_and_times_and_print_back():
+    for spec in (
+        "reset:0.5",
+        "hang:3:1",
+        "malformed:4:1",
+        "nodone:1",
+        "status:503:1:1@continuation#1",
+        "cut:5:1@fresh",
+        "reset:1#2",
+    ):
+        assert Fault.parse(str(Fault.parse(spec))) == Fault.parse(spec)
+    fault = Fault.parse("status:503:1@continuation#1")
+    assert (fault.target, fault.times) == ("continuation", 1)
+    assert fault.hits(continuation=True) and not fault.hits(continuation=False)
+    for bad in ("reset:1@later", "hang:1", "nodone:1#0", "malformed:-1:1"):
+        with pytest.raises(ValueError, match="fault"):
+            Fault.parse(bad)
+
+
+def _stream_raw(server, req, headers=None):
+    """(SSE data of every event, error raised while reading or None)."""
+    decoder = SSEDecoder()
+    data = []
+    with httpx2.Client(timeout=10) as http:
+        try:
+            with http.stream("POST", _url(server), json=req, headers=headers) as r:
+                for chunk in r.iter_bytes():
+                    data += [ev.data for ev in decoder.feed(chunk)]
+        except httpx2.HTTPError as exc:
+            return data, exc
+    return data, None
+
+
+def test_reset_fault_resets_the_connection_before_any_response(serve, body):
+    sim, server = serve()
+    data, error = _stream_raw(server, body(max_tokens=3, stream=True), {"x-sim-fault": "reset:1"})
+    assert data == []
+    assert isinstance(error, httpx2.RemoteProtocolError | httpx2.ReadError)
+    stats = sim.stats()
+    assert stats["faults_injected"]["reset"] == 1 and stats["generations_started"] == 0
+
+
+def test_hang_fault_goes_silent_with_the_connection_open(serve, body):
+    sim, server = serve()
+    decoder = SSEDecoder()
+    req = body(max_tokens=10, stream=True)
+    with (
+        httpx2.Client(timeout=httpx2.Timeout(10, read=0.5)) as http,
+        http.stream("POST", _url(server), json=req, headers={"x-sim-fault": "hang:3:1"}) as r,
+    ):
+        events = []
+        with pytest.raises(httpx2.ReadTimeout):
+            for chunk in r.iter_bytes():
+                events += decoder.feed(chunk)
+    assert len(events) == 3  # the role chunk and two tokens, then silence
+    assert sim.stats()["faults_injected"]["hang"] == 1
+
+
+def test_malformed_fault_sends_one_chunk_that_is_not_json(serve, body):
+    import orjson
+
+    sim, server = serve()
+    data, error = _stream_raw(
+        server, body(max_tokens=5, stream=True), {"x-sim-fault": "malformed:2:1"}
+    )
+    assert error is None and data[-1] == "[DONE]"
+    broken = []
+    for i, d in enumerate(data[:-1]):
+        try:
+            orjson.loads(d)
+        except orjson.JSONDecodeError:
+            broken.append(i)
+    assert broken == [2]
+    assert len(data) == 1 + 5 + 1 + 1  # role, 5 tokens, the malformed one, [DONE]
+    assert sim.stats()["faults_injected"]["malformed"] == 1
+
+
+def test_nodone_fault_ends_the_stream_cleanly_without_done(serve, body):
+    sim, server = serve()
+    req = body(max_tokens=4, stream=True)
+    data, error = _stream_raw(server, req, {"x-sim-fault": "nodone:1"})
+    assert error is None
+    assert data and data[-1] != "[DONE]" and '"finish_reason":"length"' in data[-1]
+    assert sim.stats()["faults_injected"]["nodone"] == 1
+
+
+def test_times_bounds_how_often_a_fault_hits_and_target_picks_continuations(serve, body):
+    sim, server = serve(faults=(Fault.parse("status:503:1@continuation#1"),))
+    plain = body(max_tokens=2)
+    assert httpx2.post(_url(server), json=plain).status_code == 200  # not a continuation
+    cont = {
+        **plain,
+        "messages": [*plain["messages"], {"role": "assistant", "content": "the"}],
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+    }
+    assert httpx2.post(_url(server), json=cont).status_code == 503
+    assert httpx2.post(_url(server), json=cont).status_code == 200  # hit once only
+    assert sim.stats()["faults_injected"]["status"] == 1
+
+
+def test_a_continuation_without_max_tokens_gets_only_the_default_tokens_still_owed(serve, body):
+    _sim, server = serve(default_max_tokens=12)
+    plain = body()
+    whole = httpx2.post(_url(server), json=plain).json()["choices"][0]["message"]["content"]
+    assert whole == expected_text(plain, 12)
+    partial = expected_text(plain, 5)
+    cont = {
+        **plain,
+        "messages": [*plain["messages"], {"role": "assistant", "content": partial}],
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+    }
+    answer = httpx2.post(_url(server), json=cont).json()
+    assert partial + answer["choices"][0]["message"]["content"] == whole
+    # Its prompt is the original prompt plus the 5 tokens of the partial answer.
+    from streamsafe.tokens import estimate_prompt_tokens
+
+    assert answer["usage"]["prompt_tokens"] == estimate_prompt_tokens(plain) + 5
+    assert answer["usage"]["completion_tokens"] == 7

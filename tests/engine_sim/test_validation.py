@@ -41,12 +41,28 @@ def test_malformed_json_is_a_400(serve):
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user"}], "stream": "y"}),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": "9"}),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 2}),
+        *(
+            (
+                "/v1/chat/completions",
+                {"model": MODEL, "messages": [{"role": "user", "content": [part]}]},
+            )
+            for part in (
+                {"type": "text", "text": 5},
+                {"type": "text", "text": None},
+                {"type": "text", "text": ["a"]},
+                {"text": "no type"},
+                "not an object",
+            )
+        ),
     ],
 )
 def test_missing_or_wrong_fields_are_a_400(serve, path, body):
     sim, server = serve()
-    _error(httpx2.post(server.url + path, json=body), 400)
+    err = _error(httpx2.post(server.url + path, json=body), 400)
     assert sim.stats()["generations_started"] == 0
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if messages and isinstance(messages[0], dict) and isinstance(messages[0].get("content"), list):
+        assert "messages[0].content[0]" in err["message"]  # names the field
 
 
 def test_unknown_model_is_a_404_the_client_understands(serve):

@@ -9,30 +9,81 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from streamsafe.gateway.admission import AdmissionCore
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.generation import Generation, GenerationRequest, State
 from streamsafe.gateway.store import MemoryEventLog
-from streamsafe.gateway.subscriber import COMMIT, HEARTBEAT, WAIT, Pacing, StreamRules
+from streamsafe.gateway.subscriber import (
+    COMMIT,
+    HEARTBEAT,
+    SHED,
+    STEP_BACK,
+    WAIT,
+    Pacing,
+    StreamRules,
+)
 
 
-def _generation(created_at: float = 100.0) -> Generation:
+def _generation(created_at: float = 100.0, *, queued: bool = False) -> Generation:
+    """A generation admitted at ``created_at`` or, with ``queued``, waiting for a place since
+    then (behind one that holds the only place)."""
     req = GenerationRequest(
         tenant="t", path="/v1/chat/completions", body=b"{}", fingerprint=b"f", cost=1, stream=True
     )
-    return Generation("gen-1", req, MemoryEventLog(), None, created_at)
+    gen = Generation("gen-1", req, MemoryEventLog(), None, created_at)
+    if queued:
+        core = AdmissionCore(1, None, 10)
+        core.request("t", 1, None, created_at)
+        gen.waiter, _ = core.request("t", 1, None, created_at)
+    else:
+        gen.state, gen.admitted_at = State.RUNNING, created_at
+    return gen
 
 
 def _rules(**kwargs: Any) -> StreamRules:
     return StreamRules.from_config(GatewayConfig(**kwargs))
 
 
-def test_early_commit_waits_at_most_commit_wait_from_creation_while_queued() -> None:
-    gen = _generation(created_at=100.0)
-    pacing = Pacing(_rules(heartbeat=0.5), flowing=False)
+def test_early_commit_waits_at_most_commit_wait_from_arrival_while_queued() -> None:
+    gen = _generation(created_at=100.0, queued=True)
+    pacing = Pacing(_rules(heartbeat=0.5), flowing=False, arrived=100.0)
     step, timeout = pacing.step(gen, 100.2)
     assert step == WAIT and timeout == pytest.approx(0.3)
     assert pacing.step(gen, 100.5) == (COMMIT, None)
     assert pacing.committed
+
+
+def test_no_commit_before_the_generation_asked_for_a_place() -> None:
+    gen = _generation(created_at=100.0)
+    gen.state, gen.admitted_at = State.QUEUED, None  # its reader has not asked yet
+    pacing = Pacing(_rules(heartbeat=0.5), flowing=False, arrived=100.0)
+    assert pacing.step(gen, 1e9) == (WAIT, None)
+
+
+def test_early_commit_waits_for_the_first_token_while_the_wait_is_short_of_the_read_timeout() -> (
+    None
+):
+    gen = _generation(created_at=0.0, queued=True)
+    rules = _rules(heartbeat=0.5, queue_timeout=100.0)
+    pacing = Pacing(rules, flowing=False, arrived=0.0, patience=60.0)
+    assert pacing.step(gen, 5.0, predicted=2.0)[0] == WAIT  # no commit: a 429 stays possible
+    assert pacing.step(gen, 5.0, predicted=25.0) == (COMMIT, None)  # may reach 30 s: commit
+
+
+def test_a_wait_past_the_queue_timeout_is_shed_before_any_commit() -> None:
+    gen = _generation(created_at=0.0, queued=True)
+    pacing = Pacing(_rules(queue_timeout=10.0), flowing=False, arrived=0.0)
+    assert pacing.step(gen, 0.0, predicted=12.0) == (SHED, None)
+    assert pacing.retry_after == 12.0 and not pacing.committed
+
+
+def test_first_token_commit_tells_a_client_that_would_time_out_to_come_back() -> None:
+    gen = _generation(created_at=0.0, queued=True)
+    rules = _rules(commit="first-token")
+    pacing = Pacing(rules, flowing=False, arrived=0.0, patience=4.0)
+    assert pacing.step(gen, 0.0, predicted=1.0) == (WAIT, 2.0)  # answer by half the timeout
+    assert pacing.step(gen, 0.5, predicted=8.0) == (STEP_BACK, None)
+    assert pacing.retry_after == pytest.approx(7.0) and not pacing.committed
 
 
 def test_early_commit_goes_at_once_when_upstream_accepted() -> None:

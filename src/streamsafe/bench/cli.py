@@ -10,6 +10,8 @@ import argparse
 import importlib
 from typing import Any
 
+from streamsafe.bench.report import OUTPUTS
+
 # (name, module exposing register(subparsers)).
 _BENCHES: tuple[tuple[str, str], ...] = (
     ("sse", "streamsafe.bench.sse"),
@@ -17,6 +19,7 @@ _BENCHES: tuple[tuple[str, str], ...] = (
     ("simulator", "streamsafe.bench.simulator"),
     ("overhead", "streamsafe.bench.overhead"),
     ("overload", "streamsafe.bench.overload"),
+    ("peers", "streamsafe.bench.peers"),
     ("fleet", "streamsafe.bench.fleet"),
 )
 
@@ -38,15 +41,22 @@ def register(subparsers: Any) -> None:
     mods = _available()
     for _name, mod in mods:
         mod.register(sub)
+    names = [name for name, _mod in mods]
     allp = sub.add_parser("all", help="run every benchmark with its defaults")
-    allp.add_argument("--out", default="reports", help="folder for JSON reports (default reports)")
-    allp.set_defaults(func=lambda args: _run_all(args, mods))
+    allp.add_argument("--out", default="reports", help="folder for the reports (default reports)")
+    allp.set_defaults(func=lambda args: _run_all(args, sub, names))
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
 
 
-def _run_all(args: argparse.Namespace, mods: list[tuple[str, Any]]) -> int:
+def _run_all(args: argparse.Namespace, sub: Any, names: list[str]) -> int:
+    """Each benchmark with its own defaults, its outputs named ``OUT/bench-NAME.EXT``."""
     rc = 0
-    for name, mod in mods:
+    for name in names:
         print(f"== bench {name} ==", flush=True)
-        rc |= int(mod.run_default(out_dir=args.out) or 0)
+        parser = sub.choices[name]
+        argv = []
+        for flag in parser.get_default("outputs"):
+            argv += [f"--{flag}", f"{args.out}/bench-{name}.{OUTPUTS[flag]}"]
+        bench_args = parser.parse_args(argv)
+        rc |= int(bench_args.func(bench_args) or 0)
     return rc

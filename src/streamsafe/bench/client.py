@@ -20,9 +20,9 @@ from typing import Any
 import httpx2
 
 from streamsafe.bench.recorded import recorded_chat_stream
-from streamsafe.bench.report import write_json
+from streamsafe.bench.report import add_output_flags, write_json
 
-__all__ = ["register", "run", "run_default"]
+__all__ = ["register", "run"]
 
 _URL = "http://bench.invalid/v1/chat/completions"
 
@@ -132,11 +132,6 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_default(out_dir: str) -> int:
-    """``streamsafe bench all`` entry: default sizes, JSON into ``out_dir``."""
-    return _main(argparse.Namespace(chunks=10_000, rounds=5, json=f"{out_dir}/bench-client.json"))
-
-
 def register(subparsers: Any) -> None:
     """Add ``bench client``."""
     p = subparsers.add_parser(
@@ -144,5 +139,5 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--chunks", type=int, default=10_000, help="chat chunks in the stream")
     p.add_argument("--rounds", type=int, default=5, help="rounds; the best of each is kept")
-    p.add_argument("--json", help="also write the report to this JSON file")
+    add_output_flags(p)
     p.set_defaults(func=_main)

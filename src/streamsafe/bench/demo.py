@@ -37,10 +37,11 @@ from streamsafe.bench.harness import (
     make_driver,
     run_stack,
 )
+from streamsafe.bench.stats import percentile
 from streamsafe.engine_sim import Fault, SimConfig
 from streamsafe.gateway import GatewayConfig
 
-__all__ = ["DemoSettings", "Scenario", "run_demo", "scenarios"]
+__all__ = ["DemoSettings", "Scenario", "healthy_engine", "run_demo", "scenarios"]
 
 _REAL_TIMEOUT_S = 60.0  # llama-stack-client's read timeout, which the demo compresses
 _REAL_HEARTBEAT_S = 5.0  # the gateway's default heartbeat, compressed alike
@@ -104,7 +105,9 @@ def _report_deployment(s: DemoSettings) -> SimConfig:
     return _engine(s, abort_on_disconnect=False, headers_after_first_token=True)
 
 
-def _vllm(s: DemoSettings) -> SimConfig:
+def healthy_engine(s: DemoSettings) -> SimConfig:
+    """A healthy vLLM-like engine at the demo's sizes (the overload benchmark's capacity is
+    measured on it)."""
     return _engine(s)
 
 
@@ -157,7 +160,7 @@ def scenarios() -> list[Scenario]:
             "llama-stack-client",
             "gateway",
             "retries attach: one generation per request",
-            _vllm,
+            healthy_engine,
             lambda s: _gateway(s, "first-token"),
         ),
         Scenario(
@@ -165,7 +168,7 @@ def scenarios() -> list[Scenario]:
             "llama-stack-client",
             "gateway",
             "heartbeats: no retries at all",
-            _vllm,
+            healthy_engine,
             lambda s: _gateway(s, "early"),
         ),
         Scenario(
@@ -188,12 +191,8 @@ class ScenarioResult:
 
 
 def _percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile; ``None`` for no values (JSON has no NaN)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    k = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return round(ordered[k], 3)
+    value = percentile(values, q)
+    return None if value is None else round(value, 3)
 
 
 async def run_scenario(sc: Scenario, s: DemoSettings) -> ScenarioResult:

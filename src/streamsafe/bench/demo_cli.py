@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-from pathlib import Path
 from typing import Any
+
+from streamsafe.bench.report import add_output_flags, write_json
 
 __all__ = ["register"]
 
@@ -86,8 +86,7 @@ def _main(args: argparse.Namespace) -> int:
     rows = [r.row for r in results]
     console.print(render_table(rows, "streamsafe demo: the same workload, six ways"))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"scenarios": rows}, indent=2))
+        write_json(args.json, {"scenarios": rows})
         console.print(f"wrote {args.json}")
     if args.plot:
         from streamsafe.bench.plots import plot_demo
@@ -102,7 +101,6 @@ def register(subparsers: Any) -> None:
         "demo", help="the reported outage reproduced and prevented, side by side (about a minute)"
     )
     p.add_argument("--quick", action="store_true", help="a smaller workload (the test suite's)")
-    p.add_argument("--json", help="write the report to this JSON file")
-    p.add_argument("--plot", help="write the plot to this PNG file")
+    add_output_flags(p, plot=True)
     p.add_argument("--only", help="comma-separated scenario numbers to run (default: all)")
     p.set_defaults(func=_main)

@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamsafe.bench.report import write_json
+from streamsafe.bench.report import add_output_flags, write_json
 
-__all__ = ["FleetSettings", "register", "run", "run_default"]
+__all__ = ["FleetSettings", "register", "run"]
 
 
 @dataclass(frozen=True)
@@ -270,21 +270,6 @@ def _main(args: argparse.Namespace) -> int:
     return 0 if ok and report["tokens_lost"] == report["tokens_repeated"] == 0 else 1
 
 
-def run_default(out_dir: str) -> int:
-    """``streamsafe bench all`` entry."""
-    return _main(
-        argparse.Namespace(
-            replicas=3,
-            engines=2,
-            requests=60,
-            window=6.0,
-            max_tokens=50,
-            json=f"{out_dir}/bench-fleet.json",
-            plot=f"{out_dir}/bench-fleet.png",
-        )
-    )
-
-
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "fleet",
@@ -296,6 +281,5 @@ def register(subparsers: Any) -> None:
     p.add_argument("--requests", type=int, default=60, help="streams sent (default 60)")
     p.add_argument("--window", type=float, default=6.0, help="seconds of arrivals (default 6)")
     p.add_argument("--max-tokens", type=int, default=50, help="tokens per answer (default 50)")
-    p.add_argument("--json", help="write the report to this JSON file")
-    p.add_argument("--plot", help="write the plot to this PNG file")
+    add_output_flags(p, plot=True)
     p.set_defaults(func=_main)

@@ -23,18 +23,19 @@ if TYPE_CHECKING:  # the benchmark's heavy imports wait until it runs, so --help
     from streamsafe.bench.demo import DemoSettings, Scenario
     from streamsafe.bench.harness import Driver, Outcome, Workload
 
-from streamsafe.bench.report import write_json
+from streamsafe.bench.report import add_output_flags, write_json
+from streamsafe.bench.stats import percentile
 
-__all__ = ["measure_capacity", "register", "run", "run_default"]
+__all__ = ["measure_capacity", "register", "run"]
 
 
 async def measure_capacity(settings: DemoSettings, window_s: float) -> float:
     """Reply tokens per second of a saturated, healthy engine (closed loop, no retries)."""
-    from streamsafe.bench.demo import _vllm
+    from streamsafe.bench.demo import healthy_engine
     from streamsafe.bench.harness import make_driver, run_stack
 
     w = settings.workload
-    with run_stack(_vllm(settings), None) as stack:
+    with run_stack(healthy_engine(settings), None) as stack:
         async with make_driver("streamsafe", stack.url, settings.timeout_s * 30) as driver:
             done_tokens = 0
             stop_at = time.monotonic() + window_s
@@ -82,7 +83,7 @@ async def run_point(
     # Completed means the whole answer arrived: a call that ended quietly but short (as
     # llama-stack-client 0.2.x does on an in-stream error event) does not count.
     completed = [o for o in outcomes if o.ok and len(o.text.split()) == w.max_tokens]
-    latencies = sorted(o.seconds for o in completed)
+    p99 = percentile([o.seconds for o in completed], 0.99)
     n = len(outcomes)
     generations = sim["generations_started"] - sim["continuations"]
     return {
@@ -95,9 +96,7 @@ async def run_point(
         "goodput": round(len(completed) * w.max_tokens / elapsed / capacity_tps, 3),
         "amplification": round(generations / n, 3),
         "engine_crashes": sim["crashes"],
-        "p99_s": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 3)
-        if latencies
-        else None,
+        "p99_s": None if p99 is None else round(p99, 3),
     }
 
 
@@ -174,20 +173,6 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_default(out_dir: str) -> int:
-    """``streamsafe bench all`` entry."""
-    return _main(
-        argparse.Namespace(
-            loads="0.5,1,2,4",
-            quick=False,
-            window=6.0,
-            only=None,
-            json=f"{out_dir}/bench-overload.json",
-            plot=f"{out_dir}/bench-overload.png",
-        )
-    )
-
-
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "overload", help="goodput, amplification and crashes vs offered load, per client and path"
@@ -196,6 +181,5 @@ def register(subparsers: Any) -> None:
     p.add_argument("--window", type=float, default=6.0, help="seconds of arrivals per point")
     p.add_argument("--quick", action="store_true", help="the demo's quick sizes")
     p.add_argument("--only", help="comma-separated demo scenario numbers (default: all)")
-    p.add_argument("--json", help="write the report to this JSON file")
-    p.add_argument("--plot", help="write the plot to this PNG file")
+    add_output_flags(p, plot=True)
     p.set_defaults(func=_main)

@@ -1,11 +1,11 @@
-"""Plots of the demo and the overload benchmark (matplotlib, written to PNG)."""
+"""Plots of the demo and the benchmarks (matplotlib, written to PNG)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_demo", "plot_fleet", "plot_overload"]
+__all__ = ["plot_demo", "plot_fleet", "plot_overload", "plot_peers"]
 
 
 def _pyplot() -> Any:
@@ -94,6 +94,48 @@ def plot_overload(rows: list[dict[str, Any]], path: str) -> None:
     ax_amp.set_xlabel("offered load (x engine capacity)")
     ax_amp.set_ylabel("engine generations per logical request")
     ax_amp.set_title("Amplification")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_peers(report: dict[str, Any], path: str) -> None:
+    """CPU per 100k chunks (log scale) and added latency per chunk, per peer, with the spread
+    over rounds as whiskers: streamsafe against nginx and LiteLLM at a glance."""
+    plt = _pyplot()
+    fig, (ax_cpu, ax_lat) = plt.subplots(1, 2, figsize=(12, 4.5))
+    names = [n for n in report["peers"] if n != "direct"]
+    summaries = [report["peers"][n]["summary"] for n in names]
+
+    def bars(ax: Any, key: str, offset: float, width: float, label: str | None) -> None:
+        values, low, high = [], [], []
+        for s in summaries:
+            v = s.get(key)
+            lo, hi = s["spread"].get(key) or (v, v)
+            values.append(v or 0.0)
+            low.append(max(0.0, (v or 0.0) - (lo or 0.0)))
+            high.append(max(0.0, (hi or 0.0) - (v or 0.0)))
+        xs = [i + offset for i in range(len(names))]
+        ax.bar(xs, values, width, yerr=[low, high], capsize=3, label=label)
+
+    bars(ax_cpu, "cpu_s_per_100k_chunks", 0.0, 0.6, None)
+    ax_cpu.set_yscale("log")
+    ax_cpu.set_xticks(range(len(names)), names, fontsize=8, rotation=15)
+    ax_cpu.set_ylabel("CPU seconds per 100,000 chunks (log)")
+    ax_cpu.set_title("Proxy CPU per chunk (whiskers: spread over rounds)")
+    bars(ax_lat, "added_latency_ms_p50", -0.2, 0.4, "p50")
+    bars(ax_lat, "added_latency_ms_p99", 0.2, 0.4, "p99")
+    ax_lat.axhline(0.0, color="black", linewidth=1)
+    ax_lat.set_xticks(range(len(names)), names, fontsize=8, rotation=15)
+    ax_lat.set_ylabel("ms added per chunk vs direct")
+    ax_lat.set_title("Latency added per chunk")
+    ax_lat.legend(fontsize=8)
+    fig.suptitle(
+        f"{report['streams']} streams x {report['chunks_per_stream']} chunks @ "
+        f"{report['itl_ms']:g} ms, median of {report['rounds']} rounds",
+        fontsize=10,
+    )
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

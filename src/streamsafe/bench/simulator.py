@@ -17,21 +17,15 @@ a performance claim.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import json
 import os
 import statistics
-import subprocess
 import sys
-import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-__all__ = ["measure_level", "register", "run", "run_default"]
+from streamsafe.bench.report import add_output_flags, write_json
+from streamsafe.bench.stats import percentile
 
-_PATTERN = b'"delta":{"content":"'
+__all__ = ["measure_level", "register", "run"]
 
 
 def register(subparsers: Any) -> None:
@@ -44,38 +38,24 @@ def register(subparsers: Any) -> None:
     p.add_argument("--start", type=int, default=50, help="first number of streams (50)")
     p.add_argument("--max-streams", type=int, default=6400, help="stop doubling here (6400)")
     p.add_argument("--tolerance", type=float, default=0.10, help="allowed ITL excess (0.10)")
-    p.add_argument("--out", default="reports", help="folder for simulator.json (reports)")
+    add_output_flags(p)
     p.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
-    return run(
-        out_dir=args.out,
+    report = run(
         itl_ms=args.itl_ms,
         seconds=args.seconds,
         start=args.start,
         max_streams=args.max_streams,
         tolerance=args.tolerance,
     )
+    write_json(args.json, report)
+    return 0
 
 
-def run_default(out_dir: str) -> int:
-    """The benchmark with its defaults (used by ``streamsafe bench all``)."""
-    return run(out_dir=out_dir)
-
-
-def _free_port() -> int:
-    from streamsafe.serving import bind_socket
-
-    sock = bind_socket("127.0.0.1", 0)
-    port: int = sock.getsockname()[1]
-    sock.close()
-    return port
-
-
-@contextlib.contextmanager
-def _simulator(port: int, itl_ms: float, max_tokens: int) -> Iterator[subprocess.Popen[bytes]]:
-    cmd = [
+def _simulator_command(port: int, itl_ms: float, max_tokens: int) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "streamsafe.cli",
@@ -95,106 +75,38 @@ def _simulator(port: int, itl_ms: float, max_tokens: int) -> Iterator[subprocess
         "--default-max-tokens",
         str(max_tokens),
     ]
-    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
-    try:
-        import httpx2
-
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(httpx2.TransportError):
-                if httpx2.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the simulator did not start")
-            time.sleep(0.05)
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-async def _stream(port: int, body: bytes) -> tuple[int, int, float, float]:
-    """(tokens, tokens in the first read, time of first token, time of last token)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    head = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
-        b"content-length: " + str(len(body)).encode() + b"\r\n\r\n"
-    )
-    writer.write(head + body)
-    count = first_batch = 0
-    first = last = 0.0
-    keep = len(_PATTERN) - 1
-    try:
-        await reader.readuntil(b"\r\n\r\n")
-        carry = b""
-        while True:
-            data = await reader.read(262144)
-            if not data:
-                break
-            now = time.perf_counter()
-            buf = carry + data
-            k = buf.count(_PATTERN)
-            if k:
-                if not count:
-                    first, first_batch = now, k
-                count += k
-                last = now
-            if b"data: [DONE]" in buf:
-                break
-            carry = buf[-keep:]
-    finally:
-        writer.close()
-    return count, first_batch, first, last
-
-
-async def _level(port: int, streams: int, max_tokens: int) -> list[tuple[int, int, float, float]]:
-    bodies = [
-        json.dumps(
-            {
-                "model": "sim-llama-8b",
-                "messages": [{"role": "user", "content": f"bench stream {i}"}],
-                "max_tokens": max_tokens,
-                "stream": True,
-            }
-        ).encode()
-        for i in range(streams)
-    ]
-    return list(await asyncio.gather(*(_stream(port, b) for b in bodies)))
 
 
 def measure_level(
     port: int, pid: int, streams: int, itl_ms: float, seconds: float
 ) -> dict[str, Any]:
     """Run ``streams`` concurrent streams of ``seconds`` each; return the level's figures."""
+    from streamsafe.bench.load import TOKEN, run_load
+    from streamsafe.bench.processes import cpu_seconds
+
     max_tokens = max(10, round(seconds * 1000 / itl_ms))
-    cpu0, load0, t0 = _cpu_seconds(pid), time.process_time(), time.perf_counter()
-    results = asyncio.run(_level(port, streams, max_tokens))
-    wall = time.perf_counter() - t0
-    cpu1, load1 = _cpu_seconds(pid), time.process_time()
+    cpu0 = cpu_seconds([pid])
+    load = run_load(f"http://127.0.0.1:{port}", streams, max_tokens, f"n{streams}", marker=TOKEN)
+    cpu = cpu_seconds([pid]) - cpu0
+    wall = load.wall_s
     ratios = []
     tokens = 0
     sustained = 0.0  # sum of per-stream rates: the rate while all streams are in flight
-    for count, first_batch, first, last in results:
+    for s in load.streams:
+        count = len(s.arrivals)
         tokens += count
+        if count < 2:
+            continue
+        first, last = s.arrivals[0], s.arrivals[-1]
+        first_batch = s.arrivals.count(first)  # tokens that came in the first read
         if count - first_batch >= 1 and last > first:
             interval = (last - first) / (count - first_batch)
             ratios.append(interval * 1000 / itl_ms)
             sustained += 1 / interval
-    complete = sum(1 for r in results if r[0] == max_tokens)
-    first_t = min(r[2] for r in results if r[0])
-    last_t = max(r[3] for r in results if r[0])
+    arrived = [s.arrivals for s in load.streams if s.arrivals]
+    complete = sum(1 for s in load.streams if len(s.arrivals) == max_tokens)
+    first_t = min(a[0] for a in arrived)
+    last_t = max(a[-1] for a in arrived)
     ratios.sort()
     return {
         "streams": streams,
@@ -204,12 +116,10 @@ def measure_level(
         "measured_tokens_per_s": round(sustained, 1),
         "aggregate_tokens_per_s": round(tokens / max(1e-9, last_t - first_t), 1),
         "itl_ratio_mean": round(statistics.fmean(ratios), 4) if ratios else None,
-        "itl_ratio_p90": round(ratios[int(0.9 * (len(ratios) - 1))], 4) if ratios else None,
+        "itl_ratio_p90": round(percentile(ratios, 0.9) or 0, 4) if ratios else None,
         "itl_ratio_max": round(ratios[-1], 4) if ratios else None,
-        "simulator_cpu_pct": (
-            round(100 * (cpu1 - cpu0) / wall, 1) if cpu0 is not None and cpu1 is not None else None
-        ),
-        "load_cpu_pct": round(100 * (load1 - load0) / wall, 1),
+        "simulator_cpu_pct": round(100 * cpu / wall, 1),
+        "load_cpu_pct": round(100 * load.cpu_s / wall, 1),
         "wall_s": round(wall, 2),
     }
 
@@ -236,26 +146,23 @@ def _check(
 
 
 def run(
-    out_dir: str = "reports",
     *,
     itl_ms: float = 10.0,
     seconds: float = 2.0,
     start: int = 50,
     max_streams: int = 6400,
     tolerance: float = 0.10,
-) -> int:
-    """Sweep the number of streams; print and write ``simulator.json``; 0 on success."""
-    try:
-        import uvloop
+) -> dict[str, Any]:
+    """Sweep the number of streams; print each level and return the report."""
+    from streamsafe.bench.processes import free_port, http_ok, launched
 
-        uvloop.install()
-    except ImportError:  # pragma: no cover - the load still runs on asyncio
-        pass
-    port = _free_port()
+    port = free_port()
     levels: list[dict[str, Any]] = []
     best: dict[str, Any] | None = None
     max_tokens = max(10, round(seconds * 1000 / itl_ms))
-    with _simulator(port, itl_ms, max_tokens) as proc:
+    cmd = _simulator_command(port, itl_ms, max_tokens)
+    ready = http_ok(f"http://127.0.0.1:{port}/health")
+    with launched(cmd, name="simulator", ready=ready) as proc:
         measure_level(port, proc.pid, 10, itl_ms, 0.2)  # warm-up: imports, first connections
         streams, failed = start, None
         while streams <= max_streams:
@@ -278,7 +185,14 @@ def run(
                 best, low = level, mid
             else:
                 failed = mid
-    report = {
+    if best:
+        print(
+            f"max sustained: {best['measured_tokens_per_s']:.0f} streamed tokens/s "
+            f"({best['streams']} streams at {itl_ms} ms) within {tolerance:.0%}"
+        )
+    else:
+        print(f"no level stayed within {tolerance:.0%}")
+    return {
         "bench": "simulator",
         "itl_ms": itl_ms,
         "tolerance": tolerance,
@@ -287,14 +201,3 @@ def run(
         "max_sustained_tokens_per_s": best["measured_tokens_per_s"] if best else None,
         "max_sustained_streams": best["streams"] if best else None,
     }
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    path = Path(out_dir) / "simulator.json"
-    path.write_text(json.dumps(report, indent=2))
-    if best:
-        print(
-            f"max sustained: {best['measured_tokens_per_s']:.0f} streamed tokens/s "
-            f"({best['streams']} streams at {itl_ms} ms) within {tolerance:.0%}; report {path}"
-        )
-    else:
-        print(f"no level stayed within {tolerance:.0%}; report {path}")
-    return 0

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from typing import Any
 
 from streamsafe.bench.recorded import recorded_chat_stream
-from streamsafe.bench.report import write_json
+from streamsafe.bench.report import add_output_flags, write_json
 from streamsafe.sse import SSEDecoder
 
-__all__ = ["register", "run", "run_default"]
+__all__ = ["register", "run"]
 
 
 def _streamsafe(chunks: list[bytes], with_text: bool) -> int:
@@ -121,14 +121,9 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_default(out_dir: str) -> int:
-    """``streamsafe bench all`` entry: default sizes, JSON into ``out_dir``."""
-    return _main(argparse.Namespace(chunks=10_000, rounds=7, json=f"{out_dir}/bench-sse.json"))
-
-
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("sse", help="SSE decoder: streamsafe vs openai-python, as a ratio")
     p.add_argument("--chunks", type=int, default=10_000, help="chat chunks in the stream")
     p.add_argument("--rounds", type=int, default=7, help="rounds; the best of each is kept")
-    p.add_argument("--json", help="also write the report to this JSON file")
+    add_output_flags(p)
     p.set_defaults(func=_main)

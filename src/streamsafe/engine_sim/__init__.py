@@ -12,7 +12,7 @@ injected faults, and deterministic text (:func:`expected_text`). See docs/simula
 from __future__ import annotations
 
 from streamsafe.engine_sim.app import Simulator
-from streamsafe.engine_sim.config import Fault, FaultKind, SimConfig
+from streamsafe.engine_sim.config import Fault, FaultKind, FaultTarget, SimConfig
 from streamsafe.engine_sim.engine import EngineDeadError
 from streamsafe.engine_sim.text import VOCABULARY, expected_text
 
@@ -21,6 +21,7 @@ __all__ = [
     "EngineDeadError",
     "Fault",
     "FaultKind",
+    "FaultTarget",
     "SimConfig",
     "Simulator",
     "expected_text",

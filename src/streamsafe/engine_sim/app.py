@@ -29,19 +29,29 @@ from streamsafe._asgi import (
     Scope,
     Send,
     read_body,
+    reset_connection,
     respond,
     serve_lifespan,
 )
 from streamsafe.engine_sim.config import SimConfig
 from streamsafe.engine_sim.engine import Engine, EngineDeadError, Generation, GenState
 from streamsafe.engine_sim.faults import Drawn, FaultDraw, StreamCut
-from streamsafe.engine_sim.text import TextStream
+from streamsafe.engine_sim.text import TextStream, split_continuation
 from streamsafe.engine_sim.validation import BadRequest, Job, validate
 from streamsafe.engine_sim.wire import DONE_EVENT, ChunkEncoder, error_body, error_event
 
 __all__ = ["Simulator"]
 
 _SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+#: The malformed fault's event: a chunk cut off in the middle of its JSON.
+_MALFORMED_EVENT = b'data: {"id":"chatcmpl-broken","object":"chat.completion.chunk","choi\n\n'
+
+
+def _tokens_in(parts: list[bytes]) -> int:
+    """Token events among ``parts`` (neither the role event nor a malformed one)."""
+    return sum(1 for p in parts if b'"delta":{"role"' not in p and p != _MALFORMED_EVENT)
+
+
 _METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -204,7 +214,8 @@ class Simulator:
         engine.count("requests_received")
         try:
             job = validate(orjson.loads(raw), chat, self.config)
-            faults = self._faults.draw(scope.get("headers", ()))
+            continuation = split_continuation(job.body) is not None
+            faults = self._faults.draw(scope.get("headers", ()), continuation)
         except orjson.JSONDecodeError as exc:
             await respond(send, 400, error_body(f"malformed JSON body: {exc}", 400))
             return
@@ -216,6 +227,13 @@ class Simulator:
             return
         if engine.dead:
             await respond(send, 500, error_body(engine.dead_message, 500))
+            return
+        if faults.reset:
+            engine.count("faults_reset")
+            reset = reset_connection(scope)
+            if reset is None:
+                raise StreamCut("injected fault: reset (this server cannot reset; closing)")
+            reset()
             return
         if faults.status is not None:
             engine.count("faults_status")
@@ -315,6 +333,7 @@ class Simulator:
         text = TextStream(job.body, cfg.seed)
         last_index = gen.max_tokens - 1
         budget = faults.cut_after  # data events left before a cut
+        events_out = 0  # data events sent (for the hang and malformed faults)
         role_pending = job.chat
         while True:
             await gen.wait()
@@ -338,6 +357,21 @@ class Simulator:
                     await respond(send, 500, error_body(gen.error, 500))
                     return
                 parts.append(end)
+            if end is not None and faults.nodone and end.endswith(DONE_EVENT):
+                self.engine.count("faults_nodone")
+                parts[-1] = end = end[: -len(DONE_EVENT)]
+            if faults.malformed_after is not None:
+                at = faults.malformed_after - events_out
+                if 0 <= at <= len(parts) - (end is not None):
+                    self.engine.count("faults_malformed")
+                    parts.insert(at, _MALFORMED_EVENT)
+                    faults.malformed_after = None
+            if faults.hang_after is not None:
+                at = faults.hang_after - events_out
+                if at < len(parts) - (end is not None) or end is not None:
+                    await self._hang(send, gen, parts[: max(0, at)], n, started, client)
+                    return
+            events_out += len(parts)
             if budget is not None and len(parts) - (end is not None) >= budget:
                 await self._cut(send, gen, parts[:budget], n, started)
                 return
@@ -353,6 +387,26 @@ class Simulator:
             await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
             gen.sent = n
 
+    async def _hang(
+        self,
+        send: Send,
+        gen: Generation,
+        parts: list[bytes],
+        n: int,
+        started: bool,
+        client: _Client,
+    ) -> None:
+        """Send ``parts``, then nothing more with the connection open, as a frozen engine does;
+        the request is dropped once the client leaves."""
+        self.engine.count("faults_hang")
+        if not started:
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        if parts:
+            await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
+        gen.sent = min(n, gen.sent + _tokens_in(parts))
+        await client.gone_event.wait()
+        self.engine.client_gone(gen)
+
     async def _cut(
         self, send: Send, gen: Generation, parts: list[bytes], n: int, started: bool
     ) -> None:
@@ -361,9 +415,7 @@ class Simulator:
             await send({"type": "http.response.start", "status": 200, "headers": _SSE})
         if parts:
             await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
-        # Tokens actually written: the parts kept, less the role event.
-        tokens = sum(1 for p in parts if b'"delta":{"role"' not in p)
-        gen.sent = min(n, gen.sent + tokens)
+        gen.sent = min(n, gen.sent + _tokens_in(parts))
         self.engine.client_gone(gen)
         raise StreamCut("injected fault: connection cut")
 

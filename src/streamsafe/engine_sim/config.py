@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
-__all__ = ["Fault", "FaultKind", "SimConfig"]
+__all__ = ["Fault", "FaultKind", "FaultTarget", "SimConfig"]
 
-FaultKind = Literal["status", "cut", "stall"]
+FaultKind = Literal["status", "cut", "stall", "reset", "hang", "malformed", "nodone"]
+#: Which requests a fault may hit: ``any``, ``fresh`` ones, or ``continuation`` requests
+#: (``continue_final_message: true``).
+FaultTarget = Literal["any", "fresh", "continuation"]
+_TARGETS = ("any", "fresh", "continuation")
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,16 @@ class Fault:
       Streaming requests only.
     - ``stall:SECONDS:P``: hold the request that long before it reaches the engine, so the first
       token is late by that much (headers still go out at once unless held for the first token).
+    - ``reset:P``: reset the connection (TCP RST) before any response byte, as an engine process
+      killed mid-request or a proxy does.
+    - ``hang:N:P``: after N data events the stream goes silent with the connection open, as from
+      a frozen engine; it never resumes (the request is dropped when the client leaves).
+    - ``malformed:N:P``: after N data events one event whose data is not JSON (a truncated
+      chunk), then the stream goes on.
+    - ``nodone:P``: the stream ends cleanly after its last chunk but without ``data: [DONE]``.
+
+    Any spec may end in ``@fresh`` or ``@continuation`` (hit only those requests) and in
+    ``#TIMES`` (hit at most that many requests), e.g. ``status:503:1@continuation#1``.
     """
 
     kind: FaultKind
@@ -39,6 +53,12 @@ class Fault:
     cut_high: int = 0
     #: ``stall``: seconds of delay before the request is admitted.
     stall_s: float = 0.0
+    #: ``hang``, ``malformed``: data events sent before the fault.
+    after: int = 0
+    #: Which requests it may hit (see :data:`FaultTarget`).
+    target: FaultTarget = "any"
+    #: Most requests it hits (``None``: no bound).
+    times: int | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.probability <= 1.0:
@@ -49,49 +69,94 @@ class Fault:
             raise ValueError(f"cut fault needs 0 <= LO <= HI, got {self.cut_low}-{self.cut_high}")
         if self.kind == "stall" and self.stall_s < 0:
             raise ValueError(f"stall fault needs seconds >= 0, got {self.stall_s}")
+        if self.after < 0:
+            raise ValueError(f"{self.kind} fault needs N >= 0, got {self.after}")
+        if self.target not in _TARGETS:
+            raise ValueError(f"fault target must be one of {_TARGETS}, got {self.target!r}")
+        if self.times is not None and self.times < 1:
+            raise ValueError(f"fault times must be >= 1, got {self.times}")
+
+    def hits(self, continuation: bool) -> bool:
+        """Whether this fault may hit a request (a continuation or not), its target alone."""
+        if self.target == "any":
+            return True
+        return (self.target == "continuation") == continuation
 
     @classmethod
     def parse(cls, spec: str) -> Fault:
-        """Parse ``status:503:0.1``, ``cut:20:0.05``, ``cut:5-40:0.2``, ``stall:0.5:1``.
+        """Parse ``status:503:0.1``, ``cut:20:0.05``, ``cut:5-40:0.2``, ``stall:0.5:1``,
+        ``reset:0.1``, ``hang:3:1``, ``malformed:4:1``, ``nodone:1``, each optionally followed by
+        ``@fresh`` / ``@continuation`` and ``#TIMES``.
 
         Raises ValueError with the expected forms on anything else."""
-        parts = spec.strip().split(":")
+        body, _, times_s = spec.strip().partition("#")
+        body, _, target = body.partition("@")
         try:
-            kind = parts[0]
-            if kind == "status" and len(parts) in (3, 4):
-                code = int(parts[1])
-                retry_after: float | None = None
-                if len(parts) == 4:
-                    retry_after = float(parts[3])
-                elif code in (429, 503):
-                    retry_after = 1.0
-                return cls("status", float(parts[2]), status=code, retry_after=retry_after)
-            if kind == "cut" and len(parts) == 3:
-                lo, _, hi = parts[1].partition("-")
-                low = int(lo)
-                high = int(hi) if hi else low
-                return cls("cut", float(parts[2]), cut_low=low, cut_high=high)
-            if kind == "stall" and len(parts) == 3:
-                return cls("stall", float(parts[2]), stall_s=float(parts[1]))
+            if (target or "any") not in _TARGETS:
+                raise ValueError(f"target must be one of {_TARGETS}")
+            fault = cls._parse_body(body.split(":"))
+            if fault is not None:
+                return dataclasses.replace(
+                    fault,
+                    target=cast(FaultTarget, target or "any"),
+                    times=int(times_s) if times_s else None,
+                )
         except ValueError as exc:
             raise ValueError(f"bad fault spec {spec!r}: {exc}") from None
         raise ValueError(
             f"bad fault spec {spec!r}: expected status:CODE:P[:RETRY_AFTER], cut:N:P, "
-            "cut:LO-HI:P or stall:SECONDS:P"
+            "cut:LO-HI:P, stall:SECONDS:P, reset:P, hang:N:P, malformed:N:P or nodone:P, "
+            "optionally followed by @fresh or @continuation and #TIMES"
         )
 
+    @classmethod
+    def _parse_body(cls, parts: list[str]) -> Fault | None:
+        """The fault of a spec without its ``@TARGET`` and ``#TIMES`` (``None``: no such form)."""
+        kind = parts[0]
+        if kind == "status" and len(parts) in (3, 4):
+            code = int(parts[1])
+            retry_after: float | None = None
+            if len(parts) == 4:
+                retry_after = float(parts[3])
+            elif code in (429, 503):
+                retry_after = 1.0
+            return cls("status", float(parts[2]), status=code, retry_after=retry_after)
+        if kind == "cut" and len(parts) == 3:
+            lo, _, hi = parts[1].partition("-")
+            low = int(lo)
+            high = int(hi) if hi else low
+            return cls("cut", float(parts[2]), cut_low=low, cut_high=high)
+        if kind == "stall" and len(parts) == 3:
+            return cls("stall", float(parts[2]), stall_s=float(parts[1]))
+        if kind in ("hang", "malformed") and len(parts) == 3:
+            return cls(cast(FaultKind, kind), float(parts[2]), after=int(parts[1]))
+        if kind in ("reset", "nodone") and len(parts) == 2:
+            return cls(cast(FaultKind, kind), float(parts[1]))
+        return None
+
     def __str__(self) -> str:
+        p = f"{self.probability:g}"
         if self.kind == "status":
             tail = "" if self.retry_after is None else f":{self.retry_after:g}"
-            return f"status:{self.status}:{self.probability:g}{tail}"
-        if self.kind == "cut":
+            text = f"status:{self.status}:{p}{tail}"
+        elif self.kind == "cut":
             n = (
                 str(self.cut_low)
                 if self.cut_low == self.cut_high
                 else f"{self.cut_low}-{self.cut_high}"
             )
-            return f"cut:{n}:{self.probability:g}"
-        return f"stall:{self.stall_s:g}:{self.probability:g}"
+            text = f"cut:{n}:{p}"
+        elif self.kind == "stall":
+            text = f"stall:{self.stall_s:g}:{p}"
+        elif self.kind in ("hang", "malformed"):
+            text = f"{self.kind}:{self.after}:{p}"
+        else:
+            text = f"{self.kind}:{p}"
+        if self.target != "any":
+            text += f"@{self.target}"
+        if self.times is not None:
+            text += f"#{self.times}"
+        return text
 
 
 @dataclass(frozen=True)
@@ -112,7 +177,8 @@ class SimConfig:
     itl_ms: float = 10.0
     #: Extra step time per running request: a loaded engine is slower.
     itl_ms_per_seq: float = 0.1
-    #: ``max_tokens`` when a request gives none.
+    #: ``max_tokens`` when a request gives none; a continuation (``continue_final_message``) gets
+    #: it less the words of its partial answer, as vLLM's context-bound default shrinks.
     default_max_tokens: int = 256
     #: Abort a request when its client disconnects (vLLM does). False keeps generating for
     #: nobody, as behind a middle layer that does not pass the disconnect on.

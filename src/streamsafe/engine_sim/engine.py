@@ -146,6 +146,10 @@ class Engine:
                 "faults_status",
                 "faults_cut",
                 "faults_stall",
+                "faults_reset",
+                "faults_hang",
+                "faults_malformed",
+                "faults_nodone",
             ),
             0,
         )
@@ -282,6 +286,10 @@ class Engine:
                     "status": c["faults_status"],
                     "cut": c["faults_cut"],
                     "stall": c["faults_stall"],
+                    "reset": c["faults_reset"],
+                    "hang": c["faults_hang"],
+                    "malformed": c["faults_malformed"],
+                    "nodone": c["faults_nodone"],
                 },
                 "uptime_s": round(time.monotonic() - self._t0, 3),
             }

@@ -36,11 +36,16 @@ _quiet_cut = _QuietCut()
 
 @dataclass
 class Drawn:
-    """The faults one request drew: an error status, a cut after so many events, a stall."""
+    """The faults one request drew: an error status, a cut after so many events, a stall, a
+    reset before any answer, a hang, a malformed chunk, a missing ``[DONE]``."""
 
     status: Fault | None = None
     cut_after: int | None = None
     stall_s: float = 0.0
+    reset: bool = False
+    hang_after: int | None = None
+    malformed_after: int | None = None
+    nodone: bool = False
 
 
 class FaultDraw:
@@ -51,11 +56,12 @@ class FaultDraw:
         self._config = config
         self._rng = random.Random(config.seed)
         self._lock = threading.Lock()
+        self._hits: dict[Fault, int] = {}  # of faults with a bound on their hits
         logging.getLogger("uvicorn.error").addFilter(_quiet_cut)
 
-    def draw(self, headers: Iterable[tuple[bytes, bytes]]) -> Drawn:
-        """The faults of a request with these headers. Raises ``ValueError`` on a bad
-        ``x-sim-fault`` spec."""
+    def draw(self, headers: Iterable[tuple[bytes, bytes]], continuation: bool = False) -> Drawn:
+        """The faults of a request with these headers (``continuation``: it continues a partial
+        answer). Raises ``ValueError`` on a bad ``x-sim-fault`` spec."""
         faults = self._config.faults
         if self._config.fault_header:
             for name, value in headers:
@@ -67,13 +73,29 @@ class FaultDraw:
             return out
         with self._lock:
             rng = self._rng
+            hits = self._hits
             for fault in faults:
+                if not fault.hits(continuation):
+                    continue
+                if fault.times is not None and hits.get(fault, 0) >= fault.times:
+                    continue
                 if rng.random() >= fault.probability:
                     continue
-                if fault.kind == "status" and out.status is None:
+                if fault.times is not None:
+                    hits[fault] = hits.get(fault, 0) + 1
+                kind = fault.kind
+                if kind == "status" and out.status is None:
                     out.status = fault
-                elif fault.kind == "cut" and out.cut_after is None:
+                elif kind == "cut" and out.cut_after is None:
                     out.cut_after = rng.randint(fault.cut_low, fault.cut_high)
-                elif fault.kind == "stall":
+                elif kind == "stall":
                     out.stall_s += fault.stall_s
+                elif kind == "reset":
+                    out.reset = True
+                elif kind == "hang" and out.hang_after is None:
+                    out.hang_after = fault.after
+                elif kind == "malformed" and out.malformed_after is None:
+                    out.malformed_after = fault.after
+                elif kind == "nodone":
+                    out.nodone = True
         return out

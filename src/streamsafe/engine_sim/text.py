@@ -20,9 +20,9 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from streamsafe.tokens import prompt_text
+from streamsafe.tokens import content_text, prompt_text
 
-__all__ = ["VOCABULARY", "TextStream", "expected_text", "text_origin"]
+__all__ = ["VOCABULARY", "TextStream", "expected_text", "split_continuation", "text_origin"]
 
 _WORDS = """
     the of and to in is was for on that with as by at from his her it an are were be this
@@ -64,21 +64,14 @@ def token_bytes(key: bytes, position: int) -> bytes:
     return _LATER[index] if position else _FIRST[index]
 
 
-def _content(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
-    return ""
-
-
 def count_words(text: str) -> int:
     """Tokens in a text made by the token rule: its word count."""
     return len(text.split())
 
 
-def text_origin(body: Mapping[str, Any]) -> tuple[str, int]:
-    """(prompt text that keys the output, position of the first new token) for a request body."""
+def split_continuation(body: Mapping[str, Any]) -> tuple[Mapping[str, Any], str] | None:
+    """(the request without its partial answer, the partial answer's text) for a continuation
+    request (``continue_final_message`` with an assistant message last); ``None`` otherwise."""
     messages = body.get("messages")
     if (
         body.get("continue_final_message") is True
@@ -87,8 +80,16 @@ def text_origin(body: Mapping[str, Any]) -> tuple[str, int]:
         and isinstance(messages[-1], Mapping)
         and messages[-1].get("role") == "assistant"
     ):
-        partial = _content(messages[-1].get("content"))
-        return prompt_text({**body, "messages": messages[:-1]}), count_words(partial)
+        return {**body, "messages": messages[:-1]}, content_text(messages[-1].get("content"))
+    return None
+
+
+def text_origin(body: Mapping[str, Any]) -> tuple[str, int]:
+    """(prompt text that keys the output, position of the first new token) for a request body."""
+    split = split_continuation(body)
+    if split is not None:
+        original, partial = split
+        return prompt_text(original), count_words(partial)
     return prompt_text(body), 0
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamsafe.engine_sim.config import SimConfig
+from streamsafe.engine_sim.text import count_words, split_continuation
 from streamsafe.tokens import estimate_prompt_tokens
 
 __all__ = ["BadRequest", "Job", "validate"]
@@ -62,6 +63,11 @@ def validate(body: Any, chat: bool, cfg: SimConfig) -> Job:
             content = msg.get("content")
             if content is not None and not isinstance(content, str | list):
                 raise BadRequest(f"messages[{i}].content must be a string or a list of parts")
+            for j, part in enumerate(content if isinstance(content, list) else ()):
+                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                    raise BadRequest(f"messages[{i}].content[{j}] must be an object with a 'type'")
+                if part["type"] == "text" and not isinstance(part.get("text"), str):
+                    raise BadRequest(f"messages[{i}].content[{j}].text must be a string")
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str | list) or (isinstance(prompt, list) and not prompt):
@@ -80,8 +86,16 @@ def validate(body: Any, chat: bool, cfg: SimConfig) -> Job:
     max_tokens = _int_field(body, "max_completion_tokens") if chat else None
     if max_tokens is None:
         max_tokens = _int_field(body, "max_tokens")
+    # A continuation's prompt is the original prompt plus the partial answer, whose words are
+    # the tokens generated before (one token per word, the text rule), as vLLM's tokenizer
+    # gives back the tokens it generated.
+    split = split_continuation(body)
+    generated = 0 if split is None else count_words(split[1])
+    prompt_tokens = estimate_prompt_tokens(body if split is None else split[0]) + generated
     if max_tokens is None:
-        max_tokens = cfg.default_max_tokens
+        # vLLM's default is the context left after the prompt, so it shrinks by what a
+        # continued answer already generated.
+        max_tokens = max(1, cfg.default_max_tokens - generated)
     if max_tokens < 1:
         raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}.")
     n = _int_field(body, "n")
@@ -89,4 +103,4 @@ def validate(body: Any, chat: bool, cfg: SimConfig) -> Job:
         raise BadRequest("the simulator serves n=1 only")
     if model != cfg.model:
         raise BadRequest(f"The model `{model}` does not exist.", 404)
-    return Job(chat, body, stream, include_usage, estimate_prompt_tokens(body), max_tokens)
+    return Job(chat, body, stream, include_usage, prompt_tokens, max_tokens)

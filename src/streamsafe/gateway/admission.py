@@ -1,34 +1,79 @@
-"""Admission: a generation enters the engine only if it fits.
+"""Admission: a generation enters the engine only if it fits, in a fair order across tenants.
 
 Two limits: generations running at once, and an estimate of engine memory (prompt tokens plus
 max_tokens, the most a request can hold in the KV cache). What does not fit waits in a bounded
-FIFO queue for a bounded time; past either bound it is shed with 429 and a ``Retry-After``
-computed from the completion rate the gateway observes.
+queue; past its bound it is shed with 429 and a ``Retry-After`` from the predicted wait.
 
-:class:`AdmissionCore` is the decision, sans-I/O: it takes the clock reading as an argument and
-holds opaque waiters. :class:`Admission` wraps it with futures for the event loop.
+Fairness (docs/design.md, Admission). One tenant must not fill the queue or the engine and starve
+the others:
+
+- **order**: start-time fair queueing. Each waiter gets a virtual start tag, ``max(V, F_t)``,
+  where ``V`` is the tag of the last admitted waiter and ``F_t`` the finish tag of its tenant's
+  previous request (start plus cost divided by the tenant's weight). Waiters are admitted in tag
+  order, so a tenant that sent 500 requests does not stand before one that sent 1, and tenants
+  share the engine in proportion to their weights. Within a tenant the order is its arrival order.
+- **in-flight share**: a tenant below its weighted share of the limits goes before one above it,
+  so a newcomer gets a place as soon as one frees, whatever the tags say.
+- **queue share**: when the queue is full, a tenant below its share of it still gets a place: the
+  newest uncommitted waiter of the tenant furthest over its share is shed instead.
+- **work-conserving**: nothing is held back for fairness' sake; a tenant alone may use everything.
+  The next waiter in order that does not fit blocks those behind it (no bypass), so a large
+  request is not starved by small ones.
+
+A waiter whose subscribers all left is *dormant*: it keeps its place (its tag) but is skipped,
+so the engine never works for nobody; if a subscriber comes back within the grace period it is
+admitted at the next free place.
+
+The wait is predicted from the drain rate (Little's law: generations in flight divided by their
+mean duration), so a request that will not fit is answered with a real 429 before anything is
+committed (:func:`plan_wait`). A committed waiter is never shed: it waits its turn.
+
+:class:`AdmissionCore` is the decision, sans-I/O: it takes clock readings as arguments and holds
+opaque tokens. :class:`Admission` wraps it with futures for the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
+import dataclasses
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from streamsafe.tokens import estimate_prompt_tokens
 
-__all__ = ["Admission", "AdmissionCore", "Shed", "Ticket", "request_cost"]
+__all__ = [
+    "ADMITTED",
+    "ANSWER_FRACTION",
+    "GONE",
+    "QUEUED",
+    "SHED",
+    "Admission",
+    "AdmissionCore",
+    "Plan",
+    "Shed",
+    "Waiter",
+    "plan_wait",
+    "request_cost",
+    "retry_after_seconds",
+]
 
-#: Completions remembered to estimate the completion rate.
-_RATE_WINDOW = 64
 #: Bounds of Retry-After: at least 1 s (clients treat 0 as "now"), at most 60 s (Stainless
 #: clients ignore anything longer and fall back to their own backoff).
 RETRY_AFTER_MIN = 1
 RETRY_AFTER_MAX = 60
+#: Weight of the newest duration in the moving mean of generation durations: about the last 16
+#: generations (one batch of a typical engine) make the estimate, so it follows a change of load
+#: within a batch without jumping on one odd request.
+_DURATION_ALPHA = 1 / 16
+
+QUEUED = "queued"
+ADMITTED = "admitted"
+SHED = "shed"
+GONE = "gone"
 
 
 def request_cost(body: Mapping[str, Any], default_max_tokens: int) -> int:
@@ -45,6 +90,13 @@ def request_cost(body: Mapping[str, Any], default_max_tokens: int) -> int:
     return (estimate_prompt_tokens(body) + limit) * choices
 
 
+def retry_after_seconds(wait: float | None, fallback: float) -> int:
+    """``Retry-After`` for a predicted ``wait`` (``fallback`` when none is known), whole seconds
+    within [1, 60]."""
+    est = fallback if wait is None else wait
+    return max(RETRY_AFTER_MIN, min(RETRY_AFTER_MAX, math.ceil(est)))
+
+
 class Shed(Exception):
     """The request was not admitted; answer 429 with ``Retry-After: retry_after``."""
 
@@ -54,112 +106,374 @@ class Shed(Exception):
         self.retry_after = retry_after
 
 
-class Ticket:
-    """Proof of admission; give it back with :meth:`Admission.release` exactly once."""
+@dataclasses.dataclass(eq=False, slots=True)
+class Waiter:
+    """One generation's place in admission: queued, admitted (holding ``cost``), shed (refused
+    or evicted from the queue) or gone (released or withdrawn). ``token`` is the shell's."""
 
-    __slots__ = ("cost", "released")
+    tenant: str
+    cost: int
+    token: Any
+    seq: int
+    #: Virtual start tag: the fair order.
+    tag: float
+    #: Clock reading when it asked for admission.
+    since: float
+    state: str = QUEUED
+    #: False while nobody waits for it (dormant: skipped, but keeps its place).
+    active: bool = True
+    #: True once a response was committed for it: never shed after that.
+    committed: bool = False
+    admitted_at: float | None = None
 
-    def __init__(self, cost: int) -> None:
-        self.cost = cost
-        self.released = False
 
-
-class _Waiter:
-    __slots__ = ("cost", "token")
-
-    def __init__(self, cost: int, token: Any) -> None:
-        self.cost = cost
-        self.token = token
+@dataclasses.dataclass(slots=True)
+class _Tenant:
+    name: str
+    weight: float
+    queue: deque[Waiter] = dataclasses.field(default_factory=deque)
+    inflight: int = 0
+    memory: int = 0
+    #: Finish tag of the tenant's latest request.
+    finish: float = 0.0
+    #: Active (not dormant) waiters in ``queue``.
+    active: int = 0
 
 
 class AdmissionCore:
     """The admission decision, with no I/O and no clock of its own.
 
-    Invariants: ``inflight <= max_inflight`` and ``memory <= max_memory_tokens`` (when set);
-    waiters are admitted in arrival order (a large request at the head is not starved by small
-    ones behind it); ``len(queue) <= queue_size``.
+    Invariants (checked by the property tests): ``inflight <= max_inflight``,
+    ``memory <= max_memory_tokens`` (where set) and ``queued <= queue_size`` after every call;
+    whenever an active waiter is queued, the next one in the fair order does not fit (in
+    particular something is in flight: the engine never idles while somebody waits).
+
+    Every method that changes the state returns the waiters whose state it changed besides the
+    one it was called for (admitted from the queue, or shed from it), for the shell to wake.
     """
 
     def __init__(
-        self, max_inflight: int | None, max_memory_tokens: int | None, queue_size: int
+        self,
+        max_inflight: int | None,
+        max_memory_tokens: int | None,
+        queue_size: int,
+        weights: Mapping[str, float] | None = None,
     ) -> None:
         self.max_inflight = max_inflight
         self.max_memory_tokens = max_memory_tokens
         self.queue_size = queue_size
+        self.weights = dict(weights or {})
         self.inflight = 0
         self.memory = 0
-        self.queue: collections.deque[_Waiter] = collections.deque()
-        self._completions: collections.deque[float] = collections.deque(maxlen=_RATE_WINDOW)
+        #: Waiters in the queue, dormant ones included.
+        self.queued = 0
+        self._tenants: dict[str, _Tenant] = {}
+        self._vtime = 0.0
+        self._seq = 0
+        #: Moving mean of how long an admitted generation holds its place (seconds).
+        self.mean_duration: float | None = None
+
+    # -- queries ----------------------------------------------------------------------------------
 
     def can_ever_fit(self, cost: int) -> bool:
         """False if ``cost`` exceeds the whole memory budget: waiting would never help."""
         return self.max_memory_tokens is None or cost <= self.max_memory_tokens
 
-    def _fits(self, cost: int) -> bool:
+    def tenant_counts(self, tenant: str) -> tuple[int, int]:
+        """(in flight, queued) of ``tenant``."""
+        t = self._tenants.get(tenant)
+        return (0, 0) if t is None else (t.inflight, len(t.queue))
+
+    def drain_rate(self) -> float | None:
+        """Places freed per second while saturated (generations in flight over their mean
+        duration); ``None`` before any generation has finished or while none is in flight."""
+        if self.mean_duration is None or self.inflight == 0:
+            return None
+        return self.inflight / max(self.mean_duration, 1e-3)
+
+    def predicted_wait(self, waiter: Waiter | None = None, tenant: str = "") -> float | None:
+        """Seconds until ``waiter`` (or a request of ``tenant`` arriving now) is expected to be
+        admitted: the active waiters before it in the fair order, plus itself, divided by the
+        drain rate. 0 for an admitted waiter; ``None`` while the rate is unknown."""
+        if waiter is not None and waiter.state != QUEUED:
+            return 0.0
+        if waiter is None:
+            t = self._tenants.get(tenant)
+            key = (max(self._vtime, t.finish if t is not None else 0.0), self._seq)
+            if not self._any_active() and self.fits(0):
+                return 0.0
+        else:
+            key = (waiter.tag, waiter.seq)
+        rate = self.drain_rate()
+        if rate is None:
+            return None
+        ahead = 0
+        for t in self._tenants.values():
+            if t.active:
+                for w in t.queue:
+                    if w.active and (w.tag, w.seq) < key:
+                        ahead += 1
+        return (ahead + 1) / rate
+
+    # -- changes ----------------------------------------------------------------------------------
+
+    def request(
+        self, tenant: str, cost: int, token: Any, now: float
+    ) -> tuple[Waiter, list[Waiter]]:
+        """A generation of ``cost`` asks for a place. The returned waiter is admitted at once,
+        queued, or shed (the queue is full and its tenant is at its share of it)."""
+        t = self._tenants.get(tenant)
+        if t is None:
+            t = self._tenants[tenant] = _Tenant(tenant, self.weights.get(tenant, 1.0))
+        self._seq += 1
+        tag = max(self._vtime, t.finish)
+        waiter = Waiter(tenant, cost, token, self._seq, tag, now)
+        t.finish = tag + cost / t.weight
+        t.queue.append(waiter)
+        t.active += 1
+        self.queued += 1
+        changed = self._drain(now)
+        if waiter in changed:
+            changed.remove(waiter)
+        if waiter.state == QUEUED and self.queued > self.queue_size:
+            victim = self._victim(waiter)
+            self._unqueue(victim, refund=True)
+            victim.state = SHED
+            if victim is not waiter:
+                changed.append(victim)
+        return waiter, changed
+
+    def withdraw(self, waiter: Waiter, now: float) -> list[Waiter]:
+        """Take a queued waiter out (timed out, shed, abandoned); returns the waiters admitted
+        because the order changed. No effect on a waiter that is not queued."""
+        if waiter.state != QUEUED:
+            return []
+        self._unqueue(waiter, refund=True)
+        waiter.state = GONE
+        return self._drain(now)
+
+    def release(self, waiter: Waiter, now: float, *, ran: bool = True) -> list[Waiter]:
+        """An admitted waiter gave its place back at ``now``; ``ran``: it held the place for
+        real work (its duration feeds the drain rate). Returns the waiters admitted in its
+        place. No effect on a waiter that is not admitted."""
+        if waiter.state != ADMITTED:
+            return []
+        waiter.state = GONE
+        t = self._tenants[waiter.tenant]
+        t.inflight -= 1
+        t.memory -= waiter.cost
+        self.inflight -= 1
+        self.memory -= waiter.cost
+        if ran and waiter.admitted_at is not None:
+            took = max(0.0, now - waiter.admitted_at)
+            mean = self.mean_duration
+            self.mean_duration = took if mean is None else mean + _DURATION_ALPHA * (took - mean)
+        self._prune(t)
+        return self._drain(now)
+
+    def set_active(self, waiter: Waiter, active: bool, now: float) -> list[Waiter]:
+        """Mark a queued waiter dormant (nobody waits for it: skipped, place kept) or active
+        again; returns the waiters admitted as a result (it may be one of them)."""
+        if waiter.state != QUEUED or waiter.active == active:
+            return []
+        waiter.active = active
+        self._tenants[waiter.tenant].active += 1 if active else -1
+        return self._drain(now)
+
+    def commit(self, waiter: Waiter) -> None:
+        """A response was committed for ``waiter``: from now on it is never shed."""
+        waiter.committed = True
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _any_active(self) -> bool:
+        return any(t.active for t in self._tenants.values())
+
+    def fits(self, cost: int) -> bool:
+        """A generation of ``cost`` would fit now."""
         if self.max_inflight is not None and self.inflight >= self.max_inflight:
             return False
         return self.max_memory_tokens is None or self.memory + cost <= self.max_memory_tokens
 
-    def try_admit(self, cost: int) -> bool:
-        """Admit at once if nobody waits and it fits."""
-        if self.queue or not self._fits(cost):
+    def _shares(self, extra: str | None = None) -> tuple[float, dict[str, float]]:
+        """Total weight of the tenants with work (queued or in flight), and their weights."""
+        present = {name: t.weight for name, t in self._tenants.items() if t.inflight or t.queue}
+        if extra is not None and extra not in present:
+            present[extra] = self._tenants[extra].weight
+        return sum(present.values()), present
+
+    def _below_share(self, t: _Tenant, total: float) -> bool:
+        share = t.weight / total
+        if self.max_inflight is not None and t.inflight >= share * self.max_inflight:
             return False
-        self.inflight += 1
-        self.memory += cost
-        return True
+        return self.max_memory_tokens is None or t.memory < share * self.max_memory_tokens
 
-    def enqueue(self, cost: int, token: Any) -> _Waiter | None:
-        """Queue a waiter carrying ``token``; ``None`` if the queue is full."""
-        if len(self.queue) >= self.queue_size:
-            return None
-        waiter = _Waiter(cost, token)
-        self.queue.append(waiter)
-        return waiter
+    def next_waiter(self) -> Waiter | None:
+        """The next waiter in the fair order: the lowest tag among the tenants' first active
+        waiters, tenants below their share first."""
+        best: Waiter | None = None
+        best_below: Waiter | None = None
+        total = 0.0
+        for t in self._tenants.values():
+            if t.inflight or t.queue:
+                total += t.weight
+        for t in self._tenants.values():
+            if not t.active:
+                continue
+            head = next(w for w in t.queue if w.active)
+            key = (head.tag, head.seq)
+            if best is None or key < (best.tag, best.seq):
+                best = head
+            if (best_below is None or key < (best_below.tag, best_below.seq)) and (
+                self._below_share(t, total)
+            ):
+                best_below = head
+        return best_below or best
 
-    def remove(self, waiter: _Waiter) -> list[_Waiter]:
-        """Withdraw a waiter (timed out, cancelled); returns the waiters admitted because the
-        head of the queue changed."""
-        with contextlib.suppress(ValueError):  # already admitted
-            self.queue.remove(waiter)
-        return self._drain()
-
-    def release(self, cost: int, now: float | None) -> list[_Waiter]:
-        """A generation admitted with ``cost`` ended at ``now`` (``None``: it never ran, so it
-        does not count as a completion); returns the waiters admitted in its place."""
-        self.inflight -= 1
-        self.memory -= cost
-        if now is not None:
-            self._completions.append(now)
-        return self._drain()
-
-    def _drain(self) -> list[_Waiter]:
-        admitted = []
-        while self.queue and self._fits(self.queue[0].cost):
-            waiter = self.queue.popleft()
+    def _drain(self, now: float) -> list[Waiter]:
+        admitted: list[Waiter] = []
+        while True:
+            head = self.next_waiter()
+            if head is None or not self.fits(head.cost):
+                return admitted
+            t = self._tenants[head.tenant]
+            t.inflight += 1  # before it leaves the queue, so the tenant is not pruned
+            self._unqueue(head)
+            t.memory += head.cost
             self.inflight += 1
-            self.memory += waiter.cost
-            admitted.append(waiter)
-        return admitted
+            self.memory += head.cost
+            self._vtime = max(self._vtime, head.tag)
+            head.state = ADMITTED
+            head.admitted_at = now
+            admitted.append(head)
 
-    def completion_rate(self, now: float) -> float | None:
-        """Completions per second over the recent window, or ``None`` before there are two."""
-        done = self._completions
-        if len(done) < 2:
-            return None
-        span = max(now, done[-1]) - done[0]
-        return (len(done) - 1) / span if span > 0 else None
+    def _unqueue(self, waiter: Waiter, *, refund: bool = False) -> None:
+        t = self._tenants[waiter.tenant]
+        if t.queue and t.queue[-1] is waiter:
+            t.queue.pop()
+            if refund:  # the tenant's latest request left unserved: its share is given back
+                t.finish = waiter.tag
+        else:
+            t.queue.remove(waiter)
+        if waiter.active:
+            t.active -= 1
+        self.queued -= 1
+        self._prune(t)
 
-    def retry_after(self, now: float, fallback: float) -> int:
-        """Seconds until a shed request could expect a place: the waiters ahead of it divided by
-        the observed completion rate; ``fallback`` while no rate is known yet."""
-        rate = self.completion_rate(now)
-        est = (len(self.queue) + 1) / rate if rate else fallback
-        return max(RETRY_AFTER_MIN, min(RETRY_AFTER_MAX, math.ceil(est)))
+    def _prune(self, t: _Tenant) -> None:
+        # A tenant with nothing queued or in flight is forgotten, so the table holds only
+        # tenants with work. It loses no fairness: an idle tenant earns no credit in start-time
+        # fair queueing (its next tag is max(V, F) anyway).
+        if not t.queue and not t.inflight:
+            self._tenants.pop(t.name, None)
+
+    def _victim(self, arriving: Waiter) -> Waiter:
+        """Who leaves a full queue: the newest uncommitted waiter (dormant ones first) of the
+        tenant furthest over its share of the queue, unless that is no further over than the
+        arriving tenant, whose request then is the one refused."""
+        total, present = self._shares(arriving.tenant)
+        worst: tuple[float, Waiter] | None = None
+        for name, weight in present.items():
+            t = self._tenants[name]
+            excess = len(t.queue) - self.queue_size * weight / total
+            candidates = [w for w in t.queue if not w.committed and w is not arriving]
+            if not candidates:
+                continue
+            dormant = [w for w in candidates if not w.active]
+            pick = (dormant or candidates)[-1]
+            if worst is None or excess > worst[0]:
+                worst = (excess, pick)
+        own = self._tenants[arriving.tenant]
+        own_excess = len(own.queue) - self.queue_size * own.weight / total
+        if own_excess > 0 or worst is None or worst[0] <= 0:
+            return arriving
+        return worst[1]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    """What a subscriber whose generation is still queued does now (see :func:`plan_wait`).
+
+    ``action``: ``wait`` (until ``until`` seconds from now, then plan again), ``commit`` (send
+    the headers; the generation is then never shed), ``shed`` (refuse the generation: 429 to
+    every subscriber not yet answered) or ``step-back`` (429 to this subscriber only; the
+    generation keeps its place, dormant, for its return after ``retry_after``).
+    """
+
+    action: Literal["wait", "commit", "shed", "step-back"]
+    retry_after: float = 0.0
+    until: float = 0.0
+
+
+#: Part of the client's read timeout within which the gateway answers a queued request (commit
+#: or 429): the rest is left for the first token after admission and for the network.
+ANSWER_FRACTION = 0.5
+
+
+def plan_wait(
+    *,
+    predicted: float | None,
+    waited: float,
+    hold_left: float,
+    patience: float | None,
+    early: bool,
+    commit_after: float,
+    committed: bool,
+) -> Plan:
+    """The decision for a subscriber whose generation is queued, before its response is
+    committed. Pure: every input is a reading.
+
+    - ``predicted``: predicted seconds until admission (``None``: unknown yet);
+    - ``waited``: seconds this subscriber has waited;
+    - ``hold_left``: seconds the gateway still holds the generation uncommitted (the queue
+      timeout minus its wait so far);
+    - ``patience``: the client's read timeout, where it said (``x-stainless-read-timeout``);
+    - ``early``: the gateway commits early (else only on the first token);
+    - ``commit_after``: seconds after which an early commit goes when the patience is unknown;
+    - ``committed``: the generation was already committed (for another subscriber).
+
+    Rules: a generation that will not be admitted within what the gateway holds is shed now,
+    with a real 429, never after a commit. With early commit, the headers go only when the wait
+    may reach the client's read timeout (or, where it is unknown, after ``commit_after``); with
+    first-token commit a subscriber that would time out first is told to come back when its
+    place comes (``step-back``), and its place is kept.
+    """
+    answer_by = None if patience is None else patience * ANSWER_FRACTION
+    if committed:
+        if early:
+            return Plan("commit")
+        if answer_by is None or (predicted is not None and waited + predicted < answer_by):
+            return Plan("wait", until=math.inf if answer_by is None else answer_by - waited)
+        return Plan("step-back", retry_after=_come_back(predicted, patience))
+    if hold_left <= 0 or (predicted is not None and predicted > hold_left):
+        return Plan("shed", retry_after=predicted if predicted is not None else 1.0)
+    if early:
+        limit = commit_after if answer_by is None else answer_by
+        if waited >= limit or (
+            answer_by is not None and predicted is not None and waited + predicted >= answer_by
+        ):
+            return Plan("commit")
+        return Plan("wait", until=min(limit - waited, hold_left))
+    if answer_by is None:
+        return Plan("wait", until=hold_left)
+    if waited >= answer_by or (predicted is not None and waited + predicted >= answer_by):
+        return Plan("step-back", retry_after=_come_back(predicted, patience))
+    return Plan("wait", until=min(answer_by - waited, hold_left))
+
+
+def _come_back(predicted: float | None, patience: float | None) -> float:
+    # Back a little before the place is expected to come, so the first token arrives within
+    # the client's read timeout even if the place comes early.
+    if predicted is None:
+        return 1.0
+    lead = 0.0 if patience is None else patience * ANSWER_FRACTION / 2
+    return max(0.05, predicted - lead)
 
 
 class Admission:
-    """:class:`AdmissionCore` on the event loop: :meth:`acquire` waits its turn (bounded) and
-    returns a :class:`Ticket`, or raises :class:`Shed`."""
+    """:class:`AdmissionCore` on the event loop: :meth:`request` takes a place in the queue,
+    :meth:`wait` waits for it (bounded by ``queue_timeout`` until committed) and raises
+    :class:`Shed` where it is refused."""
 
     def __init__(
         self,
@@ -168,16 +482,17 @@ class Admission:
         max_memory_tokens: int | None,
         queue_size: int,
         queue_timeout: float,
+        weights: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.core = AdmissionCore(max_inflight, max_memory_tokens, queue_size)
+        self.core = AdmissionCore(max_inflight, max_memory_tokens, queue_size, weights)
         self.queue_timeout = queue_timeout
         self._clock = clock
 
     @property
     def queued(self) -> int:
-        """Requests waiting for admission."""
-        return len(self.core.queue)
+        """Requests waiting for admission (dormant ones included)."""
+        return self.core.queued
 
     @property
     def inflight(self) -> int:
@@ -189,54 +504,100 @@ class Admission:
         """Estimated engine memory held by admitted generations, in tokens."""
         return self.core.memory
 
-    def retry_after(self) -> int:
+    def retry_after(self, waiter: Waiter | None = None, tenant: str = "") -> int:
         """Retry-After (seconds) for a request shed now."""
-        return self.core.retry_after(self._clock(), fallback=max(1.0, self.queue_timeout))
+        wait = self.core.predicted_wait(waiter, tenant)
+        return retry_after_seconds(wait, max(1.0, self.queue_timeout))
 
-    async def acquire(self, cost: int) -> Ticket:
-        """Wait for a place for a generation of ``cost`` tokens."""
+    def predicted_wait(self, waiter: Waiter) -> float | None:
+        """Seconds until ``waiter`` is expected to be admitted (see the core)."""
+        return self.core.predicted_wait(waiter)
+
+    def request(self, tenant: str, cost: int) -> Waiter:
+        """Take a place for a generation of ``cost`` tokens: admitted at once or queued.
+        Raises :class:`Shed` where the queue is full for this tenant, ``ValueError`` where the
+        request can never fit."""
         core = self.core
         if not core.can_ever_fit(cost):
             raise ValueError(
                 f"request needs about {cost} tokens of engine memory, more than the "
                 f"{core.max_memory_tokens} the gateway admits at once; lower max_tokens"
             )
-        if core.try_admit(cost):
-            return Ticket(cost)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiter = core.enqueue(cost, fut)
-        if waiter is None:
-            raise Shed("admission queue is full", self.retry_after())
+        waiter, changed = core.request(tenant, cost, fut, self._clock())
+        self._wake(changed)
+        if waiter.state == SHED:
+            raise Shed("admission queue is full", self.retry_after(tenant=tenant))
+        if waiter.state == ADMITTED:
+            fut.set_result(None)
+        return waiter
+
+    async def wait(self, waiter: Waiter) -> None:
+        """Wait until ``waiter`` is admitted. Until it is committed the wait is bounded by
+        ``queue_timeout`` from its request; past that, :class:`Shed`."""
+        fut: asyncio.Future[None] = waiter.token
         try:
-            async with asyncio.timeout(self.queue_timeout):
-                await fut
-        except TimeoutError:
-            if fut.done() and not fut.cancelled():
-                return Ticket(cost)  # admitted in the same instant the wait ran out
-            self._wake(core.remove(waiter))
-            raise Shed(f"no place within {self.queue_timeout:g} s", self.retry_after()) from None
+            while not fut.done():
+                if waiter.committed:
+                    await asyncio.shield(fut)
+                    break
+                left = waiter.since + self.queue_timeout - self._clock()
+                if left <= 0:
+                    self.shed(waiter)
+                    break
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await asyncio.shield(fut)
         except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                self.release(Ticket(cost))
-            else:
-                self._wake(core.remove(waiter))
+            self.cancel(waiter)
             raise
-        return Ticket(cost)
+        fut.result()  # raises Shed where the queue shed it
 
-    def release(self, ticket: Ticket) -> None:
-        """Give a place back (idempotent per ticket)."""
-        if ticket.released:
+    def shed(self, waiter: Waiter, retry_after: int | None = None) -> None:
+        """Refuse a queued, uncommitted waiter now: its :meth:`wait` raises :class:`Shed`."""
+        if waiter.state != QUEUED or waiter.committed:
             return
-        ticket.released = True
-        self._wake(self.core.release(ticket.cost, self._clock()))
+        if retry_after is None:
+            retry_after = self.retry_after(waiter)
+        waited = self._clock() - waiter.since
+        self._wake(self.core.withdraw(waiter, self._clock()))
+        waiter.state = SHED
+        if not waiter.token.done():
+            waiter.token.set_exception(Shed(f"no place within {waited:.3g} s", retry_after))
 
-    def _wake(self, admitted: list[_Waiter]) -> None:
+    def cancel(self, waiter: Waiter) -> None:
+        """The generation is gone before or while holding a place: free it."""
+        if waiter.state == QUEUED:
+            self._wake(self.core.withdraw(waiter, self._clock()))
+        else:
+            self.release(waiter, ran=False)
+        fut = waiter.token
+        if not fut.done():
+            fut.cancel()
+
+    def set_active(self, waiter: Waiter, active: bool) -> None:
+        """Nobody (``False``) or somebody again (``True``) waits for ``waiter``."""
+        self._wake(self.core.set_active(waiter, active, self._clock()))
+
+    def commit(self, waiter: Waiter) -> None:
+        """A response went out for ``waiter``: it is never shed after this."""
+        self.core.commit(waiter)
+
+    def release(self, waiter: Waiter, *, ran: bool = True) -> None:
+        """Give a place back (no effect unless admitted; so idempotent)."""
+        self._wake(self.core.release(waiter, self._clock(), ran=ran))
+
+    def _wake(self, changed: list[Waiter]) -> None:
         i = 0
-        while i < len(admitted):
-            waiter = admitted[i]
+        while i < len(changed):
+            waiter = changed[i]
             i += 1
-            if waiter.token.done():
+            fut = waiter.token
+            if waiter.state == SHED:
+                if not fut.done():
+                    fut.set_exception(Shed("admission queue is full", self.retry_after()))
+            elif fut.done():
                 # Its task was cancelled in the same instant: hand the place straight on.
-                admitted.extend(self.core.release(waiter.cost, None))
+                changed.extend(self.core.release(waiter, self._clock(), ran=False))
             else:
-                waiter.token.set_result(None)
+                fut.set_result(None)

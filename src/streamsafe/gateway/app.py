@@ -11,12 +11,23 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
+import hmac
+import logging
+import os
 import time
 from typing import Any
 
 import orjson
 
-from streamsafe._asgi import Receive, Scope, Send, header, respond, serve_lifespan
+from streamsafe._asgi import (
+    Receive,
+    Scope,
+    Send,
+    header,
+    reset_connection,
+    respond,
+    serve_lifespan,
+)
 from streamsafe.gateway.admission import Admission
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.engines import Engines
@@ -27,18 +38,26 @@ from streamsafe.gateway.errors import (
     NotResumable,
     error_body,
     send_bad_request,
+    send_internal_error,
 )
 from streamsafe.gateway.metrics import CONTENT_TYPE, Metrics, Readings, stats_document
 from streamsafe.gateway.pool import parse_engine, parse_fallback
 from streamsafe.gateway.registry import Registry
 from streamsafe.gateway.replicas import Replicas
-from streamsafe.gateway.requests import completion_request, read_request_body, tenant_id
+from streamsafe.gateway.requests import (
+    client_read_timeout,
+    completion_request,
+    read_request_body,
+    tenant_id,
+)
 from streamsafe.gateway.store import MemoryStore, Store
 from streamsafe.gateway.store_redis import RedisStore
 from streamsafe.gateway.subscriber import StreamRules, Subscriber, serve_json, serve_stream
 from streamsafe.gateway.upstream import Upstream
 
 __all__ = ["Gateway"]
+
+log = logging.getLogger("streamsafe.gateway")
 
 #: Public path -> upstream path. Llama Stack 0.2's aliases go to the engine's plain OpenAI paths.
 #: On those aliases the gateway speaks as Llama Stack does: no ``data: [DONE]`` at the end (the
@@ -75,6 +94,10 @@ class Gateway:
             hashlib.sha256(k.strip().encode()).digest(): tenant_id(k.strip().encode())
             for k in config.api_keys
         }
+        admin = config.admin_key
+        self._admin_digest = hashlib.sha256(admin.encode()).digest() if admin else None
+        if self._tenants and self._admin_digest is None:
+            log.warning("API keys are set but no admin key: /stats and /metrics are open")
         self.engines: Engines | None = None
         if config.engines:
             self.engines = Engines(
@@ -133,7 +156,7 @@ class Gateway:
         registry, admission, upstream = self.registry, self.admission, self.upstream
         readings = Readings(
             live_generations=registry.live_generations,
-            kept_generations=max(0, registry.generation_count - registry.live_generations),
+            kept_generations=registry.kept_generations,
             queued=admission.queued,
             inflight=admission.inflight,
             memory_tokens=admission.memory,
@@ -189,31 +212,45 @@ class Gateway:
             await self.upstream.close()
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path: str = scope["path"]
-        method: str = scope["method"]
         try:
-            upstream_path = _COMPLETION_ROUTES.get(path)
-            if upstream_path is not None:
-                if method != "POST":
-                    raise BadRequest(405, f"{path} accepts POST only")
-                llama_stack = path.startswith(_LLAMA_STACK_PREFIX)
-                await self._completion(scope, receive, send, upstream_path, llama_stack)
-            elif path in _MODEL_ROUTES:
-                if method != "GET":
-                    raise BadRequest(405, f"{path} accepts GET only")
-                self._tenant(scope)
-                await self._models(send)
-            elif path == "/health":
-                await self._health(send)
-            elif path == "/metrics":
-                await respond(send, 200, self.metrics.render(), content_type=CONTENT_TYPE)
-            elif path == "/stats":
-                await respond(send, 200, orjson.dumps(self.stats()))
-            else:
-                raise BadRequest(404, f"no route {method} {path}")
+            await self._route(scope, receive, send)
         except BadRequest as exc:
             self.registry.counters.count_error(exc.status)
             await send_bad_request(send, exc)
+        except Exception:
+            # A bug: the client gets a JSON 500 naming a request id; the log has the rest.
+            request_id = "req-" + os.urandom(8).hex()
+            log.exception(
+                "%s: unexpected error in %s %s", request_id, scope["method"], scope["path"]
+            )
+            self.registry.counters.count_error(500)
+            await send_internal_error(send, request_id)
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        upstream_path = _COMPLETION_ROUTES.get(path)
+        if upstream_path is not None:
+            _allow(method, path, "POST")
+            llama_stack = path.startswith(_LLAMA_STACK_PREFIX)
+            await self._completion(scope, receive, send, upstream_path, llama_stack)
+        elif path in _MODEL_ROUTES:
+            _allow(method, path, "GET")
+            self._tenant(scope)
+            await self._models(send)
+        elif path in ("/health", "/ready"):
+            _allow(method, path, "GET")
+            await self._health(send)
+        elif path == "/metrics":
+            _allow(method, path, "GET")
+            self._admin(scope)
+            await respond(send, 200, self.metrics.render(), content_type=CONTENT_TYPE)
+        elif path == "/stats":
+            _allow(method, path, "GET")
+            self._admin(scope)
+            await respond(send, 200, orjson.dumps(self.stats()))
+        else:
+            raise BadRequest(404, f"no route {method} {path}")
 
     def _tenant(self, scope: Scope) -> str:
         if not self._tenants:
@@ -228,13 +265,29 @@ class Gateway:
             raise BadRequest(401, "invalid API key")
         raise BadRequest(401, "missing API key: send Authorization: Bearer <key>")
 
+    def _admin(self, scope: Scope) -> None:
+        if self._admin_digest is None:
+            return
+        auth = header(scope, b"authorization")
+        if auth is None:
+            raise BadRequest(401, "missing admin key: send Authorization: Bearer <admin key>")
+        scheme, _, token = auth.partition(b" ")
+        digest = hashlib.sha256(token.strip()).digest()
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(digest, self._admin_digest):
+            raise BadRequest(401, "invalid admin key")
+
     async def _health(self, send: Send) -> None:
-        if self._breaker.is_open:
-            body = error_body("engine is down", "service_unavailable", 503)
-            ra = str(self._breaker.retry_after()).encode()
-            await respond(send, 503, body, headers=[(b"retry-after", ra)])
-        else:
+        """200 only while the engine is believed alive: the breaker is closed and, unless it
+        answered within the last probe interval, the engine's own ``/health`` answers now (what
+        a load balancer polling ``/health`` or ``/ready`` needs to know). With a pool: while
+        some engine takes traffic."""
+        alive = not self._breaker.is_open if self.engines else await self.upstream.healthy()
+        if alive:
             await respond(send, 200, b'{"status":"ok"}')
+            return
+        body = error_body("engine is down", "service_unavailable", 503)
+        ra = str(self._breaker.retry_after()).encode()
+        await respond(send, 503, body, headers=[(b"retry-after", ra)])
 
     async def _models(self, send: Send) -> None:
         listed = self.engines.pool.models() if self.engines is not None else []
@@ -275,15 +328,30 @@ class Gateway:
             raise BadRequest(409, "a request with this Idempotency-Key is in progress") from None
         except NotResumable:
             raise BadRequest(410, "the stream to resume is no longer held by the gateway") from None
-        sub = Subscriber(gen)
+        sub = Subscriber(gen, client_read_timeout(scope))
         watcher = asyncio.get_running_loop().create_task(sub.watch(receive))
         try:
             if req.stream:
-                await serve_stream(sub, start, send, self._rules, llama_stack)
+                # Llama Stack's streams have no [DONE] and llama-stack-client ignores error
+                # events: a stream that failed there ends with a reset, so its caller sees a
+                # transport error instead of a short answer that reads as complete.
+                reset = reset_connection(scope) if llama_stack else None
+                await serve_stream(
+                    sub, start, send, self._rules, llama_stack, self.admission, reset
+                )
             else:
                 await serve_json(sub, send)
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-            self.registry.leave(gen)
+            if sub.hold:  # told to come back: refused for now, by admission
+                counters.shed += 1
+            self.registry.leave(gen, sub.hold)
+
+
+def _allow(method: str, path: str, allowed: str) -> None:
+    if method != allowed:
+        raise BadRequest(
+            405, f"{path} accepts {allowed} only", headers=[(b"allow", allowed.encode())]
+        )

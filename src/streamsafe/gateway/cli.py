@@ -10,7 +10,7 @@ import argparse
 import os
 from typing import Any
 
-__all__ = ["add_arguments", "build_config", "serve"]
+__all__ = ["add_arguments", "build_config", "build_limits", "serve"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -99,6 +99,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="memory for finished generations, MiB (default 64)",
     )
     p.add_argument(
+        "--max-kept",
+        type=int,
+        default=20_000,
+        help="finished generations kept for replay, at most (default 20000)",
+    )
+    p.add_argument(
         "--api-key",
         action="append",
         default=[],
@@ -128,7 +134,64 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--max-continuations",
         type=int,
         default=5,
-        help="times a broken upstream chat stream is continued (default 5; 0: never)",
+        help="times a broken upstream attempt is made again: a chat stream continued, a "
+        "request dropped before its answer asked again (default 5; 0: never)",
+    )
+    p.add_argument(
+        "--first-token-timeout",
+        type=float,
+        default=60.0,
+        help="seconds from sending upstream to the first event before the attempt is cut and "
+        "asked again (default 60; 0: none)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=30.0,
+        help="seconds of upstream silence mid-stream before it is cut and continued "
+        "(default 30; 0: none)",
+    )
+    p.add_argument(
+        "--total-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a generation may take upstream in all (default 600; 0: none)",
+    )
+    p.add_argument(
+        "--admin-key",
+        default=None,
+        help="bearer key /stats and /metrics require (default $STREAMSAFE_ADMIN_KEY; "
+        "none: they are open)",
+    )
+    p.add_argument(
+        "--max-header-kb",
+        type=int,
+        default=64,
+        help="largest request header section, KiB; past it 431 (default 64)",
+    )
+    p.add_argument(
+        "--max-header-line-kb",
+        type=int,
+        default=16,
+        help="largest header line, KiB; past it 431 (default 16)",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds for a request's headers to arrive; past it 408 (default 10)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        help="seconds between reads of an unfinished body; past it 408 (default 30)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=4096,
+        help="open connections at once; past it 503 (default 4096; 0: no cap)",
     )
     p.add_argument(
         "--redis",
@@ -166,6 +229,7 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
         queue_timeout=args.queue_timeout,
         keep_finished=args.keep_finished,
         max_kept_bytes=int(args.max_kept_mb * 1024 * 1024),
+        max_kept_generations=args.max_kept,
         api_keys=tuple(keys),
         max_body_bytes=args.max_body_kb * 1024,
         on_live_duplicate=args.on_live_duplicate,
@@ -177,6 +241,23 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
         engines=engines,
         fallback_models=tuple(args.fallback_model),
         failover_attempts=args.failover_attempts,
+        first_token_timeout=args.first_token_timeout or None,
+        idle_timeout=args.idle_timeout or None,
+        total_timeout=args.total_timeout or None,
+        admin_key=args.admin_key or os.environ.get("STREAMSAFE_ADMIN_KEY") or None,
+    )
+
+
+def build_limits(args: argparse.Namespace) -> Any:
+    """The :class:`~streamsafe.serving.ServerLimits` the parsed arguments describe."""
+    from streamsafe.serving import ServerLimits
+
+    return ServerLimits(
+        max_header_bytes=args.max_header_kb * 1024,
+        max_header_line_bytes=args.max_header_line_kb * 1024,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        max_connections=args.max_connections or None,
     )
 
 
@@ -194,6 +275,7 @@ def serve(args: argparse.Namespace, upstream: str) -> int:
         return 2
     try:
         gateway = Gateway(build_config(args, upstream))
+        limits = build_limits(args)
     except ValueError as exc:
         print(f"streamsafe serve: {exc}")
         return 2
@@ -208,5 +290,12 @@ def serve(args: argparse.Namespace, upstream: str) -> int:
             flush=True,
         )
 
-    run_server(gateway, host=args.host, port=args.port, log_level=args.log_level, announce=announce)
+    run_server(
+        gateway,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        announce=announce,
+        limits=limits,
+    )
     return 0

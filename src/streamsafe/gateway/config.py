@@ -53,6 +53,10 @@ class GatewayConfig:
     #: Bytes of finished generations kept; past it the oldest finished ones are evicted first
     #: (default 64 MiB).
     max_kept_bytes: int = 64 * 1024 * 1024
+    #: Finished generations kept, whatever their size; past it the oldest are evicted first
+    #: (default 20,000: bounds the bookkeeping of many tiny answers, each of which costs a few
+    #: KiB however short, independently of the bytes estimate).
+    max_kept_generations: int = 20_000
     #: API keys accepted as ``Authorization: Bearer <key>``; each key is a tenant. Empty (default):
     #: no authentication and one anonymous tenant.
     api_keys: tuple[str, ...] = ()
@@ -79,6 +83,21 @@ class GatewayConfig:
     probe_interval: float = 1.0
     #: Upstream connections kept alive in the pool (default 512).
     max_keepalive: int = 512
+    #: Seconds from sending a request upstream to its first event (default 60). Past it the
+    #: attempt counts as cut: it is closed (the engine aborts it) and asked again at once, within
+    #: ``max_continuations``. Heartbeats keep the client's own read timeout from ever firing, so
+    #: this bound is the gateway's to keep. ``None`` for none.
+    first_token_timeout: float | None = 60.0
+    #: Seconds of silence allowed between two upstream chunks once events flow (default 30).
+    #: Past it the stream counts as cut and is continued at once. ``None`` for none.
+    idle_timeout: float | None = 30.0
+    #: Seconds a generation may take upstream in all, continuations and waits included (default
+    #: 600, Llama Stack's own read timeout). Past it the stream ends with an error event.
+    #: ``None`` for none.
+    total_timeout: float | None = 600.0
+    #: Bearer key that ``/stats`` and ``/metrics`` require (``None``, default: they are open, as a
+    #: scraper on a private network expects). It is not a tenant key.
+    admin_key: str | None = None
     #: Engines of a pool, each ``URL [models=a,b] [weight=W]`` (see
     #: :class:`~streamsafe.gateway.pool.EngineSpec`); empty (default) for the one ``upstream``.
     #: With a pool the gateway routes by model, picks the least loaded engine, fails over
@@ -121,7 +140,15 @@ class GatewayConfig:
                 raise ValueError(f"{name} must be >= 1 or None")
         if self.queue_size < 0 or self.default_max_tokens < 1 or self.max_body_bytes < 1:
             raise ValueError("queue_size >= 0, default_max_tokens >= 1, max_body_bytes >= 1")
-        if self.connect_retries < 0 or self.max_kept_bytes < 0:
-            raise ValueError("connect_retries and max_kept_bytes must be >= 0")
+        if self.connect_retries < 0 or self.max_kept_bytes < 0 or self.max_kept_generations < 0:
+            raise ValueError(
+                "connect_retries, max_kept_bytes and max_kept_generations must be >= 0"
+            )
         if any(not k for k in self.api_keys):
             raise ValueError("api keys must not be empty")
+        for name in ("first_token_timeout", "idle_timeout", "total_timeout"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0 or None")
+        if self.admin_key is not None and not self.admin_key:
+            raise ValueError("admin_key must not be empty")

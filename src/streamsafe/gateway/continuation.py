@@ -18,7 +18,7 @@ from streamsafe.gateway.generation import GenerationRequest
 from streamsafe.gateway.store import EventLog
 from streamsafe.sse import DONE
 
-__all__ = ["Partial", "continuation_body", "is_role_chunk", "read_partial"]
+__all__ = ["Partial", "continuation_body", "is_role_chunk", "read_partial", "whole_usage"]
 
 
 def is_role_chunk(payload: bytes) -> bool:
@@ -91,3 +91,23 @@ def continuation_body(req: GenerationRequest, partial: Partial) -> bytes | None:
             # vLLM streams one token per content chunk; that is the count already delivered.
             body[name] = max(1, limit - partial.chunks)
     return orjson.dumps(body)
+
+
+def whole_usage(payload: bytes, tokens_before: int) -> bytes:
+    """A continuation's usage chunk made to count the whole answer: its prompt held the
+    ``tokens_before`` delivered earlier, which are the answer's, not the prompt's. Parsed only
+    for a continued stream's usage chunk, never on the ordinary path."""
+    try:
+        chunk = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return payload
+    usage = chunk.get("usage") if isinstance(chunk, dict) else None
+    if not isinstance(usage, dict):
+        return payload
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if not isinstance(prompt, int) or not isinstance(completion, int):
+        return payload
+    usage["prompt_tokens"] = max(0, prompt - tokens_before)
+    usage["completion_tokens"] = completion + tokens_before
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    return orjson.dumps(chunk)

@@ -1,12 +1,13 @@
 """What the gateway answers when something goes wrong: OpenAI error bodies, a generation's
 :class:`Failure`, and the exceptions that become a 4xx.
 
-Every refusal is ``{"error": {"message", "type", "param", "code"}}`` with a real status, never a
-500 with a text body.
+Every refusal is ``{"error": {"message", "type", "param", "code"}}`` with a real status; a bug
+is a JSON 500 naming a request id, never a 500 with a text body.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import orjson
@@ -23,6 +24,7 @@ __all__ = [
     "error_body",
     "send_bad_request",
     "send_failure",
+    "send_internal_error",
 ]
 
 #: How an error payload (an upstream error event, an error body) starts.
@@ -73,13 +75,21 @@ class Failure:
 
 
 class BadRequest(Exception):
-    """A request the gateway refuses itself: ``status`` with an OpenAI error body."""
+    """A request the gateway refuses itself: ``status`` with an OpenAI error body (and
+    ``headers``, such as ``Allow`` on a 405)."""
 
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.headers = headers or []
 
 
 class KeyReused(Exception):
@@ -97,9 +107,21 @@ class NotResumable(Exception):
 async def send_bad_request(send: Send, exc: BadRequest) -> None:
     """Answer ``exc`` (401 also asks for a bearer token)."""
     type_ = _ERROR_TYPES.get(exc.status, "invalid_request_error")
-    headers = [(b"www-authenticate", b"Bearer")] if exc.status == 401 else []
+    headers = list(exc.headers)
+    if exc.status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
     body = error_body(exc.message, type_, exc.status, exc.param)
     await respond(send, exc.status, body, headers=headers)
+
+
+async def send_internal_error(send: Send, request_id: str) -> None:
+    """Answer a bug with a JSON 500 naming ``request_id`` (the log has the rest). Where the
+    answer was already under way the server refuses a second start and closes the connection,
+    which tells the client that it broke."""
+    msg = f"internal error in the gateway (request id {request_id})"
+    body = error_body(msg, "internal_error", 500)
+    with contextlib.suppress(Exception):
+        await respond(send, 500, body, headers=[(b"x-request-id", request_id.encode())])
 
 
 async def send_failure(send: Send, failure: Failure) -> None:

@@ -15,10 +15,23 @@ import itertools
 import os
 from dataclasses import dataclass
 
+from streamsafe.gateway.admission import Waiter
 from streamsafe.gateway.errors import Failure
 from streamsafe.gateway.store import EventLog
 
-__all__ = ["Generation", "GenerationRequest", "State", "new_generation_id"]
+__all__ = [
+    "GENERATION_OVERHEAD_BYTES",
+    "Generation",
+    "GenerationRequest",
+    "State",
+    "new_generation_id",
+]
+
+#: Memory a finished generation holds besides its log and its key, measured on CPython 3.11 (the
+#: RSS of a gateway keeping thousands of tiny generations, about 2.2 KiB each with their logs):
+#: the generation and its request, the index entries that find it (by id, key and
+#: fingerprint), its retention timer and the store's key entry.
+GENERATION_OVERHEAD_BYTES = 2048
 
 
 class State(enum.Enum):
@@ -85,8 +98,10 @@ class Generation:
         "task",
         "tenant",
         "timer",
+        "tokens_before",
         "upstream_status",
         "version",
+        "waiter",
     )
 
     def __init__(
@@ -122,9 +137,14 @@ class Generation:
         #: When it was created (the registry's clock); early commit counts its wait from here.
         self.created_at = created_at
         self.admitted_at: float | None = None
+        #: Upstream attempts after the first (continuations and requests asked again).
         self.continuations = 0
+        #: Tokens delivered before the latest continuation (its usage is made whole with them).
+        self.tokens_before = 0
         #: Some payload holds a newline, so framing takes the slow path.
         self.multiline = False
+        #: Its place in admission, from when it asks for one until it gives it back.
+        self.waiter: Waiter | None = None
 
     @property
     def finished(self) -> bool:
@@ -136,6 +156,13 @@ class Generation:
         """Queued or running."""
         state = self.state
         return state is State.QUEUED or state is State.RUNNING
+
+    @property
+    def kept_nbytes(self) -> int:
+        """Memory it holds once finished and kept for replay: its log, its key (in the
+        generation and in the store) and :data:`GENERATION_OVERHEAD_BYTES`."""
+        key = 2 * len(self.key) if self.key is not None else 0
+        return self.log.nbytes + GENERATION_OVERHEAD_BYTES + key
 
     def wake(self) -> None:
         """Wake every subscriber waiting on this generation."""

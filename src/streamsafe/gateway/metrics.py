@@ -53,7 +53,13 @@ class Counters:
     key_conflicts: int = _counter("Idempotency-Keys reused with a different body (422)")
     evicted: int = _counter("Finished generations evicted to cap memory")
     events_relayed: int = _counter("SSE events read from upstream")
-    continued: int = _counter("Broken upstream streams continued where they stopped")
+    continued: int = _counter(
+        "Upstream attempts made again: broken streams continued where they stopped, requests "
+        "dropped before their answer asked again"
+    )
+    upstream_timeouts: int = _counter(
+        "Upstream attempts past their first-token, idle or total timeout"
+    )
     #: Requests refused by the gateway, by status (its own labelled series).
     errors: dict[int, int] = field(default_factory=dict)
 

@@ -70,6 +70,7 @@ class Registry:
         self._own_store: Store = MemoryStore(clock) if replicas is not None else store
         self.counters = Counters()
         self._clock = clock
+        self._admission = admission
         self._relay = Relay(
             config, admission, upstream, self.counters, self._finish, clock, engines
         )
@@ -224,6 +225,8 @@ class Registry:
         self.subscribers += 1
         if self.replicas is not None and gen.subscribers == 1:
             self.replicas.subscribers_changed(gen)
+        if gen.subscribers == 1 and gen.waiter is not None:
+            self._admission.set_active(gen.waiter, True)  # back within grace: its place holds
         # On a finished generation the timer is its retention, which a replay keeps.
         if gen.timer is not None and not gen.finished:
             gen.timer.cancel()
@@ -231,26 +234,31 @@ class Registry:
 
     # -- abandonment ----------------------------------------------------------------------------
 
-    def leave(self, gen: Generation) -> None:
+    def leave(self, gen: Generation, hold: float = 0.0) -> None:
         """A subscriber is gone (finished or disconnected). When the last one leaves a live
-        generation, the grace period starts; past it the upstream request is closed."""
+        generation, the grace period starts, ``hold`` seconds later where the subscriber was
+        told to come back then; past it the upstream request is closed. A queued generation
+        nobody waits for keeps its place but is passed over (docs/design.md, Admission)."""
         gen.subscribers -= 1
         self.subscribers -= 1
         if gen.subscribers > 0 or gen.finished:
             return
-        self.leave_grace(gen)
+        if gen.waiter is not None:
+            self._admission.set_active(gen.waiter, False)
+        self.leave_grace(gen, hold)
 
-    def leave_grace(self, gen: Generation) -> None:
-        """``gen`` has no subscriber here: start its grace period (for a mirror: forget the
-        copy after it; its owner decides about the upstream request)."""
+    def leave_grace(self, gen: Generation, hold: float = 0.0) -> None:
+        """``gen`` has no subscriber here: start its grace period, ``hold`` seconds later where
+        the subscriber was told to come back then (for a mirror: forget the copy after it; its
+        owner decides about the upstream request)."""
         replicas = self.replicas
         if replicas is not None and replicas.is_mirror(gen):
             replicas.subscribers_changed(gen)
             gen.timer = asyncio.get_running_loop().call_later(
-                max(self.config.grace, _MIRROR_KEPT), lambda: self._spawn(self._forget(gen))
+                max(self.config.grace + hold, _MIRROR_KEPT), lambda: self._spawn(self._forget(gen))
             )
             return
-        grace = self.config.grace
+        grace = self.config.grace + hold
         if grace <= 0:
             self._abort(gen)
         else:
@@ -310,14 +318,22 @@ class Registry:
             # Nothing worth replaying (or replay is off): a later attempt starts over.
             self._spawn(self._forget(gen))
             return
+        # A replay needs the log and the fingerprint, not the request body (up to the body
+        # limit) nor the reader task: let them go, so what is kept is what is counted.
+        gen.request.body = b""
+        gen.task = None
         self._finished[gen.id] = gen
-        self._kept_bytes += gen.log.nbytes
+        self._kept_bytes += gen.kept_nbytes
         if gen.key is not None:
             self._spawn(self._expire_key(gen, gen.key))
         gen.timer = asyncio.get_running_loop().call_later(
             self.config.keep_finished, lambda: self._spawn(self._forget(gen))
         )
-        while self._kept_bytes > self.config.max_kept_bytes and self._finished:
+        config = self.config
+        while self._finished and (
+            self._kept_bytes > config.max_kept_bytes
+            or len(self._finished) > config.max_kept_generations
+        ):
             oldest = next(iter(self._finished.values()))
             counters.evicted += 1
             self._spawn(self._forget(oldest))
@@ -331,7 +347,7 @@ class Registry:
 
     def _unkeep(self, gen: Generation) -> None:
         if self._finished.pop(gen.id, None) is not None:
-            self._kept_bytes -= gen.log.nbytes
+            self._kept_bytes -= gen.kept_nbytes
 
     async def _forget(self, gen: Generation) -> None:
         """Nobody can find ``gen`` any more; subscribers holding it read on undisturbed."""
@@ -378,9 +394,9 @@ class Registry:
         return self._kept_bytes
 
     @property
-    def generation_count(self) -> int:
-        """Generations that can still be found (live and kept)."""
-        return len(self._gens)
+    def kept_generations(self) -> int:
+        """Finished generations kept for replay."""
+        return len(self._finished)
 
     async def close(self) -> None:
         """Cancel every reader (shutdown)."""

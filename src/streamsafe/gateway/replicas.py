@@ -145,18 +145,20 @@ class Replicas:
                 continue
             lease_key = store.lease_key(gen.id)
             await store.redis.set(lease_key, self.replica_id, nx=True, px=int(self.lease * 1000))
-            log_.detached = False  # appends go to Redis again (and meet a lease taken meanwhile)
             if await store.lease_holder(gen.id) != self.replica_id:
+                log_.detached = False  # its next append meets the lease taken meanwhile
                 self._unsynced.pop(gen.id, None)
                 continue  # another replica took it over while Redis was away: it writes now
             await store.put_generation(gen.id, _record(gen), _RECORD_TTL)
             if gen.key is not None:
                 await store.redis.set(store.claim_key(gen.key), gen.id, nx=True)
             await store.index_fingerprint(gen.tenant, gen.fingerprint, gen.id, _RECORD_TTL)
-            stored = await log_.remote.sync()
-            missing = log_.local.read_nowait(stored)
-            if missing:
+            await log_.remote.sync()
+            # The relay goes on appending to the copy meanwhile: write until Redis has it all,
+            # then (with no await in between) let appends go to Redis again.
+            while missing := log_.local.read_nowait(log_.remote.length):
                 await log_.remote.append(missing)
+            log_.detached = False
             if self._unsynced.pop(gen.id, None) is not None:
                 await self._record_end(gen)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import re
 from typing import Any
 
 import orjson
@@ -17,10 +18,16 @@ from streamsafe.gateway.admission import request_cost
 from streamsafe.gateway.errors import BadRequest
 from streamsafe.gateway.generation import GenerationRequest
 
-__all__ = ["completion_request", "read_request_body", "tenant_id"]
+__all__ = ["client_read_timeout", "completion_request", "read_request_body", "tenant_id"]
 
 #: Longest Idempotency-Key accepted (the IETF draft sets no limit; a key is a store key here).
 _MAX_KEY_LEN = 256
+_VISIBLE_ASCII = re.compile(rb"[\x21-\x7e]+")
+#: Deepest JSON nesting accepted in a request body: one limit for parsing and for the
+#: fingerprint (orjson parses 1024 levels but serialises only 254). Real requests (tool schemas
+#: included) nest a few dozen levels.
+MAX_JSON_DEPTH = 128
+_TOO_DEEP = f"request body nests deeper than {MAX_JSON_DEPTH} levels"
 
 
 def tenant_id(api_key: bytes) -> str:
@@ -54,8 +61,15 @@ def completion_request(
     """What the registry needs to know about a completion request with body ``raw``."""
     body = _parse_body(raw, upstream_path)
     key = header(scope, b"idempotency-key")
-    if key is not None and (not key or len(key) > _MAX_KEY_LEN):
-        raise BadRequest(400, f"Idempotency-Key must be 1 to {_MAX_KEY_LEN} bytes")
+    if key is not None and (
+        not key or len(key) > _MAX_KEY_LEN or not _VISIBLE_ASCII.fullmatch(key)
+    ):
+        # Visible ASCII only: undecodable bytes must never collapse into one key.
+        raise BadRequest(
+            400,
+            f"Idempotency-Key must be 1 to {_MAX_KEY_LEN} visible ASCII characters",
+            "Idempotency-Key",
+        )
     last_id = _last_event_id(scope)
     fingerprint = hashlib.blake2b(
         upstream_path.encode() + b"\0" + orjson.dumps(body, option=orjson.OPT_SORT_KEYS),
@@ -68,11 +82,24 @@ def completion_request(
         fingerprint=fingerprint,
         cost=request_cost(body, default_max_tokens),
         stream=body.get("stream") is True,
-        idempotency_key=key.decode("utf-8", "replace") if key is not None else None,
+        idempotency_key=key.decode("ascii") if key is not None else None,
         retry=_retry_count(scope) >= 1,
         last_event_id=last_id,
         no_upstream_retry=header(scope, b"x-llamastack-streaming") == b"true",
     )
+
+
+def client_read_timeout(scope: Scope) -> float | None:
+    """The client's read timeout in seconds, where it said (Stainless clients send
+    ``x-stainless-read-timeout``); ``None`` when absent or not a sane number of seconds."""
+    value = header(scope, b"x-stainless-read-timeout")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if 0 < seconds < 86_400 else None
 
 
 def _retry_count(scope: Scope) -> int:
@@ -103,23 +130,84 @@ def _parse_body(raw: bytes, upstream_path: str) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        if "recursion" in str(exc).lower() or "depth" in str(exc).lower():
+            raise BadRequest(400, _TOO_DEEP) from None
         raise BadRequest(400, f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise BadRequest(400, "request body must be a JSON object")
+    if _nests_deeper(body, MAX_JSON_DEPTH):
+        raise BadRequest(400, _TOO_DEEP)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest(400, "missing required field 'model'", "model")
     if upstream_path == "/v1/chat/completions":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest(
-                400, "missing required field 'messages' (a non-empty list)", "messages"
-            )
-        if not all(isinstance(m, dict) and "role" in m for m in messages):
-            raise BadRequest(400, "each message must be an object with a 'role'", "messages")
-    elif not isinstance(body.get("prompt"), str | list):
-        raise BadRequest(400, "missing required field 'prompt'", "prompt")
+        _check_messages(body.get("messages"))
+    else:
+        _check_prompt(body.get("prompt"))
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise BadRequest(400, "'stream' must be a boolean", "stream")
     return body
+
+
+def _nests_deeper(value: Any, limit: int) -> bool:
+    """Whether JSON ``value`` nests more than ``limit`` containers deep (no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, dict | list))
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node if isinstance(v, dict | list))
+    return False
+
+
+def _check_messages(messages: Any) -> None:
+    """Chat messages as the gateway itself reads them (roles, text parts), each fault named by
+    its field."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest(400, "missing required field 'messages' (a non-empty list)", "messages")
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+            raise BadRequest(400, "each message must be an object with a 'role'", f"messages[{i}]")
+        content = msg.get("content")
+        if content is None or isinstance(content, str):
+            continue
+        if not isinstance(content, list):
+            param = f"messages[{i}].content"
+            raise BadRequest(400, f"'{param}' must be a string or a list of parts", param)
+        for j, part in enumerate(content):
+            param = f"messages[{i}].content[{j}]"
+            if not isinstance(part, dict):
+                raise BadRequest(400, f"'{param}' must be an object", param)
+            if not isinstance(part.get("type"), str):
+                raise BadRequest(400, f"'{param}.type' must be a string", param + ".type")
+            if part["type"] == "text" and not isinstance(part.get("text"), str):
+                raise BadRequest(400, f"'{param}.text' must be a string", param + ".text")
+
+
+def _check_prompt(prompt: Any) -> None:
+    # A string, strings, token ids, or lists of token ids (OpenAI's four prompt forms).
+    if isinstance(prompt, str) or (
+        isinstance(prompt, list)
+        and prompt
+        and (all(isinstance(p, str) for p in prompt) or all(_is_token_ids(p) for p in prompt))
+    ):
+        return
+    raise BadRequest(
+        400,
+        "missing or malformed field 'prompt': a string, a list of strings, or token ids",
+        "prompt",
+    )
+
+
+def _is_token_ids(value: Any) -> bool:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return True
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )

@@ -5,17 +5,22 @@ the end of the log, sends all of it in one body message, and waits for the next 
 concurrent task watches for ``http.disconnect``, so a client that leaves is noticed at once, even
 while its generation is quiet.
 
-When the headers go out and when a ``: keep-alive`` comment is due is decided by
-:class:`Pacing` (see docs/design.md, Commit); the loop in :func:`serve_stream` only relays.
+When the headers go out, when a ``: keep-alive`` comment is due, and what a subscriber whose
+generation is still queued is told (commit, a real 429 before any commit, or come back later) is
+decided by :class:`Pacing` (see docs/design.md, Commit and Admission); the loop in
+:func:`serve_stream` only relays.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from streamsafe._asgi import Message, Receive, Send, respond
+from streamsafe.gateway.admission import QUEUED, Admission, plan_wait, retry_after_seconds
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.errors import error_body, send_failure
 from streamsafe.gateway.generation import Generation, State
@@ -24,6 +29,8 @@ from streamsafe.sse import DONE, DONE_EVENT, encode_comment, encode_event, encod
 __all__ = [
     "COMMIT",
     "HEARTBEAT",
+    "SHED",
+    "STEP_BACK",
     "WAIT",
     "Pacing",
     "StreamRules",
@@ -36,18 +43,24 @@ _HEARTBEAT = encode_comment("keep-alive")
 _HEARTBEAT_MSG: Message = {"type": "http.response.body", "body": _HEARTBEAT, "more_body": True}
 _SSE_END: Message = {"type": "http.response.body", "body": b"", "more_body": False}
 
-#: What :meth:`Pacing.step` asks for before the subscriber waits.
-WAIT, COMMIT, HEARTBEAT = 0, 1, 2
+#: What :meth:`Pacing.step` asks for before the subscriber waits: nothing, the headers, a
+#: heartbeat, refusing the queued generation (429 to all not yet answered), or a 429 to this
+#: subscriber only while its generation keeps its place.
+WAIT, COMMIT, HEARTBEAT, SHED, STEP_BACK = 0, 1, 2, 3, 4
 
 
 class Subscriber:
     """One client reading one generation; ``gone`` once it disconnected."""
 
-    __slots__ = ("gen", "gone")
+    __slots__ = ("gen", "gone", "hold", "patience")
 
-    def __init__(self, gen: Generation) -> None:
+    def __init__(self, gen: Generation, patience: float | None = None) -> None:
         self.gen = gen
         self.gone = False
+        #: The client's read timeout, where it said (``x-stainless-read-timeout``).
+        self.patience = patience
+        #: Seconds after which it was told to come back (0: it was not).
+        self.hold = 0.0
 
     async def watch(self, receive: Receive) -> None:
         """Wait for ``http.disconnect``, then mark the subscriber gone and wake its loop."""
@@ -73,6 +86,8 @@ class StreamRules:
     commit_wait: float
     #: The ``x-stream-resumable`` header value.
     resumable: bytes
+    #: Seconds a generation may wait for admission before it is shed, unless committed.
+    queue_timeout: float = 20.0
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> StreamRules:
@@ -83,41 +98,86 @@ class StreamRules:
             heartbeat=heartbeat,
             commit_wait=min(heartbeat, 1.0) if heartbeat > 0 else 1.0,
             resumable=b"true" if config.keep_finished > 0 else b"false",
+            queue_timeout=config.queue_timeout,
         )
 
 
 class Pacing:
     """The commit and heartbeat rules of one streaming subscriber, fed the clock's reading.
 
-    Headers go out with the first event; under early commit, also once upstream accepted the
-    request or ``commit_wait`` after admission (or creation, while queued), whichever is first,
-    so heartbeats cover the queue and the first token alike (a slow but healthy request must
-    never trip a client's read timeout). Heartbeats stop once events flow.
+    Headers go out with the first event. While the generation waits in the admission queue,
+    :func:`~streamsafe.gateway.admission.plan_wait` decides from the predicted wait: commit
+    early only when the wait may reach the client's read timeout (or, where the client did not
+    say, ``commit_wait`` after it arrived), answer a real 429 before any commit where the wait
+    will not fit, and under first-token commit tell a client that would time out to come back
+    when its place comes. Once admitted, under early commit, the headers go when upstream
+    accepted the request or ``commit_wait`` after admission, so heartbeats cover the first token
+    (a slow but healthy request must never trip a client's read timeout). A generation about to
+    ask for a place, or being refused, is never committed, so a refusal keeps its real status.
+    Heartbeats stop once events flow.
     """
 
-    __slots__ = ("_next_beat", "_rules", "committed", "flowing")
+    __slots__ = (
+        "_arrived",
+        "_next_beat",
+        "_patience",
+        "_rules",
+        "committed",
+        "flowing",
+        "retry_after",
+    )
 
-    def __init__(self, rules: StreamRules, flowing: bool) -> None:
+    def __init__(
+        self,
+        rules: StreamRules,
+        flowing: bool,
+        arrived: float = 0.0,
+        patience: float | None = None,
+    ) -> None:
         self._rules = rules
         self._next_beat = 0.0
+        self._arrived = arrived
+        self._patience = patience
         #: The response headers went out.
         self.committed = False
         #: Events went out (or the stream resumes past some): no more heartbeats.
         self.flowing = flowing
+        #: After :data:`SHED` or :data:`STEP_BACK`: seconds until the client should come back.
+        self.retry_after = 0.0
 
-    def step(self, gen: Generation, now: float) -> tuple[int, float | None]:
-        """What to send before waiting (:data:`WAIT`: nothing, :data:`COMMIT`: the headers,
-        :data:`HEARTBEAT`) and the most seconds to wait for ``gen`` to change (``None``: no
-        limit). After :data:`COMMIT`, ask again before waiting."""
+    def step(
+        self, gen: Generation, now: float, predicted: float | None = None
+    ) -> tuple[int, float | None]:
+        """What to do before waiting (:data:`WAIT`: nothing, :data:`COMMIT`: send the headers,
+        :data:`HEARTBEAT`, :data:`SHED`, :data:`STEP_BACK`) and the most seconds to wait for
+        ``gen`` to change (``None``: no limit). ``predicted``: the predicted seconds until a
+        queued ``gen`` is admitted. After :data:`COMMIT`, ask again before waiting."""
         rules = self._rules
         if not self.committed:
-            if rules.early and gen.live:
-                since = gen.admitted_at if gen.admitted_at is not None else gen.created_at
-                deadline = since + rules.commit_wait
+            place = gen.waiter
+            if place is not None and place.state == QUEUED:
+                plan = plan_wait(
+                    predicted=predicted,
+                    waited=now - self._arrived,
+                    hold_left=place.since + rules.queue_timeout - now,
+                    patience=self._patience,
+                    early=rules.early,
+                    commit_after=rules.commit_wait,
+                    committed=place.committed,
+                )
+                if plan.action == "commit":
+                    return self._commit(now)
+                if plan.action == "shed":
+                    self.retry_after = plan.retry_after
+                    return SHED, None
+                if plan.action == "step-back":
+                    self.retry_after = plan.retry_after
+                    return STEP_BACK, None
+                return WAIT, None if plan.until == math.inf else plan.until
+            if rules.early and gen.state is State.RUNNING and gen.admitted_at is not None:
+                deadline = gen.admitted_at + rules.commit_wait
                 if gen.upstream_status == 200 or now >= deadline:
-                    self.committed = True
-                    self._next_beat = now + rules.heartbeat
-                    return COMMIT, None
+                    return self._commit(now)
                 return WAIT, deadline - now
             return WAIT, None
         if not self.flowing and rules.heartbeat > 0:
@@ -126,6 +186,11 @@ class Pacing:
                 return HEARTBEAT, rules.heartbeat
             return WAIT, self._next_beat - now
         return WAIT, None
+
+    def _commit(self, now: float) -> tuple[int, float | None]:
+        self.committed = True
+        self._next_beat = now + self._rules.heartbeat
+        return COMMIT, None
 
 
 async def serve_json(sub: Subscriber, send: Send) -> None:
@@ -148,12 +213,21 @@ async def serve_json(sub: Subscriber, send: Send) -> None:
 
 
 async def serve_stream(
-    sub: Subscriber, start: int, send: Send, rules: StreamRules, drop_done: bool
+    sub: Subscriber,
+    start: int,
+    send: Send,
+    rules: StreamRules,
+    drop_done: bool,
+    admission: Admission,
+    reset_on_failure: Callable[[], None] | None = None,
 ) -> None:
     """Relay ``sub``'s generation from event ``start`` on, as SSE with ids. ``drop_done`` leaves
-    out ``data: [DONE]`` (Llama Stack's streams end without it)."""
+    out ``data: [DONE]`` (Llama Stack's streams end without it). ``admission`` predicts a queued
+    generation's wait, and is told of a commit or a refusal before it. ``reset_on_failure``: how
+    to end a stream whose generation failed after commit instead of closing it cleanly (a reset,
+    for clients that would read a clean end as a complete answer)."""
     gen = sub.gen
-    pacing = Pacing(rules, flowing=start > 0)
+    pacing = Pacing(rules, start > 0, time.monotonic(), sub.patience)
     cursor = start
     headers = [
         (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -182,12 +256,25 @@ async def serve_stream(
             await send({"type": "http.response.body", "body": body, "more_body": True})
             continue
         if gen.finished:
-            await _end(gen, send, start_msg, pacing.committed, drop_done)
+            await _end(gen, send, start_msg, pacing.committed, drop_done, reset_on_failure)
             return
-        step, timeout = pacing.step(gen, time.monotonic())
+        place = gen.waiter
+        queued = place is not None and place.state == QUEUED and not pacing.committed
+        predicted = admission.predicted_wait(place) if queued and place is not None else None
+        step, timeout = pacing.step(gen, time.monotonic(), predicted)
         if step == COMMIT:
+            if place is not None:
+                admission.commit(place)  # from now on its place is never shed
             await send(start_msg)
             continue
+        if step == SHED and place is not None:
+            # Refused before any commit: the relay fails the generation with a real 429.
+            admission.shed(place, retry_after_seconds(pacing.retry_after, 1.0))
+            continue
+        if step == STEP_BACK:
+            sub.hold = pacing.retry_after
+            await _send_step_back(send, pacing.retry_after)
+            return
         if step == HEARTBEAT:
             await send(_HEARTBEAT_MSG)
         if gen.version != version:  # changed while a heartbeat or the headers went out
@@ -203,21 +290,41 @@ async def serve_stream(
                 gen.forget_waiter(waiter)
 
 
+async def _send_step_back(send: Send, retry_after: float) -> None:
+    """429 to a client that would time out before its place comes; the place is kept for its
+    return. ``retry-after-ms`` (read by Stainless clients and streamsafe's) says it precisely."""
+    msg = f"gateway at capacity; your place is kept: retry after {retry_after:.3g} s"
+    headers = [
+        (b"retry-after", str(retry_after_seconds(retry_after, 1.0)).encode()),
+        (b"retry-after-ms", str(max(1, round(retry_after * 1000))).encode()),
+    ]
+    await respond(send, 429, error_body(msg, "rate_limit_error", 429), headers=headers)
+
+
 async def _end(
-    gen: Generation, send: Send, start_msg: Message, committed: bool, drop_done: bool
+    gen: Generation,
+    send: Send,
+    start_msg: Message,
+    committed: bool,
+    drop_done: bool,
+    reset_on_failure: Callable[[], None] | None,
 ) -> None:
     """Every event went out and ``gen`` finished: close the stream. A failure before anything
-    was committed keeps its real status; after commit it becomes an error event (vLLM's way)."""
+    was committed keeps its real status; after commit it becomes an error event (vLLM's way),
+    and the stream ends with ``reset_on_failure`` where one is given."""
     failure = gen.failure
     if not committed:
         if failure is not None:
             await send_failure(send, failure)
             return
         await send(start_msg)
+    reset = reset_on_failure if gen.state is State.FAILED else None
     if failure is not None:
         tail = encode_event(failure.as_event())
         if not drop_done:
             tail += DONE_EVENT
-        await send({"type": "http.response.body", "body": tail, "more_body": False})
-    else:
+        await send({"type": "http.response.body", "body": tail, "more_body": reset is not None})
+    elif reset is None:
         await send(_SSE_END)
+    if reset is not None:
+        reset()

@@ -6,9 +6,15 @@ a :class:`~streamsafe.retry.RetryBudget` shared by all requests, so a dead upstr
 three times per request. Nothing is retried once a response started.
 
 The breaker opens when the engine says it is dead (a 500 whose body names ``EngineDeadError``, an
-error event naming it, or ``/health`` answering 503): new work then fails fast with 503 and
-``Retry-After`` instead of piling onto a broken engine, while one task probes ``/health`` and closes
-the breaker when it answers 200.
+error event naming it, or ``/health`` answering 5xx) and when it cannot be reached at all (the
+connection refused after the connect retries, or ``/health`` unanswered after a reset or a stall:
+a killed or frozen engine says nothing): new work then fails fast with 503 and ``Retry-After``
+instead of piling onto a broken engine, while one task probes ``/health`` and closes the breaker
+when it answers.
+
+:class:`AttemptWatch` keeps an attempt's upstream timeouts (first token, idle between chunks,
+total) without a timer per chunk: the reader notes the time of each chunk and one timer checks the
+deadline when it falls due.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import contextlib
 import logging
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import httpcore2
 import httpx2
@@ -25,7 +33,16 @@ import httpx2
 from streamsafe.gateway.asyncio_backend import AsyncioBackend
 from streamsafe.retry import RetryBudget
 
-__all__ = ["Breaker", "Upstream", "is_engine_death", "parse_retry_after", "read_bounded"]
+__all__ = [
+    "AttemptWatch",
+    "Breaker",
+    "Upstream",
+    "UpstreamStalled",
+    "UpstreamTimeouts",
+    "is_engine_death",
+    "parse_retry_after",
+    "read_bounded",
+]
 
 log = logging.getLogger("streamsafe.gateway")
 
@@ -38,6 +55,129 @@ _ENGINE_DEATH_MARKERS = (
 
 #: Largest upstream error body kept and passed on.
 _MAX_ERROR_BODY = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamTimeouts:
+    """Bounds on one upstream request; ``None`` disables one. See
+    :class:`~streamsafe.gateway.GatewayConfig` for the defaults and their reasons."""
+
+    #: From sending the request to its first event (response headers included).
+    first_token: float | None = 60.0
+    #: Between two chunks once events flow.
+    idle: float | None = 30.0
+    #: For the whole generation, every attempt and wait included.
+    total: float | None = 600.0
+
+
+class UpstreamStalled(Exception):
+    """An attempt passed a deadline: ``phase`` is ``first_token``, ``idle`` or ``total``."""
+
+    def __init__(self, phase: str, seconds: float) -> None:
+        super().__init__(f"upstream {phase.replace('_', ' ')} timeout ({seconds:g} s)")
+        self.phase = phase
+        self.seconds = seconds
+
+
+class AttemptWatch:
+    """The deadlines of one upstream attempt, as an async context manager around it.
+
+    >>> async with AttemptWatch(timeouts, total_deadline) as watch:
+    ...     response = await upstream.open(...)
+    ...     async for chunk in response.aiter_raw():
+    ...         watch.chunk()
+
+    Past a deadline the attempt's task is cancelled and :class:`UpstreamStalled` leaves the
+    block instead (a real cancellation of the task still propagates). Per chunk the reader
+    only stores the loop's time; the one timer reschedules itself to the current deadline.
+    """
+
+    __slots__ = (
+        "_cancelling",
+        "_handle",
+        "_last",
+        "_loop",
+        "_task",
+        "_total_deadline",
+        "expired",
+        "flowing",
+        "timeouts",
+    )
+
+    def __init__(self, timeouts: UpstreamTimeouts, total_deadline: float | None) -> None:
+        self.timeouts = timeouts
+        self._total_deadline = total_deadline
+        self._loop = asyncio.get_running_loop()
+        self._last = self._loop.time()
+        self._handle: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelling = 0
+        #: The phase whose deadline passed (``None`` while none did).
+        self.expired: str | None = None
+        #: Whether the first event came.
+        self.flowing = False
+
+    def chunk(self) -> None:
+        """A chunk arrived (call for every chunk read)."""
+        self._last = self._loop.time()
+
+    def first_event(self) -> None:
+        """The first event arrived: from now on the idle bound applies (re-armed once, since it
+        may fall before the first-token deadline)."""
+        self.flowing = True
+        self._last = self._loop.time()
+        if self._handle is not None:
+            self._handle.cancel()
+            self._arm()
+
+    def _deadline(self) -> tuple[float, str, float] | None:
+        t = self.timeouts
+        phase, limit = ("idle", t.idle) if self.flowing else ("first_token", t.first_token)
+        best: tuple[float, str, float] | None = None
+        if limit is not None:
+            best = (self._last + limit, phase, limit)
+        total = self._total_deadline
+        if total is not None and t.total is not None and (best is None or total < best[0]):
+            best = (total, "total", t.total)
+        return best
+
+    def _arm(self) -> None:
+        due = self._deadline()
+        self._handle = None if due is None else self._loop.call_at(due[0], self._fire)
+
+    def _fire(self) -> None:
+        due = self._deadline()
+        if due is None:
+            self._handle = None
+            return
+        if self._loop.time() < due[0]:  # a chunk moved the deadline: wait for the new one
+            self._handle = self._loop.call_at(due[0], self._fire)
+            return
+        self._handle = None
+        self.expired = due[1]
+        if self._task is not None:
+            self._task.cancel()
+
+    async def __aenter__(self) -> AttemptWatch:
+        self._task = asyncio.current_task()
+        assert self._task is not None
+        self._cancelling = self._task.cancelling()
+        self._last = self._loop.time()
+        self._arm()
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: Any, tb: Any) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        phase = self.expired
+        if phase is None or kind is not asyncio.CancelledError:
+            return
+        assert self._task is not None
+        if self._task.uncancel() <= self._cancelling:
+            t = self.timeouts
+            seconds = {"first_token": t.first_token, "idle": t.idle, "total": t.total}[phase]
+            raise UpstreamStalled(phase, seconds or 0.0) from None
 
 
 def is_engine_death(body: bytes) -> bool:
@@ -93,6 +233,9 @@ class Upstream:
         self.budget = budget or RetryBudget()
         self.breaker = Breaker(probe_interval)
         self.connect_retries_done = 0
+        #: Loop time of the last sign of life (a response, or /health answering).
+        self.alive_at = -math.inf
+        self._health_check_running: asyncio.Future[int | None] | None = None
         self._headers = {"accept-encoding": "identity"}
         if api_key:
             self._headers["authorization"] = f"Bearer {api_key}"
@@ -158,9 +301,12 @@ class Upstream:
                 response = await client.send(request, stream=True)
             except httpx2.ConnectError:
                 self.budget.record_failure()
-                if not retry_connect or attempt >= self.connect_retries:
-                    raise
-                if not self.budget.allow_retry():
+                if (
+                    not retry_connect
+                    or attempt >= self.connect_retries
+                    or not self.budget.allow_retry()
+                ):
+                    self.unreachable("the connection was refused")
                     raise
                 delay = self.connect_backoff * (2**attempt)
                 attempt += 1
@@ -169,6 +315,7 @@ class Upstream:
                 await asyncio.sleep(delay)
                 continue
             self.budget.record_success()
+            self.alive_at = asyncio.get_running_loop().time()
             return response
 
     def engine_died(self, why: str) -> None:
@@ -177,33 +324,74 @@ class Upstream:
             log.warning("engine reported dead (%s); failing fast until /health is 200", why)
             self._probe = asyncio.get_running_loop().create_task(self._probe_until_healthy())
 
+    def unreachable(self, why: str) -> None:
+        """The engine cannot be reached at all (refused, or silent after a reset or a stall):
+        open the breaker as for a dead engine."""
+        if not self.breaker.is_open:
+            log.warning("engine unreachable (%s); failing fast until /health answers", why)
+        self.engine_died(why)
+
     def suspect(self) -> None:
-        """An upstream 5xx: ask ``/health`` once, in the background, whether the engine died."""
+        """An upstream 5xx, a reset or a stall: ask ``/health`` once, in the background,
+        whether the engine is dead, gone or frozen."""
         if self.breaker.is_open or (self._health_check and not self._health_check.done()):
             return
         self._health_check = asyncio.get_running_loop().create_task(self._check_once())
 
+    async def healthy(self) -> bool:
+        """Whether the engine is believed alive: the breaker is closed and, unless it answered
+        within the last probe interval, ``/health`` answers now (one check shared by every
+        concurrent caller). A load balancer polling the gateway's ``/health`` gets the truth."""
+        if self.breaker.is_open:
+            return False
+        loop = asyncio.get_running_loop()
+        if loop.time() - self.alive_at < self.breaker.probe_interval:
+            return True
+        running = self._health_check_running
+        if running is None or running.done():
+            running = self._health_check_running = loop.create_task(self.health())
+        status = await asyncio.shield(running)
+        if _healthy_status(status):
+            return True
+        self._judge(status)
+        return False
+
     async def health(self) -> int | None:
-        """Status of upstream ``/health``, or ``None`` if it did not answer."""
+        """Status of upstream ``/health``, or ``None`` if it did not answer in time (at most
+        the probe interval, and at least a second)."""
         try:
             response = await self.client.get(
                 "/health", timeout=max(1.0, self.breaker.probe_interval)
             )
         except httpx2.HTTPError:
             return None
+        if _healthy_status(response.status_code):
+            self.alive_at = asyncio.get_running_loop().time()
         return response.status_code
 
+    def _judge(self, status: int | None) -> None:
+        if status is None:
+            self.unreachable("/health did not answer")
+        elif status >= 500:
+            self.engine_died(f"/health answered {status}")
+
     async def _check_once(self) -> None:
-        if await self.health() == 503:
-            self.engine_died("/health answered 503")
+        status = await self.health()
+        if not _healthy_status(status):
+            self._judge(status)
 
     async def _probe_until_healthy(self) -> None:
         while True:
             await asyncio.sleep(self.breaker.probe_interval)
-            if await self.health() == 200:
+            if _healthy_status(await self.health()):
                 self.breaker.close()
                 log.warning("engine healthy again; breaker closed")
                 return
+
+
+def _healthy_status(status: int | None) -> bool:
+    # Reachable and not reporting itself down; an engine without /health (404) counts as up.
+    return status is not None and status < 500
 
 
 async def read_bounded(response: httpx2.Response) -> bytes:

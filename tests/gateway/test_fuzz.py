@@ -1,0 +1,399 @@
+"""Property-based fuzzing of the gateway's ASGI app, in-process, in front of a real simulator:
+generated methods, paths, headers, keys, ``Last-Event-ID``s and bodies. Whatever arrives, the
+gateway never answers 500, every error is an OpenAI-style JSON object, and it keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pytest
+from gateway_helpers import MODEL, fast_sim
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streamsafe.engine_sim import Simulator
+from streamsafe.gateway import Gateway, GatewayConfig
+from streamsafe.serving import ServerThread
+
+#: Seconds one fuzzed request may take before its client "leaves" (every call is bounded).
+_CLIENT_PATIENCE = 2.0
+_SIM_MEMORY = 1_000_000
+
+
+@dataclass
+class _Result:
+    status: int | None = None
+    headers: dict[bytes, bytes] = field(default_factory=dict)
+    body: bytes = b""
+    complete: bool = False
+
+
+class _Harness:
+    """A gateway driven through ASGI calls on its own event loop thread."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.run(gw.startup())
+
+    def run(self, coro: Any, timeout: float = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.run(self.gw.shutdown())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+    def request(
+        self, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes, split: int
+    ) -> _Result:
+        return self.run(self._request(method, path, headers, body, split))  # type: ignore[no-any-return]
+
+    async def _request(
+        self, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes, split: int
+    ) -> _Result:
+        result = _Result()
+        done = asyncio.Event()
+        chunks = [body[:split], body[split:]] if 0 < split < len(body) else [body]
+        messages: list[dict[str, Any]] = [
+            {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+            for i, c in enumerate(chunks)
+        ]
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop(0)
+            await done.wait()  # the client stays until its answer is complete, or it gives up
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                if result.status is not None:  # as uvicorn refuses it
+                    raise RuntimeError("Unexpected ASGI message 'http.response.start'")
+                result.status = message["status"]
+                result.headers = dict(message.get("headers", []))
+            elif message["type"] == "http.response.body":
+                assert result.status is not None, "body before start"
+                assert not result.complete, "body after the end"
+                result.body += message.get("body", b"")
+                if not message.get("more_body", False):
+                    result.complete = True
+                    done.set()
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": method,
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode("utf-8", "surrogateescape"),
+            "query_string": b"",
+            "root_path": "",
+            "headers": headers,
+            "client": ("127.0.0.1", 50000),
+            "server": ("127.0.0.1", 8000),
+        }
+        app = asyncio.ensure_future(self.gw(scope, receive, send))
+        try:
+            try:
+                await asyncio.wait_for(asyncio.shield(app), _CLIENT_PATIENCE)
+            except TimeoutError:
+                done.set()  # the client leaves; the app must notice and return
+                await asyncio.wait_for(app, 10)
+        except Exception as exc:  # escaping the app: the server answers a text 500
+            if result.status is None:
+                return _Result(500, {}, f"{type(exc).__name__}: {exc}".encode(), True)
+            raise
+        return result
+
+
+@pytest.fixture(scope="module")
+def harness() -> Iterator[_Harness]:
+    sim = Simulator(fast_sim(memory_tokens=_SIM_MEMORY, default_max_tokens=4))
+    with ServerThread(sim) as sim_server:
+        config = GatewayConfig(
+            upstream=sim_server.url,
+            heartbeat=0.05,
+            grace=0.0,
+            keep_finished=5.0,
+            max_memory_tokens=_SIM_MEMORY // 4,
+            max_body_bytes=64 * 1024,
+            api_keys=("sk-fuzz",),
+        )
+        h = _Harness(Gateway(config))
+        try:
+            yield h
+        finally:
+            h.close()
+
+
+# -- strategies ---------------------------------------------------------------------------------
+
+_json_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False),
+    st.text(max_size=20),
+)
+_json = st.recursive(
+    _json_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+_content = st.one_of(
+    st.text(max_size=30),
+    st.lists(
+        st.one_of(
+            st.fixed_dictionaries({"type": st.just("text"), "text": _json}),
+            st.dictionaries(st.sampled_from(["type", "text", "image_url"]), _json, max_size=3),
+            _json,
+        ),
+        max_size=3,
+    ),
+    _json,
+)
+_message = st.one_of(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "system", "assistant", "tool", ""]), "content": _content}
+    ),
+    _json,
+)
+_max_tokens = st.one_of(
+    st.integers(min_value=1, max_value=8), st.integers(min_value=-5, max_value=10**12), _json
+)
+_chat_body = st.fixed_dictionaries(
+    {"model": st.one_of(st.just(MODEL), _json), "messages": st.lists(_message, max_size=3)},
+    optional={
+        "max_tokens": _max_tokens,
+        "max_completion_tokens": _max_tokens,
+        "stream": st.one_of(st.booleans(), _json),
+        "stream_options": st.one_of(st.just({"include_usage": True}), _json),
+        "n": st.one_of(st.just(1), _json),
+        "temperature": _json,
+        "continue_final_message": st.booleans(),
+        "metadata": _json,
+    },
+)
+_completion_body = st.fixed_dictionaries(
+    {"model": st.one_of(st.just(MODEL), _json)},
+    optional={
+        "prompt": st.one_of(st.text(max_size=30), st.lists(st.text(max_size=5), max_size=3), _json),
+        "max_tokens": _max_tokens,
+        "stream": st.one_of(st.booleans(), _json),
+    },
+)
+
+
+def _dumps(value: Any) -> bytes:
+    """JSON as any client may send it (integers past 64 bits included)."""
+    return json.dumps(value).encode()
+
+
+def _nesting(depth: int) -> bytes:
+    return b'{"model":"%s","messages":[{"role":"user","content":"x"}],"metadata":%s}' % (
+        MODEL.encode(),
+        b"[" * depth + b"]" * depth,
+    )
+
+
+_body = st.one_of(
+    _chat_body.map(_dumps),
+    _completion_body.map(_dumps),
+    _json.map(_dumps),
+    st.binary(max_size=200),
+    # Depths around every limit a JSON stack has (orjson parses 1024, serialises 254).
+    st.sampled_from([1, 64, 127, 128, 129, 253, 254, 255, 300, 1023, 1024, 1025, 3000]).map(
+        _nesting
+    ),
+    st.text(max_size=100).map(lambda t: t.encode("utf-8", "surrogatepass")),
+)
+_COMPLETION_PATHS = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/openai/v1/chat/completions",
+    "/v1/openai/v1/completions",
+]
+# Most requests aim at a completion route with POST, where the work is; the rest roam.
+_paths = st.one_of(
+    st.sampled_from(_COMPLETION_PATHS),
+    st.sampled_from(_COMPLETION_PATHS),
+    st.sampled_from(_COMPLETION_PATHS),
+    st.sampled_from(
+        [
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/openai/v1/chat/completions",
+            "/v1/openai/v1/completions",
+            "/v1/models",
+            "/v1/openai/v1/models",
+            "/health",
+            "/ready",
+            "/metrics",
+            "/stats",
+            "/",
+            "//v1/chat/completions",
+            "/v1/chat/completions/",
+        ]
+    ),
+    st.text(max_size=30).map(lambda t: "/" + t),
+)
+_methods = st.one_of(
+    st.just("POST"),
+    st.just("POST"),
+    st.just("POST"),
+    st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]),
+    st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZ", min_size=1, max_size=8),
+)
+_header_value = st.one_of(
+    st.binary(max_size=40),
+    st.text(max_size=40).map(lambda t: t.encode("utf-8", "surrogatepass")),
+    st.integers(min_value=-(2**70), max_value=2**70).map(lambda n: str(n).encode()),
+)
+_headers = st.lists(
+    st.tuples(
+        st.sampled_from(
+            [
+                b"authorization",
+                b"idempotency-key",
+                b"last-event-id",
+                b"x-retry-count",
+                b"x-stainless-retry-count",
+                b"x-llamastack-streaming",
+                b"content-length",
+                b"content-type",
+                b"x-stainless-read-timeout",
+                b"accept",
+            ]
+        ),
+        _header_value,
+    ),
+    max_size=5,
+)
+_VALID_AUTH = [(b"authorization", b"Bearer sk-fuzz")]
+_auth = st.sampled_from([_VALID_AUTH] * 6 + [[], [(b"authorization", b"Bearer nope")]])
+
+
+def _check(result: _Result) -> None:
+    assert result.status is not None, "no response at all"
+    assert result.status != 500, result.body[:500]
+    if result.status >= 400 and result.complete:
+        assert result.headers.get(b"content-type", b"").startswith(b"application/json")
+        error = orjson.loads(result.body)["error"]
+        assert isinstance(error["message"], str) and error["message"]
+        assert {"type", "code", "param"} <= set(error)
+
+
+_SETTINGS = settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    derandomize=True,
+)
+
+
+@_SETTINGS
+@given(
+    method=_methods,
+    path=_paths,
+    auth=_auth,
+    headers=_headers,
+    body=_body,
+    split=st.integers(min_value=0, max_value=300),
+)
+def test_any_request_gets_a_json_answer_and_never_a_500(
+    harness: _Harness,
+    method: str,
+    path: str,
+    auth: list[tuple[bytes, bytes]],
+    headers: list[tuple[bytes, bytes]],
+    body: bytes,
+    split: int,
+) -> None:
+    base = [(b"content-type", b"application/json")] if method == "POST" else []
+    _check(harness.request(method, path, auth + base + headers, body, split))
+
+
+@_SETTINGS
+@given(
+    path=st.sampled_from(_COMPLETION_PATHS),
+    headers=_headers.map(lambda hs: [h for h in hs if h[0] != b"authorization"]),
+    body=_body,
+    split=st.integers(min_value=0, max_value=300),
+)
+def test_any_completion_body_gets_a_json_answer_and_never_a_500(
+    harness: _Harness,
+    path: str,
+    headers: list[tuple[bytes, bytes]],
+    body: bytes,
+    split: int,
+) -> None:
+    base = [*_VALID_AUTH, (b"content-type", b"application/json")]
+    _check(harness.request("POST", path, base + headers, body, split))
+
+
+@_SETTINGS
+@given(
+    body=st.one_of(_chat_body, _completion_body),
+    key=st.one_of(st.none(), st.binary(min_size=0, max_size=300), st.sampled_from([b"k1", b"k2"])),
+    last_id=st.one_of(
+        st.none(),
+        st.integers(min_value=-3, max_value=50).map(lambda n: str(n).encode()),
+        _header_value,
+    ),
+    retry=st.one_of(st.none(), st.sampled_from([b"0", b"1", b"2", b"-1", b"x", b"99999999999999"])),
+    chat=st.booleans(),
+)
+def test_keys_resumes_and_retries_never_break_the_gateway(
+    harness: _Harness,
+    body: dict[str, Any],
+    key: bytes | None,
+    last_id: bytes | None,
+    retry: bytes | None,
+    chat: bool,
+) -> None:
+    headers = [(b"authorization", b"Bearer sk-fuzz"), (b"content-type", b"application/json")]
+    if key is not None:
+        headers.append((b"idempotency-key", key))
+    if last_id is not None:
+        headers.append((b"last-event-id", last_id))
+    if retry is not None:
+        headers.append((b"x-stainless-retry-count", retry))
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    _check(harness.request("POST", path, headers, _dumps(body), 0))
+
+
+def test_the_gateway_still_serves_after_the_fuzzing(harness: _Harness) -> None:
+    body = orjson.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "still there?"}],
+            "max_tokens": 3,
+            "stream": True,
+        }
+    )
+    headers = [(b"authorization", b"Bearer sk-fuzz"), (b"content-type", b"application/json")]
+    result = harness.request("POST", "/v1/chat/completions", headers, body, 0)
+    assert result.status == 200 and result.complete
+    assert result.body.endswith(b"data: [DONE]\n\n")
+
+    async def settled() -> bool:
+        for _ in range(1000):  # live generations of clients that left are aborted (grace 0)
+            if harness.gw.registry.live_generations == 0:
+                return True
+            await asyncio.sleep(0.01)
+        return False
+
+    assert harness.run(settled())

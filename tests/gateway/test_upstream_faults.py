@@ -1,0 +1,294 @@
+"""What the engine does wrong, the gateway bounds and repairs: refused continuations are retried,
+stalls and silences are cut and continued, broken streams never pass as complete, a dead or
+frozen engine is seen by ``/health`` and the breaker, and usage counts the whole answer."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx2
+import orjson
+import pytest
+from engine_process import engine_process
+from gateway_helpers import MODEL, chat_body, content_of, fast_sim, make_stack, wait_for
+
+from streamsafe.engine_sim import Fault, expected_text
+from streamsafe.gateway import Gateway, GatewayConfig
+from streamsafe.serving import ServerThread
+from streamsafe.sse import SSEDecoder
+from streamsafe.tokens import estimate_prompt_tokens
+
+
+def _faults(*specs: str) -> tuple[Fault, ...]:
+    return tuple(Fault.parse(s) for s in specs)
+
+
+def _stream(url: str, body: dict[str, Any], read: float = 10.0) -> tuple[int, list[str]]:
+    """(status, SSE data of each event); the read timeout bounds every silence (the gateway's
+    heartbeats stop once events flow)."""
+    decoder = SSEDecoder()
+    data: list[str] = []
+    timeout = httpx2.Timeout(10.0, read=read)
+    with (
+        httpx2.Client(timeout=timeout) as client,
+        client.stream("POST", url + "/v1/chat/completions", json=body) as resp,
+    ):
+        if resp.status_code != 200:
+            resp.read()
+            return resp.status_code, [resp.text]
+        for chunk in resp.iter_bytes():
+            data += [ev.data for ev in decoder.feed(chunk)]
+    return 200, data
+
+
+def _assert_clean(data: list[str]) -> None:
+    """Every event is JSON except the final [DONE]; no error event."""
+    assert data[-1] == "[DONE]"
+    for d in data[:-1]:
+        assert "error" not in orjson.loads(d), d
+
+
+def _text(data: list[str]) -> str:
+    return content_of([(None, d) for d in data])
+
+
+# -- row 4: a continuation refused before any work -----------------------------------------
+
+
+def test_a_continuation_refused_before_work_is_retried_after_retry_after() -> None:
+    sim = fast_sim(faults=_faults("cut:5:1@fresh#1", "status:503:1:1@continuation#1"))
+    body = chat_body("refused continuation", max_tokens=20)
+    with make_stack(sim, max_continuations=5) as s:
+        started = time.monotonic()
+        status, data = _stream(s.url, body)
+        waited = time.monotonic() - started
+        assert status == 200
+        _assert_clean(data)
+        assert _text(data) == expected_text(body, 20)
+        stats = s.sim.stats()
+        assert stats["faults_injected"]["status"] == 1
+        assert stats["continuations"] == 1  # the refused one started nothing
+        assert waited >= 1.0  # Retry-After: 1 was honoured
+
+
+# -- row 6: a continuation of a request without max_tokens ---------------------------------
+
+
+def test_a_continued_answer_without_max_tokens_is_as_long_as_an_unbroken_one() -> None:
+    sim = fast_sim(default_max_tokens=40, faults=_faults("cut:5:1@fresh#1"))
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "no limit"}], "stream": True}
+    with make_stack(sim) as s:
+        status, data = _stream(s.url, body)
+        assert status == 200
+        _assert_clean(data)
+        assert _text(data) == expected_text(body, 40)
+        assert s.sim.stats()["continuations"] == 1
+
+
+# -- usage after a continuation ------------------------------------------------------------
+
+
+def test_usage_after_a_continuation_counts_the_whole_answer() -> None:
+    sim = fast_sim(faults=_faults("cut:5:1@fresh#1"))
+    body = {**chat_body("usage", max_tokens=12), "stream_options": {"include_usage": True}}
+    with make_stack(sim) as s:
+        status, data = _stream(s.url, body)
+        assert status == 200
+        _assert_clean(data)
+        usage = orjson.loads(data[-2])["usage"]
+        prompt = estimate_prompt_tokens(body)
+        assert usage == {
+            "prompt_tokens": prompt,
+            "completion_tokens": 12,
+            "total_tokens": prompt + 12,
+        }
+        assert s.sim.stats()["continuations"] == 1
+
+
+# -- upstream timeouts: a stall is a cut, continued at once -----------------------------------
+
+
+def test_a_first_token_that_does_not_come_is_cut_and_asked_again() -> None:
+    sim = fast_sim(faults=_faults("stall:8:1@fresh#1"))
+    body = chat_body("stalled first token", max_tokens=10)
+    with make_stack(sim, first_token_timeout=0.5) as s:
+        status, data = _stream(s.url, body)
+        assert status == 200
+        _assert_clean(data)
+        assert _text(data) == expected_text(body, 10)
+        stats = s.sim.stats()
+        assert stats["faults_injected"]["stall"] == 1
+        assert stats["requests_received"] == 2  # asked again long before the stall ended
+        assert s.gw.stats()["upstream_timeouts"] == 1
+
+
+def test_a_stream_that_goes_silent_is_cut_and_continued() -> None:
+    sim = fast_sim(faults=_faults("hang:4:1@fresh#1"))
+    body = chat_body("silence", max_tokens=12)
+    with make_stack(sim, idle_timeout=0.5) as s:
+        status, data = _stream(s.url, body, read=5.0)
+        assert status == 200
+        _assert_clean(data)
+        assert _text(data) == expected_text(body, 12)
+        assert s.sim.stats()["continuations"] == 1
+        assert s.gw.stats()["upstream_timeouts"] == 1
+
+
+def test_the_total_timeout_ends_a_stream_with_an_error_event_and_frees_the_engine() -> None:
+    sim = fast_sim(itl_ms=20.0)
+    with make_stack(sim, total_timeout=0.5) as s:
+        status, data = _stream(s.url, chat_body("too long", max_tokens=2000), read=5.0)
+        assert status == 200
+        assert data[-1] == "[DONE]"
+        error = orjson.loads(data[-2])["error"]
+        assert "timeout" in error["message"]
+        wait_for(lambda: s.sim.stats()["active"] == 0, what="engine request aborted")
+
+
+# -- upstream stream hygiene -----------------------------------------------------------------
+
+
+def test_a_malformed_chunk_is_never_relayed_and_the_answer_stays_exact() -> None:
+    sim = fast_sim(faults=_faults("malformed:3:1@fresh#1"))
+    body = chat_body("malformed", max_tokens=10)
+    with make_stack(sim) as s:
+        status, data = _stream(s.url, body)
+        assert status == 200
+        _assert_clean(data)  # every relayed event parses
+        assert _text(data) == expected_text(body, 10)
+
+
+@pytest.mark.parametrize("continuations", [5, 0])
+def test_a_finished_stream_without_done_ends_cleanly(continuations: int) -> None:
+    sim = fast_sim(faults=_faults("nodone:1"))
+    body = chat_body("no done", max_tokens=6)
+    with make_stack(sim, max_continuations=continuations) as s:
+        status, data = _stream(s.url, body)
+        assert status == 200
+        _assert_clean(data)
+        assert _text(data) == expected_text(body, 6)
+        assert s.sim.stats()["generations_started"] == 1
+
+
+def test_a_reset_before_headers_is_asked_again() -> None:
+    sim = fast_sim(faults=_faults("reset:1#1"))
+    body = chat_body("reset once", max_tokens=6)
+    with make_stack(sim) as s:
+        status, data = _stream(s.url, body)
+        assert status == 200
+        _assert_clean(data)
+        assert _text(data) == expected_text(body, 6)
+        assert s.sim.stats()["faults_injected"]["reset"] == 1
+
+
+def test_a_reset_before_headers_is_not_reported_as_unreachable() -> None:
+    sim = fast_sim(faults=_faults("reset:1"))
+    with make_stack(sim, commit="first-token") as s:
+        status, data = _stream(s.url, chat_body("always reset", max_tokens=6))
+        assert status == 502
+        message = orjson.loads(data[0])["error"]["message"]
+        assert "unreachable" not in message
+        assert "reset" in message or "closed" in message
+
+
+# -- /health and the breaker see a dead or frozen engine --------------------------------------
+
+
+def test_a_killed_engine_opens_the_breaker_and_health_tells_the_truth() -> None:
+    with engine_process() as engine:
+        gw = Gateway(GatewayConfig(upstream=engine.url, probe_interval=0.1, heartbeat=0.05))
+        with ServerThread(gw) as server:
+            assert httpx2.get(server.url + "/health").status_code == 200
+            engine.kill()
+            # True within a probe interval: a response from just before the kill may still
+            # count as a sign of life that long.
+            health = wait_for(
+                lambda: (
+                    (r := httpx2.get(server.url + "/health", timeout=10)).status_code == 503 and r
+                ),
+                what="health 503",
+            )
+            assert health.json()["error"]["message"]
+            assert int(health.headers["retry-after"]) >= 1
+            status, _ = _stream(server.url, chat_body("after the kill", max_tokens=3))
+            assert status == 503
+            assert gw.stats()["breaker_open"]
+            engine.start()  # the same port again
+            wait_for(lambda: not gw.stats()["breaker_open"], what="breaker closed")
+            assert httpx2.get(server.url + "/health").status_code == 200
+            body = chat_body("back", max_tokens=3)
+            status, data = _stream(server.url, body)
+            assert status == 200 and _text(data) == expected_text(body, 3)
+
+
+def test_streams_reset_by_a_killed_engine_open_the_breaker() -> None:
+    with engine_process("--itl-ms", "20") as engine:
+        gw = Gateway(GatewayConfig(upstream=engine.url, probe_interval=0.1, heartbeat=0.05))
+        with ServerThread(gw) as server:
+            with (
+                httpx2.Client(timeout=10) as client,
+                client.stream(
+                    "POST", server.url + "/v1/chat/completions", json=chat_body(max_tokens=500)
+                ) as resp,
+            ):
+                decoder = SSEDecoder()
+                events = []
+                for chunk in resp.iter_bytes():
+                    events += decoder.feed(chunk)
+                    if len(events) >= 3 and engine.proc is not None and engine.proc.poll() is None:
+                        engine.kill()
+                assert events[-1].data == "[DONE]"
+                assert "error" in orjson.loads(events[-2].data)
+            wait_for(lambda: gw.stats()["breaker_open"], what="breaker open")
+            assert httpx2.get(server.url + "/health").status_code == 503
+
+
+def test_refused_connections_open_the_breaker() -> None:
+    from streamsafe.serving import bind_socket
+
+    sock = bind_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    gw = Gateway(GatewayConfig(upstream=f"http://127.0.0.1:{port}", connect_backoff=0.001))
+    with ServerThread(gw) as server:
+        status, _ = _stream(server.url, chat_body())
+        assert status == 503
+        assert gw.stats()["breaker_open"]
+        assert httpx2.get(server.url + "/health").status_code == 503
+
+
+def test_a_frozen_engine_bounds_every_call_and_health_says_so() -> None:
+    with engine_process("--itl-ms", "20") as engine:
+        config = GatewayConfig(
+            upstream=engine.url,
+            probe_interval=0.2,
+            heartbeat=0.05,
+            first_token_timeout=1.0,
+            idle_timeout=0.5,
+            max_continuations=1,
+        )
+        gw = Gateway(config)
+        with ServerThread(gw) as server:
+            decoder = SSEDecoder()
+            events = []
+            frozen = False
+            with (
+                httpx2.Client(timeout=10) as client,
+                client.stream(
+                    "POST", server.url + "/v1/chat/completions", json=chat_body(max_tokens=500)
+                ) as resp,
+            ):
+                for chunk in resp.iter_bytes():
+                    events += decoder.feed(chunk)
+                    if len(events) >= 3 and not frozen:
+                        engine.freeze()
+                        frozen = True
+            try:
+                assert events[-1].data == "[DONE]"
+                assert "error" in orjson.loads(events[-2].data)
+                status, data = _stream(server.url, chat_body("while frozen", max_tokens=3))
+                assert status in (503, 504) or "error" in data[-2]
+                assert httpx2.get(server.url + "/health", timeout=10).status_code == 503
+            finally:
+                engine.thaw()

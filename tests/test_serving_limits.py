@@ -1,0 +1,203 @@
+"""What one connection may cost the server (issue row 5): header sizes, unfinished requests and
+the number of connections are bounded before the gateway sees anything, and every refusal is a
+JSON error."""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx2
+import orjson
+import pytest
+
+from streamsafe.engine_sim import SimConfig, Simulator
+from streamsafe.gateway import Gateway, GatewayConfig
+from streamsafe.serving import ServerLimits, ServerThread
+
+_BODY = orjson.dumps(
+    {"model": "sim-llama-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+)
+
+
+@contextlib.contextmanager
+def _gateway(limits: ServerLimits) -> Iterator[ServerThread]:
+    sim = Simulator(SimConfig(itl_ms=0.5, itl_ms_per_seq=0.0, prefill_ms_per_token=0.0))
+    with ServerThread(sim) as sim_server:
+        gw = Gateway(GatewayConfig(upstream=sim_server.url))
+        with ServerThread(gw, limits=limits) as server:
+            yield server
+
+
+def _connect(server: ServerThread) -> socket.socket:
+    sock = socket.create_connection((server.host, server.port), timeout=10)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """Status, headers and body of one response with a Content-Length (the socket's own timeout
+    bounds the wait)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise AssertionError(f"connection closed before a response: {data!r}")
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", "0"))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return status, headers, body
+
+
+def _json_error(headers: dict[str, str], body: bytes) -> dict[str, object]:
+    assert headers["content-type"] == "application/json"
+    error = orjson.loads(body)["error"]
+    assert isinstance(error, dict) and error["message"]
+    return error
+
+
+def _answered(sock: socket.socket) -> bool:
+    readable, _, _ = select.select([sock], [], [], 0)
+    return bool(readable)
+
+
+def test_a_header_line_over_the_line_limit_is_431() -> None:
+    with _gateway(ServerLimits(max_header_line_bytes=4096)) as server, _connect(server) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-big: "
+            + b"a" * 5000
+            + b"\r\ncontent-length: %d\r\n\r\n" % len(_BODY)
+            + _BODY
+        )
+        status, headers, body = _read_response(sock)
+        assert status == 431
+        assert _json_error(headers, body)["code"] == 431
+
+
+def test_a_long_request_line_is_414() -> None:
+    with _gateway(ServerLimits(max_header_line_bytes=4096)) as server, _connect(server) as sock:
+        sock.sendall(b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nhost: x\r\n\r\n")
+        status, headers, body = _read_response(sock)
+        assert status == 414
+        _json_error(headers, body)
+
+
+def test_too_many_header_lines_are_431() -> None:
+    with _gateway(ServerLimits(max_headers=20)) as server, _connect(server) as sock:
+        lines = b"".join(b"x-h%d: v\r\n" % i for i in range(30))
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n" + lines + b"\r\n")
+        status, _, _ = _read_response(sock)
+        assert status == 431
+
+
+def test_megabytes_of_headers_are_refused_early_with_431() -> None:
+    # 8 MB of header lines, each under the line limit: the server answers once it has seen its
+    # total limit, long before the end, and reads no further.
+    limits = ServerLimits(max_header_bytes=64 * 1024)
+    with _gateway(limits) as server, _connect(server) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        line = b"x-pad: " + b"p" * 8000 + b"\r\n"
+        sent = 0
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            while sent < 8 * 1024 * 1024 and not _answered(sock):
+                sock.sendall(line)
+                sent += len(line)
+            if sent >= 8 * 1024 * 1024:
+                sock.sendall(b"content-length: %d\r\n\r\n" % len(_BODY) + _BODY)
+        status, headers, body = _read_response(sock)
+        assert status == 431
+        _json_error(headers, body)
+        assert sent < 4 * 1024 * 1024
+
+
+def test_unfinished_headers_get_408_after_the_header_timeout() -> None:
+    with _gateway(ServerLimits(header_timeout=0.3)) as server, _connect(server) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-slow: ")
+        status, headers, body = _read_response(sock)
+        assert status == 408
+        _json_error(headers, body)
+
+
+def test_an_unfinished_body_gets_408_after_the_body_timeout() -> None:
+    with _gateway(ServerLimits(body_timeout=0.3)) as server, _connect(server) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n"
+            % len(_BODY)
+            + _BODY[:10]
+        )
+        status, headers, body = _read_response(sock)
+        assert status == 408
+        _json_error(headers, body)
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout() -> None:
+    with _gateway(ServerLimits(header_timeout=0.3)) as server, _connect(server) as sock:
+        assert sock.recv(100) == b""  # closed by the server; the socket timeout bounds it
+
+
+def test_connections_past_the_cap_get_503_and_a_freed_place_is_reused() -> None:
+    with _gateway(ServerLimits(max_connections=2)) as server:
+        held = [_connect(server), _connect(server)]
+        try:
+            for sock in held:  # each answered: both are open connections of the server
+                sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+                assert _read_response(sock)[0] == 200
+            with _connect(server) as third:
+                status, headers, body = _read_response(third)
+                assert status == 503
+                assert headers["retry-after"] == "1"
+                _json_error(headers, body)
+            held.pop().close()
+            deadline = time.monotonic() + 10
+            while True:  # the server notices the close on its loop; then a place is free
+                r = httpx2.get(server.url + "/health", timeout=5)
+                if r.status_code == 200 or time.monotonic() > deadline:
+                    break
+            assert r.status_code == 200
+        finally:
+            for sock in held:
+                sock.close()
+
+
+def test_ordinary_requests_pass_untouched_including_a_body_sent_in_pieces() -> None:
+    with _gateway(ServerLimits(body_timeout=5.0)) as server, _connect(server) as sock:
+        head = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(_BODY)
+        )
+        sock.sendall(head + _BODY[:5])
+        sock.sendall(_BODY[5:])
+        status, _, body = _read_response(sock)
+        assert status == 200
+        assert orjson.loads(body)["choices"][0]["message"]["content"]
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")  # same kept-alive connection
+        assert _read_response(sock)[0] == 200
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"max_header_bytes": 0},
+        {"header_timeout": 0},
+        {"body_timeout": -1},
+        {"max_connections": 0},
+    ],
+)
+def test_limits_are_validated(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        ServerLimits(**bad)  # type: ignore[arg-type]
