@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import selectors
 import shutil
@@ -217,6 +218,21 @@ class ServerProcess:
                 self.proc.wait(5)
 
 
+def _quiet_port() -> int:
+    """A free loopback port below the kernel's ephemeral range, so that no client socket or
+    ``--port 0`` server takes it while a test has Redis down for a restart on it."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
+
+
 def _ping(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
@@ -240,7 +256,7 @@ class RedisServer:
                 "redis-server is not installed (Debian/Ubuntu: apt-get install redis-server)"
             )
         self.binary = found
-        self.port = port or free_port()
+        self.port = port or _quiet_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self._dir = tempfile.mkdtemp(prefix="streamsafe-redis-")
 
