@@ -172,6 +172,17 @@ def test_resume_on_another_replica_streams_the_owners_generation_exactly(
     assert stats(b)["generations_mirrored"] >= 1 and stats(b)["generations_started"] == 0
 
 
+def test_each_replica_reports_the_fleet_it_sees_in_redis(replicas: list[Process]) -> None:
+    deadline = time.monotonic() + 20
+    while not all(stats(p)["fleet_replicas"] >= 3 for p in replicas):
+        assert time.monotonic() < deadline, [stats(p)["fleet_replicas"] for p in replicas]
+        time.sleep(0.05)
+    doc = stats(replicas[0])
+    assert doc["redis_used_memory_bytes"] > 0 and not doc["redis_degraded"]
+    metrics = httpx2.get(replicas[0].url + "/metrics").text
+    assert "streamsafe_gateway_fleet_replicas" in metrics
+
+
 def test_key_reused_with_another_body_is_refused_on_any_replica(replicas: list[Process]) -> None:
     a, b, _ = replicas
     key = {"Idempotency-Key": "reused-across-1"}

@@ -176,6 +176,8 @@ class Gateway:
                 leases_lost=rc.leases_lost,
                 redis_errors=rc.redis_errors,
                 redis_degraded=replicas.degraded,
+                fleet_replicas=replicas.fleet_replicas,
+                redis_used_memory_bytes=replicas.redis_used_memory,
             )
         engines = self.engines
         if engines is not None:
@@ -202,6 +204,8 @@ class Gateway:
             await self.engines.start()
         else:
             await self.upstream.start()
+        if self.replicas is not None:
+            self.replicas.start()
 
     async def shutdown(self) -> None:
         """Stop every generation and close upstream connections (ASGI lifespan)."""

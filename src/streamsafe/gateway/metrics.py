@@ -97,6 +97,8 @@ class Readings:
     leases_lost: int = _counter("Generations whose lease another replica took while this ran it")
     redis_errors: int = _counter("Operations on the shared store that failed")
     redis_degraded: bool = _gauge("1 while the shared store is unreachable (per-replica state)")
+    fleet_replicas: int = _gauge("Gateway replicas with a live heartbeat in the shared store")
+    redis_used_memory_bytes: int = _gauge("Bytes the shared store uses (Redis INFO memory)")
 
 
 _COUNTER_NAMES = tuple(f.name for f in dataclasses.fields(Counters) if f.metadata)

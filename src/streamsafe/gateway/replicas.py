@@ -91,6 +91,10 @@ class Replicas:
         self.counters = ReplicaCounters()
         #: True while Redis is unreachable: new generations are this replica's only.
         self.degraded = False
+        #: Replicas whose heartbeat is live in Redis (this one included), as last seen.
+        self.fleet_replicas = 0
+        #: Bytes Redis used, as last seen (``INFO memory``).
+        self.redis_used_memory = 0
         self._clock = clock
         self._owned: dict[str, Generation] = {}
         self._mirrors: dict[str, Generation] = {}
@@ -183,8 +187,7 @@ class Replicas:
         """This replica runs ``gen`` now: renew its lease until it ends."""
         self._owned[gen.id] = gen
         self._mirrors.pop(gen.id, None)
-        if self._renewer is None or self._renewer.done():
-            self._renewer = asyncio.get_running_loop().create_task(self._renew())
+        self.start()
 
     def disown(self, gen: Generation) -> None:
         """This replica no longer runs ``gen`` (its lease went to another)."""
@@ -235,11 +238,18 @@ class Replicas:
             self.failed(exc)
             return False
 
+    def start(self) -> None:
+        """Start renewing (leases, presence, this replica's heartbeat); otherwise the first
+        generation owned or mirrored starts it."""
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.get_running_loop().create_task(self._renew())
+
     async def _renew(self) -> None:
-        """Renew the leases of generations this replica runs, and the presence of its
-        mirrors' subscribers, every third of the lease."""
+        """Every third of the lease: renew the leases of generations this replica runs, the
+        presence of its mirrors' subscribers, and its heartbeat (which gives the fleet's
+        figures); until :meth:`close`."""
         period = self.lease / 3
-        while self._owned or self._mirrors:
+        while True:
             await asyncio.sleep(period)
             if self.degraded:
                 continue
@@ -247,6 +257,8 @@ class Replicas:
                 lost = await self.store.renew_leases(list(self._owned), self.lease)
                 followed = [g.id for g in self._mirrors.values() if g.subscribers > 0]
                 await self.store.set_presence(followed, self.lease * 2)
+                self.fleet_replicas = await self.store.heartbeat(self.lease * 2)
+                self.redis_used_memory = await self.store.used_memory() or 0
             except REDIS_ERRORS as exc:
                 self.failed(exc)
                 continue
@@ -298,8 +310,7 @@ class Replicas:
         )
         self._followers[gen.id] = task
         task.add_done_callback(lambda _: self._followers.pop(gen.id, None))
-        if self._renewer is None or self._renewer.done():
-            self._renewer = asyncio.get_running_loop().create_task(self._renew())
+        self.start()
 
     def is_mirror(self, gen: Generation) -> bool:
         """True if another replica runs ``gen`` and this one copies it."""

@@ -458,6 +458,18 @@ class RedisStore:
         members: Any = await self.redis.zrangebyscore(self.presence_key(gen_id), now, "+inf")
         return sum(1 for m in members if _text(m) != self.replica_id)
 
+    async def heartbeat(self, ttl: float) -> int:
+        """Say this replica is alive for ``ttl`` seconds; return how many replicas are (one
+        pipeline on a sorted set scored by when each heartbeat lapses)."""
+        now = int(time.time() * 1000)
+        key = f"{self.prefix}replicas"
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zadd(key, {self.replica_id: now + _ms(ttl)})
+            pipe.zremrangebyscore(key, "-inf", now)
+            pipe.zcard(key)
+            results = await pipe.execute()
+        return int(results[-1])
+
     # -- the unkeyed-retry index ----------------------------------------------------------------
 
     async def index_fingerprint(
