@@ -27,9 +27,11 @@ from streamsafe.gateway.continuation import (
     read_partial,
     whole_usage,
 )
+from streamsafe.gateway.engines import Attempts, Engines, OneEngine
 from streamsafe.gateway.errors import ERROR_PREFIXES, Failure, error_body
 from streamsafe.gateway.generation import Generation, State
 from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.store import LeaseLost
 from streamsafe.gateway.upstream import (
     AttemptWatch,
     Upstream,
@@ -82,10 +84,14 @@ class Relay:
         counters: Counters,
         finish: Finish,
         clock: Callable[[], float] = time.monotonic,
+        engines: Engines | None = None,
     ) -> None:
         self.config = config
         self.admission = admission
         self.upstream = upstream
+        #: The engine pool, where the gateway has several engines (else ``upstream`` alone).
+        self.engines = engines
+        self._breaker = engines.breaker if engines is not None else upstream.breaker
         self.counters = counters
         self._finish = finish
         self._clock = clock
@@ -96,13 +102,21 @@ class Relay:
             total=config.total_timeout,
         )
 
-    async def run(self, gen: Generation) -> None:
+    async def run(self, gen: Generation, cut: str | None = None) -> None:
         """Admit ``gen``, call upstream, and end it; the body of its reader task. Cancelling the
-        task closes the upstream response, so the engine aborts the request."""
+        task closes the upstream response, so the engine aborts the request. ``cut`` says why a
+        generation whose log already holds events is run again (another replica ran it and is
+        gone): it is continued from its log, like a broken stream."""
         admission = self.admission
         waiter: Waiter | None = None
+        engines = self.engines
+        attempts: Attempts = (
+            engines.for_generation(gen.request.body, gen.cost)
+            if engines is not None
+            else OneEngine(self.upstream)
+        )
         try:
-            if self.upstream.breaker.is_open:
+            if self._breaker.is_open:
                 await self._fail_dead(gen)
                 return
             try:
@@ -123,41 +137,53 @@ class Relay:
                     gen, Failure(400, error_body(str(exc), "invalid_request_error", 400))
                 )
                 return
-            if self.upstream.breaker.is_open:
+            if self._breaker.is_open:
                 await self._fail_dead(gen)
                 return
             gen.state = State.RUNNING
             gen.admitted_at = self._clock()
             self.counters.generations_started += 1
             gen.wake()
-            await self._call_upstream(gen)
+            await self._call_upstream(gen, attempts, cut if gen.length else None)
         except asyncio.CancelledError:
             if not gen.finished:
                 self._finish(gen, State.ABORTED)
             raise
+        except LeaseLost:
+            raise  # another replica runs it now; this one must not write a word more
         except Exception as exc:  # a bug must not leave subscribers hanging
             log.exception("%s: reader failed", gen.id)
             await self._fail_mid_stream(gen, f"gateway error: {type(exc).__name__}")
         finally:
+            attempts.release()
             if waiter is not None:
                 admission.release(waiter)
                 gen.waiter = None
 
-    async def _call_upstream(self, gen: Generation) -> None:
+    async def _call_upstream(
+        self, gen: Generation, attempts: Attempts, cut: str | None = None
+    ) -> None:
         """The attempts of one generation: the first, then, for one that broke (cut, stalled,
         malformed, dropped before its answer) or a continuation refused before any work, more
         within ``max_continuations`` and the total timeout. A broken stream is continued from
         its log, so nothing is generated twice; an attempt that relayed nothing is asked again
-        as it was (the engine aborted what it lost)."""
+        as it was (the engine aborted what it lost). With a pool, the next attempt goes to another
+        engine where there is one. ``cut``: the generation broke elsewhere (its replica died)
+        and is continued first."""
         timeouts = self.timeouts
         loop = asyncio.get_running_loop()
         total_deadline = None if timeouts.total is None else loop.time() + timeouts.total
         body = gen.request.body
         tries = 0
         while True:
-            broken = await self.attempt(gen, body, total_deadline)
+            if cut is not None:
+                broken: BrokenAttempt | None = BrokenAttempt(cut, 502)
+                cut = None
+            else:
+                broken = await self.attempt(gen, body, attempts, total_deadline)
             if broken is None:
                 return
+            attempts.cut()
             # Only a stream the upstream ends with [DONE] (OpenAI's format) reads back as a
             # partial answer; Llama Stack's streams end in their own way, told apart in _pump.
             route = gen.request.route
@@ -166,13 +192,13 @@ class Relay:
                 partial = await read_partial(gen.log)
             if partial is not None and partial.finished:  # only [DONE] was missing
                 gen.length = await gen.log.append((DONE,))
-                self.upstream.succeeded()
+                attempts.succeeded()
                 self._finish(gen, State.DONE)
                 return
             if (
                 (broken.stalled is not None and broken.stalled.phase == "total")
                 or tries >= self.config.max_continuations
-                or self.upstream.breaker.is_open
+                or self._breaker.is_open
             ):
                 await self._fail_broken(gen, broken)
                 return
@@ -183,7 +209,7 @@ class Relay:
                     await self._fail_broken(gen, broken)
                     return
                 await asyncio.sleep(wait)
-                if self.upstream.breaker.is_open:
+                if self._breaker.is_open:
                     await self._fail_broken(gen, broken)
                     return
             elif gen.length == 0:
@@ -193,7 +219,7 @@ class Relay:
                 # OpenAI server), the subscribers get an error event: never an answer that
                 # looks whole but is not.
                 continuation = None
-                if partial is not None and self.upstream.kind.can_continue:
+                if partial is not None and attempts.upstream.kind.can_continue:
                     continuation = continuation_body(gen.request, partial)
                 if partial is None or continuation is None:
                     await self._fail_broken(gen, broken)
@@ -206,7 +232,11 @@ class Relay:
             log.info("%s: %s; asking upstream again (%d)", gen.id, broken.why, tries)
 
     async def attempt(
-        self, gen: Generation, body: bytes, total_deadline: float | None = None
+        self,
+        gen: Generation,
+        body: bytes,
+        attempts: Attempts,
+        total_deadline: float | None = None,
     ) -> BrokenAttempt | None:
         """One upstream request for ``gen`` with ``body``, within the upstream timeouts.
         Returns why it broke where another attempt may repair it (this engine or, for a pool,
@@ -217,7 +247,7 @@ class Relay:
         try:
             async with AttemptWatch(self.timeouts, total_deadline) as watch:
                 try:
-                    response = await self.upstream.open(
+                    response = await attempts.open(
                         "POST",
                         req.path,
                         content=body,
@@ -236,35 +266,36 @@ class Relay:
                     # engine dropped the request (it aborts what it loses), so asking again
                     # duplicates nothing.
                     why = f"upstream closed the connection before answering ({type(exc).__name__})"
-                    self.upstream.failed(why)
+                    attempts.failed(why)
                     return BrokenAttempt(why, 502)
                 status = response.status_code
                 gen.upstream_status = status
                 if status != 200:
-                    return await self._refused(gen, response, continuing)
+                    return await self._refused(gen, response, continuing, attempts)
                 gen.wake()  # upstream accepted the request: an early commit may go now
                 if gen.stream:
-                    return await self._pump(gen, response, watch, continuing)
+                    return await self._pump(gen, response, watch, continuing, attempts)
                 body = await response.aread()
+                attempts.served()
                 gen.length = await gen.log.append((body,))
-                self.upstream.succeeded()
+                attempts.succeeded()
                 self._finish(gen, State.DONE)
                 return None
         except UpstreamStalled as exc:
             self.counters.upstream_timeouts += 1
             if exc.phase != "total":
-                self.upstream.failed(str(exc))
+                attempts.failed(str(exc))
             return BrokenAttempt(str(exc), 504, stalled=exc)
         except httpx2.HTTPError as exc:
             why = f"upstream connection failed: {type(exc).__name__}"
-            self.upstream.failed(why)
+            attempts.failed(why)
             return BrokenAttempt(why, 502)
         finally:
             if response is not None:
                 await response.aclose()
 
     async def _refused(
-        self, gen: Generation, response: httpx2.Response, continuing: bool
+        self, gen: Generation, response: httpx2.Response, continuing: bool, attempts: Attempts
     ) -> BrokenAttempt | None:
         """An error status from upstream. Before any event it is the caller's answer; a
         continuation refused before any work (429, or a 5xx that is not the engine's death) is
@@ -275,9 +306,9 @@ class Relay:
         if status >= 500:
             self.counters.upstream_failures += 1
         if dead:
-            self.upstream.engine_died(f"upstream {status}")
+            attempts.engine_died(f"upstream {status}")
         elif status >= 500:
-            self.upstream.failed(f"upstream {status}")
+            attempts.failed(f"upstream {status}")
         retry_after = parse_retry_after(response.headers.get("retry-after"))
         failure = Failure(status, body, retry_after)
         if continuing and not dead and (status == 429 or status >= 500):
@@ -287,7 +318,12 @@ class Relay:
         return None
 
     async def _pump(
-        self, gen: Generation, response: httpx2.Response, watch: AttemptWatch, continuing: bool
+        self,
+        gen: Generation,
+        response: httpx2.Response,
+        watch: AttemptWatch,
+        continuing: bool,
+        attempts: Attempts,
     ) -> BrokenAttempt | None:
         """Relay the event stream; the hot path, once per network chunk.
 
@@ -300,7 +336,7 @@ class Relay:
         # An in-process log is appended to without a coroutine per chunk.
         append_now = log_.append_nowait
         counters = self.counters
-        upstream = self.upstream
+        kind = attempts.upstream.kind  # the engine of this attempt (each probed on its own)
         route = gen.request.route
         errored = False
         skip_role = continuing
@@ -309,6 +345,7 @@ class Relay:
         # first-token wait.
         preamble = route.preamble if route is not None else 0
         last = b""
+        served: Callable[[], None] | None = attempts.served
         try:
             async for chunk in response.aiter_raw():
                 watch.chunk()
@@ -329,12 +366,12 @@ class Relay:
                     if p.startswith(ERROR_PREFIXES):
                         errored = True
                         if is_engine_death(p):
-                            upstream.engine_died("error event")
+                            attempts.engine_died("error event")
                         else:
-                            error = parse_error_event(upstream.kind, p)
+                            error = parse_error_event(kind, p)
                             if error is not None and error.upstream_failure:
                                 counters.upstream_failures += 1
-                                upstream.failed(f"error event {error.status}")
+                                attempts.failed(f"error event {error.status}")
                     elif p[:1] != b"{" or p[-1:] != b"}":
                         # Not a JSON object: a chunk cut off or garbled, never relayed (a
                         # check of its ends only: parsing every chunk would cost the hot path).
@@ -357,11 +394,14 @@ class Relay:
                     last = payloads[-1]
                     if not watch.flowing and gen.length > preamble:
                         watch.first_event()
+                    if served is not None:  # once per stream: the engine delivered
+                        served()
+                        served = None
                 if malformed is not None:
                     return BrokenAttempt("upstream sent a malformed chunk", 502)
                 if last == DONE:
                     if not errored:
-                        upstream.succeeded()
+                        attempts.succeeded()
                     self._finish(gen, State.FAILED if errored else State.DONE)
                     return None
         except SSEError as exc:
@@ -372,7 +412,7 @@ class Relay:
             if errored or ends_answer(route.wire, last):
                 gen.length = await log_.append((DONE,))
                 if not errored:
-                    upstream.succeeded()
+                    attempts.succeeded()
                 self._finish(gen, State.FAILED if errored else State.DONE)
                 return None
             return BrokenAttempt("upstream stream ended before the answer was complete", 502)
@@ -385,7 +425,7 @@ class Relay:
 
     async def _fail_dead(self, gen: Generation) -> None:
         self.counters.breaker_rejections += 1
-        retry_after = self.upstream.breaker.retry_after()
+        retry_after = self._breaker.retry_after()
         msg = f"engine is down; retry after {retry_after} s"
         await self._fail(
             gen, Failure(503, error_body(msg, "service_unavailable", 503), retry_after)

@@ -18,11 +18,16 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-__all__ = ["EventLog", "MemoryEventLog", "MemoryStore", "Store"]
+__all__ = ["EventLog", "LeaseLost", "MemoryEventLog", "MemoryStore", "Store"]
 
 #: Bookkeeping bytes counted per stored event on top of its payload (list slot, object header):
 #: what eviction weighs, so many tiny events are not mistaken for nothing.
 EVENT_OVERHEAD_BYTES = 41
+
+
+class LeaseLost(Exception):
+    """The writer of a shared log no longer holds the generation's lease: another replica took
+    it over, so this one must stop writing (see :mod:`streamsafe.gateway.replicas`)."""
 
 
 class EventLog(Protocol):
