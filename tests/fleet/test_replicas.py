@@ -415,3 +415,31 @@ def test_redis_restarted_mid_stream_a_mirror_elsewhere_loses_nothing(
     finally:
         owner.stop()
         other.stop()
+
+
+def test_a_replica_shut_down_mid_stream_hands_its_generation_over(
+    sim: Process, redis_server: RedisProcess
+) -> None:
+    owner, other = serve(sim, redis_server), serve(sim, redis_server)
+    try:
+        body = chat("rolling restart", 80)
+        key = {"Idempotency-Key": "rolling-restart-1"}
+        got: list[tuple[int, bytes]] = []
+        with httpx2.stream("POST", owner.url + "/v1/chat/completions", json=body, headers=key) as r:
+            for event in events(r):
+                got.append(event)
+                if len(got) == 3:
+                    break
+        resume = {**key, "Last-Event-ID": str(got[-1][0])}
+        url = other.url + "/v1/chat/completions"
+        with httpx2.stream("POST", url, json=body, headers=resume, timeout=30) as r:
+            for event in events(r):
+                got.append(event)
+                if len(got) == 6:
+                    owner.stop()  # SIGINT: a graceful shutdown, as in a rolling restart
+        assert text_of(got) == expected_text(body, 80, 0)
+        taken = stats(other)
+        assert taken["generations_taken_over"] == 1
+    finally:
+        owner.stop()
+        other.stop()

@@ -91,6 +91,8 @@ class Replicas:
         self.counters = ReplicaCounters()
         #: True while Redis is unreachable: new generations are this replica's only.
         self.degraded = False
+        #: True once this replica shuts down: what it runs is handed over, not ended.
+        self.closing = False
         #: Replicas whose heartbeat is live in Redis (this one included), as last seen.
         self.fleet_replicas = 0
         #: Bytes Redis used, as last seen (``INFO memory``).
@@ -227,6 +229,18 @@ class Replicas:
             await store.unindex_fingerprint(gen.tenant, gen.fingerprint, gen.id)
             await store.expire_generation(gen.id, max(self.lease * 2, 1.0))
         await store.release_lease(gen.id)
+
+    async def hand_over(self, gen: Generation) -> None:
+        """This replica stops (a graceful shutdown) while ``gen`` runs: give up its lease and
+        leave its record live, so a replica that follows it, or the next request for it, takes it
+        over and continues it from the log."""
+        self._owned.pop(gen.id, None)
+        if self.degraded:
+            return
+        try:
+            await self.store.release_lease(gen.id)
+        except REDIS_ERRORS as exc:
+            self.failed(exc)
 
     async def followed_elsewhere(self, gen: Generation) -> bool:
         """True if another replica has subscribers of ``gen`` (so it is not abandoned)."""
