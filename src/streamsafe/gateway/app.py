@@ -41,6 +41,7 @@ from streamsafe.gateway.errors import (
     send_internal_error,
 )
 from streamsafe.gateway.metrics import CONTENT_TYPE, Metrics, Readings, stats_document
+from streamsafe.gateway.passthrough import pass_through
 from streamsafe.gateway.pool import parse_engine, parse_fallback
 from streamsafe.gateway.registry import Registry
 from streamsafe.gateway.replicas import Replicas
@@ -54,22 +55,14 @@ from streamsafe.gateway.store import MemoryStore, Store
 from streamsafe.gateway.store_redis import RedisStore
 from streamsafe.gateway.subscriber import StreamRules, Subscriber, serve_json, serve_stream
 from streamsafe.gateway.upstream import Upstream
+from streamsafe.gateway.upstream_kinds import CompletionRoute
 
 __all__ = ["Gateway"]
 
 log = logging.getLogger("streamsafe.gateway")
 
-#: Public path -> upstream path. Llama Stack 0.2's aliases go to the engine's plain OpenAI paths.
-#: On those aliases the gateway speaks as Llama Stack does: no ``data: [DONE]`` at the end (the
-#: stream just ends), because llama-stack-client 0.2.x JSON-decodes every event and would fail
-#: on it.
-_LLAMA_STACK_PREFIX = "/v1/openai/"
-_COMPLETION_ROUTES = {
-    "/v1/chat/completions": "/v1/chat/completions",
-    "/v1/completions": "/v1/completions",
-    "/v1/openai/v1/chat/completions": "/v1/chat/completions",
-    "/v1/openai/v1/completions": "/v1/completions",
-}
+#: Model lists the gateway answers itself for an upstream with no pass-through (vLLM): Llama
+#: Stack 0.2's alias included, so llama-stack-client can list models through it.
 _MODEL_ROUTES = ("/v1/models", "/v1/openai/v1/models")
 _ANONYMOUS = "anonymous"
 
@@ -109,6 +102,7 @@ class Gateway:
                 max_attempts=config.failover_attempts,
                 cooldown=config.probe_interval,
                 queue_timeout=config.queue_timeout,
+                kind=config.upstream_kind,
             )
         self.upstream = (
             self.engines.upstreams[0]
@@ -121,6 +115,7 @@ class Gateway:
                 probe_interval=config.probe_interval,
                 max_keepalive=config.max_keepalive,
                 api_key=config.upstream_api_key,
+                kind=config.upstream_kind,
             )
         )
         self.admission = Admission(
@@ -187,6 +182,7 @@ class Gateway:
         doc = stats_document(registry.counters, readings, time.monotonic() - self._started)
         if engines is not None:
             doc["engines"] = engines.stats()
+        doc["upstream_kind"] = upstream.kind.name if upstream.kind_known else None
         return doc
 
     # -- ASGI -----------------------------------------------------------------------------------
@@ -233,16 +229,7 @@ class Gateway:
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
-        upstream_path = _COMPLETION_ROUTES.get(path)
-        if upstream_path is not None:
-            _allow(method, path, "POST")
-            llama_stack = path.startswith(_LLAMA_STACK_PREFIX)
-            await self._completion(scope, receive, send, upstream_path, llama_stack)
-        elif path in _MODEL_ROUTES:
-            _allow(method, path, "GET")
-            self._tenant(scope)
-            await self._models(send)
-        elif path in ("/health", "/ready"):
+        if path in ("/health", "/ready"):
             _allow(method, path, "GET")
             await self._health(send)
         elif path == "/metrics":
@@ -254,7 +241,23 @@ class Gateway:
             self._admin(scope)
             await respond(send, 200, orjson.dumps(self.stats()))
         else:
-            raise BadRequest(404, f"no route {method} {path}")
+            kind = await self.upstream.resolve_kind()
+            route = kind.route(path)
+            if route is not None and (method == "POST" or not kind.passthrough):
+                _allow(method, path, "POST")
+                await self._completion(scope, receive, send, route)
+            elif kind.passthrough:
+                # Every other route, and GET on the completion paths (Llama Stack lists and
+                # reads stored completions there), goes to the upstream unchanged.
+                self._tenant(scope)
+                self.registry.counters.passed_through += 1
+                await pass_through(self.upstream.client, scope, receive, send)
+            elif path in _MODEL_ROUTES:
+                _allow(method, path, "GET")
+                self._tenant(scope)
+                await self._models(send)
+            else:
+                raise BadRequest(404, f"no route {method} {path}")
 
     def _tenant(self, scope: Scope) -> str:
         if not self._tenants:
@@ -313,13 +316,13 @@ class Gateway:
     # -- completions ----------------------------------------------------------------------------
 
     async def _completion(
-        self, scope: Scope, receive: Receive, send: Send, upstream_path: str, llama_stack: bool
+        self, scope: Scope, receive: Receive, send: Send, route: CompletionRoute
     ) -> None:
         counters = self.registry.counters
         counters.requests_received += 1
         tenant = self._tenant(scope)
         raw = await read_request_body(scope, receive, self.config.max_body_bytes)
-        req = completion_request(scope, raw, upstream_path, tenant, self.config.default_max_tokens)
+        req = completion_request(scope, raw, route, tenant, self.config.default_max_tokens)
         if req.retry:
             counters.retries_seen += 1
         try:
@@ -336,15 +339,24 @@ class Gateway:
         watcher = asyncio.get_running_loop().create_task(sub.watch(receive))
         try:
             if req.stream:
-                # Llama Stack's streams have no [DONE] and llama-stack-client ignores error
-                # events: a stream that failed there ends with a reset, so its caller sees a
-                # transport error instead of a short answer that reads as complete.
-                reset = reset_connection(scope) if llama_stack else None
+                # Where the gateway speaks Llama Stack's way (no [DONE]) for an upstream that
+                # ends with it, a failed stream ends with a reset: llama-stack-client ignores
+                # error events, so its caller sees a transport error instead of a short answer
+                # that reads as complete. Behind Llama Stack itself, its own way (a masked error
+                # event, then a clean end) is relayed as it came.
+                reset = reset_connection(scope) if route.reset_on_failure else None
                 await serve_stream(
-                    sub, start, send, self._rules, llama_stack, self.admission, reset
+                    sub,
+                    start,
+                    send,
+                    self._rules,
+                    not route.client_done,
+                    self.admission,
+                    reset,
+                    route.preamble,
                 )
             else:
-                await serve_json(sub, send)
+                await serve_json(sub, send, self._rules, self.admission)
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -42,6 +42,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default 3)",
     )
     p.add_argument(
+        "--upstream-kind",
+        choices=("auto", "vllm", "llama-stack", "openai"),
+        default="auto",
+        help="what the upstream is (default auto: ask it at start and log the answer)",
+    )
+    p.add_argument(
+        "--collapse-identical",
+        action="store_true",
+        help="attach an identical request to a running generation, or one finished within "
+        "--grace, even without a retry marker (behind Llama Stack; identical sampled prompts "
+        "then share one sample)",
+    )
+    p.add_argument(
         "--grace",
         type=float,
         default=5.0,
@@ -58,6 +71,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=5.0,
         help="seconds between keep-alive comments before the first token (default 5; 0 for none)",
+    )
+    p.add_argument(
+        "--json-keepalive",
+        action="store_true",
+        help="keep waiting non-streaming calls alive with whitespace (a later failure is then "
+        "a 200 with an error body)",
     )
     p.add_argument(
         "--max-inflight",
@@ -219,9 +238,12 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
     keys += [k.strip() for k in os.environ.get("STREAMSAFE_API_KEYS", "").split(",") if k.strip()]
     return GatewayConfig(
         upstream=upstream,
+        upstream_kind=args.upstream_kind,
+        collapse_identical=args.collapse_identical,
         grace=args.grace,
         commit=args.commit,
         heartbeat=args.heartbeat,
+        json_keepalive=args.json_keepalive,
         max_inflight=args.max_inflight or None,
         max_memory_tokens=args.max_memory_tokens or None,
         default_max_tokens=args.default_max_tokens,
@@ -285,7 +307,7 @@ def serve(args: argparse.Namespace, upstream: str) -> int:
 
     def announce(url: str) -> None:
         print(
-            f"streamsafe gateway on {url} -> {target} "
+            f"streamsafe gateway on {url} -> {target} ({args.upstream_kind}) "
             f"(commit {args.commit}, grace {args.grace:g} s, {keys} API key(s))",
             flush=True,
         )

@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-__all__ = ["CommitMode", "GatewayConfig"]
+__all__ = ["CommitMode", "GatewayConfig", "UpstreamKindSetting"]
+
+#: What the upstream is (see :mod:`streamsafe.gateway.upstream_kinds`); ``auto`` asks it.
+UpstreamKindSetting = Literal["auto", "vllm", "llama-stack", "openai"]
 
 #: ``early``: answer 200 as soon as the request is admitted (and upstream did not refuse it), then
 #: keep the connection warm with ``: keep-alive`` comments; ``first-token``: hold the headers until
@@ -25,6 +28,17 @@ class GatewayConfig:
     #: Base URL of the OpenAI-compatible engine (vLLM, the simulator). ``None`` is only meaningful
     #: to ``streamsafe serve``, which then starts the simulator in-process.
     upstream: str | None = "http://127.0.0.1:8000"
+    #: What the upstream is: ``vllm`` (or anything with vLLM's API, the simulator included),
+    #: ``llama-stack`` (its native and OpenAI inference routes; every other route passed
+    #: through) or ``openai`` (any other OpenAI-compatible server). Default ``auto``: ask the
+    #: upstream at start (and again while it has not answered), and log what was found.
+    upstream_kind: UpstreamKindSetting = "auto"
+    #: Attach a request to a generation with a byte-identical body even when it carries no
+    #: retry marker, while that generation runs or up to ``grace`` seconds after it finished
+    #: (default off). Behind Llama Stack a client's retry arrives as a fresh call with no marker;
+    #: this makes it one generation. The price: two users who send the same sampled prompt
+    #: within that window get the same sample.
+    collapse_identical: bool = False
     #: Seconds a generation keeps running after its last subscriber left (default 5: long enough
     #: for a client to reconnect and resume, short enough that abandoned work is freed). 0 aborts
     #: at once.
@@ -38,6 +52,12 @@ class GatewayConfig:
     #: Generations running upstream at once (default 256, vLLM's usual ``--max-num-seqs``).
     #: ``None`` for no limit.
     max_inflight: int | None = 256
+    #: Keep a waiting non-streaming call's connection alive (default off): once it waited one
+    #: commit wait (a heartbeat, at most 1 s), answer 200 and send a space every ``heartbeat``
+    #: until the JSON answer follows (JSON allows leading whitespace), so a slow call never
+    #: trips a client's read timeout and is never retried. The price: a failure after that
+    #: arrives as a 200 whose body is the error object, not as an error status.
+    json_keepalive: bool = False
     #: Engine memory budget in tokens: the sum over running generations of estimated prompt
     #: tokens + max_tokens. ``None`` (default) for no limit; set it to the engine's KV capacity.
     max_memory_tokens: int | None = None
@@ -121,6 +141,11 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if self.commit not in ("early", "first-token"):
             raise ValueError(f"commit must be 'early' or 'first-token', not {self.commit!r}")
+        if self.upstream_kind not in ("auto", "vllm", "llama-stack", "openai"):
+            raise ValueError(
+                "upstream_kind must be 'auto', 'vllm', 'llama-stack' or 'openai', "
+                f"not {self.upstream_kind!r}"
+            )
         if self.on_live_duplicate not in ("attach", "409"):
             raise ValueError("on_live_duplicate must be 'attach' or '409'")
         for name in ("grace", "heartbeat", "queue_timeout", "keep_finished", "connect_backoff"):

@@ -106,6 +106,7 @@ class Engines:
         budget: RetryBudget | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        kind: str = "auto",
     ) -> None:
         self.loads = [Counts() for _ in specs]
         self.pool = Pool(specs, fallbacks=fallbacks, loads=self.loads, cooldown=cooldown)
@@ -116,6 +117,7 @@ class Engines:
                 connect_retries=0,  # a refused connection fails over instead
                 max_keepalive=max_keepalive,
                 api_key=api_key,
+                kind=kind,
             )
             for spec in specs
         ]
@@ -222,8 +224,12 @@ class Attempts(Protocol):
         """The engine said it died."""
         ...
 
-    def suspect(self) -> None:
-        """The engine answered a 5xx."""
+    def failed(self, why: str) -> None:
+        """An attempt failed on the engine's side (a 5xx, a reset, a stall)."""
+        ...
+
+    def succeeded(self) -> None:
+        """An answer ended whole."""
         ...
 
     def release(self) -> None:
@@ -263,9 +269,13 @@ class OneEngine:
         """:meth:`Upstream.engine_died`."""
         self._upstream.engine_died(why)
 
-    def suspect(self) -> None:
-        """:meth:`Upstream.suspect`."""
-        self._upstream.suspect()
+    def failed(self, why: str) -> None:
+        """:meth:`Upstream.failed`."""
+        self._upstream.failed(why)
+
+    def succeeded(self) -> None:
+        """:meth:`Upstream.succeeded`."""
+        self._upstream.succeeded()
 
     def release(self) -> None:
         """Nothing held."""
@@ -446,8 +456,14 @@ class EngineAttempts:
             log.warning("engine %s reported dead (%s)", self._current.spec.url, why)
             self._current.breaker.on_failure(self._engines.clock(), dead=True)
 
-    def suspect(self) -> None:
-        """A 5xx was already counted by :meth:`open`."""
+    def failed(self, why: str) -> None:
+        """Counted where the attempt broke: by :meth:`open` (before the first token) and
+        :meth:`cut` (after it)."""
+
+    def succeeded(self) -> None:
+        """The answer ended whole: the engine's breaker closes (if the first token did not
+        already close it)."""
+        self.served()
 
 
 def _model_of(body: bytes) -> str:

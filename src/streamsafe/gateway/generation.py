@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from streamsafe.gateway.admission import Waiter
 from streamsafe.gateway.errors import Failure
 from streamsafe.gateway.store import EventLog
+from streamsafe.gateway.upstream_kinds import CompletionRoute
 
 __all__ = [
     "GENERATION_OVERHEAD_BYTES",
@@ -66,6 +67,9 @@ class GenerationRequest:
     retry: bool = False
     last_event_id: int | None = None
     no_upstream_retry: bool = False
+    #: The route it came on: its wire format and how the upstream ends a stream. ``None``:
+    #: vLLM's ``/v1/chat/completions`` or ``/v1/completions`` (as ``path`` says).
+    route: CompletionRoute | None = None
 
 
 class Generation:
@@ -86,6 +90,7 @@ class Generation:
         "created_at",
         "failure",
         "fingerprint",
+        "finished_at",
         "id",
         "key",
         "length",
@@ -137,6 +142,8 @@ class Generation:
         #: When it was created (the registry's clock); early commit counts its wait from here.
         self.created_at = created_at
         self.admitted_at: float | None = None
+        #: When it finished (the registry's clock).
+        self.finished_at: float | None = None
         #: Upstream attempts after the first (continuations and requests asked again).
         self.continuations = 0
         #: Tokens delivered before the latest continuation (its usage is made whole with them).

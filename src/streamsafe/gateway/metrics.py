@@ -60,6 +60,11 @@ class Counters:
     upstream_timeouts: int = _counter(
         "Upstream attempts past their first-token, idle or total timeout"
     )
+    upstream_failures: int = _counter(
+        "Upstream failures: 5xx answers and error events standing for one (Llama Stack's masked "
+        "500s included)"
+    )
+    passed_through: int = _counter("Requests forwarded unchanged to the upstream (other routes)")
     #: Requests refused by the gateway, by status (its own labelled series).
     errors: dict[int, int] = field(default_factory=dict)
 

@@ -141,6 +141,21 @@ class Registry:
                     found = self._gens.get(gen_id) or await self._mirror(replicas, gen_id, None)
             if found is not None and (resume or found.live or found.state is State.DONE):
                 gen = found
+        elif self.config.collapse_identical:
+            # Behind Llama Stack a client's retry comes as a fresh call with no marker: an
+            # identical request is taken for one while the first copy runs, or within the grace
+            # period after it finished (Llama Stack waited for that answer and dropped it, as
+            # its caller had left).
+            found = self._by_fingerprint.get((req.tenant, req.fingerprint))
+            if found is not None and (
+                found.live
+                or (
+                    found.state is State.DONE
+                    and found.finished_at is not None
+                    and self._clock() - found.finished_at <= self.config.grace
+                )
+            ):
+                gen = found
         if gen is not None:
             if resume:
                 counters.resumed += 1
@@ -303,6 +318,7 @@ class Registry:
             return
         was_live = gen.live
         gen.state = state
+        gen.finished_at = self._clock()
         if was_live:
             self.live_generations -= 1
         counters = self.counters

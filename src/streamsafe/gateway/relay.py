@@ -41,6 +41,7 @@ from streamsafe.gateway.upstream import (
     parse_retry_after,
     read_bounded,
 )
+from streamsafe.gateway.upstream_kinds import ends_answer, parse_error_event
 from streamsafe.sse import DONE, SSEDecoder, SSEError
 
 __all__ = ["BrokenAttempt", "Finish", "Relay"]
@@ -183,9 +184,15 @@ class Relay:
             if broken is None:
                 return
             attempts.cut()
-            partial = await read_partial(gen.log) if gen.stream and gen.length else None
+            # Only a stream the upstream ends with [DONE] (OpenAI's format) reads back as a
+            # partial answer; Llama Stack's streams end in their own way, told apart in _pump.
+            route = gen.request.route
+            partial = None
+            if gen.stream and gen.length and (route is None or route.upstream_done):
+                partial = await read_partial(gen.log)
             if partial is not None and partial.finished:  # only [DONE] was missing
                 gen.length = await gen.log.append((DONE,))
+                attempts.succeeded()
                 self._finish(gen, State.DONE)
                 return
             if (
@@ -208,7 +215,12 @@ class Relay:
             elif gen.length == 0:
                 body = gen.request.body
             else:
-                continuation = continuation_body(gen.request, partial) if partial else None
+                # Where the upstream cannot continue a partial answer (Llama Stack, a generic
+                # OpenAI server), the subscribers get an error event: never an answer that
+                # looks whole but is not.
+                continuation = None
+                if partial is not None and self.upstream.kind.can_continue:
+                    continuation = continuation_body(gen.request, partial)
                 if partial is None or continuation is None:
                     await self._fail_broken(gen, broken)
                     return
@@ -253,8 +265,8 @@ class Relay:
                     # Connected, then the connection closed or reset before any answer: the
                     # engine dropped the request (it aborts what it loses), so asking again
                     # duplicates nothing.
-                    attempts.suspect()
                     why = f"upstream closed the connection before answering ({type(exc).__name__})"
+                    attempts.failed(why)
                     return BrokenAttempt(why, 502)
                 status = response.status_code
                 gen.upstream_status = status
@@ -266,16 +278,18 @@ class Relay:
                 body = await response.aread()
                 attempts.served()
                 gen.length = await gen.log.append((body,))
+                attempts.succeeded()
                 self._finish(gen, State.DONE)
                 return None
         except UpstreamStalled as exc:
             self.counters.upstream_timeouts += 1
             if exc.phase != "total":
-                attempts.suspect()
+                attempts.failed(str(exc))
             return BrokenAttempt(str(exc), 504, stalled=exc)
         except httpx2.HTTPError as exc:
-            attempts.suspect()
-            return BrokenAttempt(f"upstream connection failed: {type(exc).__name__}", 502)
+            why = f"upstream connection failed: {type(exc).__name__}"
+            attempts.failed(why)
+            return BrokenAttempt(why, 502)
         finally:
             if response is not None:
                 await response.aclose()
@@ -289,10 +303,12 @@ class Relay:
         status = response.status_code
         body = await read_bounded(response)
         dead = status >= 500 and is_engine_death(body)
+        if status >= 500:
+            self.counters.upstream_failures += 1
         if dead:
             attempts.engine_died(f"upstream {status}")
         elif status >= 500:
-            attempts.suspect()
+            attempts.failed(f"upstream {status}")
         retry_after = parse_retry_after(response.headers.get("retry-after"))
         failure = Failure(status, body, retry_after)
         if continuing and not dead and (status == 429 or status >= 500):
@@ -309,24 +325,32 @@ class Relay:
         continuing: bool,
         attempts: Attempts,
     ) -> BrokenAttempt | None:
-        """Relay the event stream; the hot path, once per network chunk."""
+        """Relay the event stream; the hot path, once per network chunk.
+
+        A stream ends whole with ``[DONE]``, or, where the upstream sends none (Llama Stack), at
+        the end of the body right after the event that closes an answer; a ``[DONE]`` is then
+        appended to the log, so every whole stream in a log ends alike. An error event counts as
+        an upstream failure where it stands for one (Llama Stack's masked 500s)."""
         decoder = SSEDecoder()
         log_ = gen.log
         # An in-process log is appended to without a coroutine per chunk.
         append_now = log_.append_nowait
         counters = self.counters
+        upstream = self.upstream
+        route = gen.request.route
         errored = False
         skip_role = continuing
         tokens_before = gen.tokens_before if continuing else 0
-        served: Callable[[], None] | None = attempts.served
+        # Events before the engine's first token (Llama Stack's start event) do not end the
+        # first-token wait.
+        preamble = route.preamble if route is not None else 0
+        last = b""
         try:
             async for chunk in response.aiter_raw():
                 watch.chunk()
                 events = decoder.feed(chunk)
                 if not events:
                     continue
-                if not watch.flowing:
-                    watch.first_event()
                 payloads = [ev.raw for ev in events]
                 if skip_role:
                     # A continuation opens with the assistant's role chunk again; the log has
@@ -342,6 +366,11 @@ class Relay:
                         errored = True
                         if is_engine_death(p):
                             attempts.engine_died("error event")
+                        else:
+                            error = parse_error_event(upstream.kind, p)
+                            if error is not None and error.upstream_failure:
+                                counters.upstream_failures += 1
+                                attempts.failed(f"error event {error.status}")
                     elif p[:1] != b"{" or p[-1:] != b"}":
                         # Not a JSON object: a chunk cut off or garbled, never relayed (a
                         # check of its ends only: parsing every chunk would cost the hot path).
@@ -361,17 +390,29 @@ class Relay:
                         gen.length = await log_.append(payloads)
                     counters.events_relayed += len(payloads)
                     gen.wake()
-                    if served is not None:  # once per stream: the engine delivered
-                        served()
-                        served = None
+                    last = payloads[-1]
+                    if not watch.flowing and gen.length > preamble:
+                        watch.first_event()
+                        attempts.served()  # the engine delivered: its breaker closes
                 if malformed is not None:
                     return BrokenAttempt("upstream sent a malformed chunk", 502)
-                if payloads and payloads[-1] == DONE:
+                if last == DONE:
+                    if not errored:
+                        attempts.succeeded()
                     self._finish(gen, State.FAILED if errored else State.DONE)
                     return None
         except SSEError as exc:
             await self._fail_mid_stream(gen, f"upstream sent a broken event stream: {exc}")
             return None
+        if route is not None and not route.upstream_done:
+            # Llama Stack's streams just end: after their last event, or after an error event.
+            if errored or ends_answer(route.wire, last):
+                gen.length = await log_.append((DONE,))
+                if not errored:
+                    attempts.succeeded()
+                self._finish(gen, State.FAILED if errored else State.DONE)
+                return None
+            return BrokenAttempt("upstream stream ended before the answer was complete", 502)
         if errored:
             await self._fail_mid_stream(gen, "upstream stream ended after an error event")
             return None

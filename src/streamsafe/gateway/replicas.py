@@ -32,12 +32,14 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import orjson
 from redis.exceptions import RedisError
 
 from streamsafe.gateway.errors import Failure, error_body
 from streamsafe.gateway.generation import Generation, GenerationRequest, State
 from streamsafe.gateway.store import LeaseLost
 from streamsafe.gateway.store_redis import RedisStore, ReplicatedLog
+from streamsafe.gateway.upstream_kinds import CompletionRoute, Wire
 from streamsafe.sse import DONE
 
 __all__ = ["REDIS_ERRORS", "ReplicaCounters", "Replicas"]
@@ -296,6 +298,7 @@ class Replicas:
             fingerprint=record["fingerprint"],
             cost=int(record["cost"]),
             stream=record["stream"] == b"1",
+            route=_route(record.get("route", b"")),
         )
         log_ = self.store.replicated_log(gen_id, writer=False, lease=self.lease)
         log_.on_detach = self.failed
@@ -426,7 +429,20 @@ class Replicas:
 def _record(gen: Generation) -> dict[str, bytes | str | int]:
     """What another replica needs to mirror ``gen`` or take it over."""
     req = gen.request
+    route = req.route
     return {
+        "route": b""
+        if route is None
+        else orjson.dumps(
+            [
+                route.path,
+                route.upstream_path,
+                route.wire.value,
+                route.upstream_done,
+                route.client_done,
+                route.preamble,
+            ]
+        ),
         "tenant": gen.tenant,
         "path": req.path,
         "body": req.body,
@@ -436,6 +452,14 @@ def _record(gen: Generation) -> dict[str, bytes | str | int]:
         "key": gen.key or "",
         "state": gen.state.value,
     }
+
+
+def _route(raw: bytes) -> CompletionRoute | None:
+    """The route a record names (see :func:`_record`); ``None`` for vLLM's own."""
+    if not raw:
+        return None
+    path, upstream_path, wire, upstream_done, client_done, preamble = orjson.loads(raw)
+    return CompletionRoute(path, upstream_path, Wire(wire), upstream_done, client_done, preamble)
 
 
 def _ends(new: list[bytes]) -> bool:

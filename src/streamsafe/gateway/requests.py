@@ -17,6 +17,7 @@ from streamsafe._asgi import BodyTooLarge, Disconnected, Receive, Scope, header,
 from streamsafe.gateway.admission import request_cost
 from streamsafe.gateway.errors import BadRequest
 from streamsafe.gateway.generation import GenerationRequest
+from streamsafe.gateway.upstream_kinds import CompletionRoute, Wire, cost_view
 
 __all__ = ["client_read_timeout", "completion_request", "read_request_body", "tenant_id"]
 
@@ -56,10 +57,12 @@ async def read_request_body(scope: Scope, receive: Receive, limit: int) -> bytes
 
 
 def completion_request(
-    scope: Scope, raw: bytes, upstream_path: str, tenant: str, default_max_tokens: int
+    scope: Scope, raw: bytes, route: CompletionRoute, tenant: str, default_max_tokens: int
 ) -> GenerationRequest:
-    """What the registry needs to know about a completion request with body ``raw``."""
-    body = _parse_body(raw, upstream_path)
+    """What the registry needs to know about a completion request with body ``raw`` on
+    ``route``."""
+    upstream_path = route.upstream_path
+    body = _parse_body(raw, route.wire)
     key = header(scope, b"idempotency-key")
     if key is not None and (
         not key or len(key) > _MAX_KEY_LEN or not _VISIBLE_ASCII.fullmatch(key)
@@ -80,12 +83,13 @@ def completion_request(
         path=upstream_path,
         body=raw,
         fingerprint=fingerprint,
-        cost=request_cost(body, default_max_tokens),
+        cost=request_cost(cost_view(route.wire, body), default_max_tokens),
         stream=body.get("stream") is True,
         idempotency_key=key.decode("ascii") if key is not None else None,
         retry=_retry_count(scope) >= 1,
         last_event_id=last_id,
         no_upstream_retry=header(scope, b"x-llamastack-streaming") == b"true",
+        route=route,
     )
 
 
@@ -124,7 +128,7 @@ def _last_event_id(scope: Scope) -> int | None:
     return n
 
 
-def _parse_body(raw: bytes, upstream_path: str) -> dict[str, Any]:
+def _parse_body(raw: bytes, wire: Wire) -> dict[str, Any]:
     if not raw:
         raise BadRequest(400, "request body is empty; expected a JSON object")
     try:
@@ -137,16 +141,24 @@ def _parse_body(raw: bytes, upstream_path: str) -> dict[str, Any]:
         raise BadRequest(400, "request body must be a JSON object")
     if _nests_deeper(body, MAX_JSON_DEPTH):
         raise BadRequest(400, _TOO_DEEP)
-    model = body.get("model")
+    model_field = wire.model_field
+    model = body.get(model_field)
     if not isinstance(model, str) or not model:
-        raise BadRequest(400, "missing required field 'model'", "model")
-    if upstream_path == "/v1/chat/completions":
-        _check_messages(body.get("messages"))
+        raise BadRequest(400, f"missing required field '{model_field}'", model_field)
+    if wire.is_chat:
+        _check_messages(body.get("messages"), native=wire is Wire.LLAMA_STACK_CHAT)
+    elif wire is Wire.LLAMA_STACK_COMPLETION:
+        if "content" not in body or body["content"] is None:
+            raise BadRequest(400, "missing required field 'content'", "content")
     else:
         _check_prompt(body.get("prompt"))
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise BadRequest(400, "'stream' must be a boolean", "stream")
+    if wire is Wire.LLAMA_STACK_CHAT or wire is Wire.LLAMA_STACK_COMPLETION:
+        params = body.get("sampling_params")
+        if params is not None and not isinstance(params, dict):
+            raise BadRequest(400, "'sampling_params' must be an object", "sampling_params")
     return body
 
 
@@ -164,9 +176,10 @@ def _nests_deeper(value: Any, limit: int) -> bool:
     return False
 
 
-def _check_messages(messages: Any) -> None:
+def _check_messages(messages: Any, *, native: bool = False) -> None:
     """Chat messages as the gateway itself reads them (roles, text parts), each fault named by
-    its field."""
+    its field. ``native``: Llama Stack's native chat, where a content may also be one part
+    object instead of a list of them."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest(400, "missing required field 'messages' (a non-empty list)", "messages")
     for i, msg in enumerate(messages):
@@ -175,6 +188,8 @@ def _check_messages(messages: Any) -> None:
         content = msg.get("content")
         if content is None or isinstance(content, str):
             continue
+        if native and isinstance(content, dict):
+            content = [content]
         if not isinstance(content, list):
             param = f"messages[{i}].content"
             raise BadRequest(400, f"'{param}' must be a string or a list of parts", param)

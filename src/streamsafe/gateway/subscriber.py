@@ -24,7 +24,7 @@ from streamsafe.gateway.admission import QUEUED, Admission, plan_wait, retry_aft
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.errors import error_body, send_failure
 from streamsafe.gateway.generation import Generation, State
-from streamsafe.sse import DONE, DONE_EVENT, encode_comment, encode_event, encode_events
+from streamsafe.sse import DONE, DONE_EVENT, encode_event, encode_events
 
 __all__ = [
     "COMMIT",
@@ -39,8 +39,13 @@ __all__ = [
     "serve_stream",
 ]
 
-_HEARTBEAT = encode_comment("keep-alive")
+# One comment line with no blank line after it: a blank line would end an event, and the
+# Stainless clients' decoders (llama-stack-client, openai) dispatch an empty event there once an
+# ``id:`` has been seen, which llama-stack-client then fails to JSON-decode. A comment line is
+# ignored and the next event's lines simply follow it.
+_HEARTBEAT = b": keep-alive\n"
 _HEARTBEAT_MSG: Message = {"type": "http.response.body", "body": _HEARTBEAT, "more_body": True}
+_JSON_HEARTBEAT_MSG: Message = {"type": "http.response.body", "body": b" ", "more_body": True}
 _SSE_END: Message = {"type": "http.response.body", "body": b"", "more_body": False}
 
 #: What :meth:`Pacing.step` asks for before the subscriber waits: nothing, the headers, a
@@ -88,6 +93,9 @@ class StreamRules:
     resumable: bytes
     #: Seconds a generation may wait for admission before it is shed, unless committed.
     queue_timeout: float = 20.0
+    #: Keep a waiting non-streaming call's connection alive with whitespace (see
+    #: :func:`serve_json`).
+    json_keepalive: bool = False
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> StreamRules:
@@ -99,6 +107,7 @@ class StreamRules:
             commit_wait=min(heartbeat, 1.0) if heartbeat > 0 else 1.0,
             resumable=b"true" if config.keep_finished > 0 else b"false",
             queue_timeout=config.queue_timeout,
+            json_keepalive=config.json_keepalive,
         )
 
 
@@ -193,23 +202,65 @@ class Pacing:
         return COMMIT, None
 
 
-async def serve_json(sub: Subscriber, send: Send) -> None:
-    """Answer a non-streaming request once its generation finished."""
+async def serve_json(
+    sub: Subscriber,
+    send: Send,
+    rules: StreamRules | None = None,
+    admission: Admission | None = None,
+) -> None:
+    """Answer a non-streaming request once its generation finished.
+
+    With ``rules.json_keepalive`` (and a heartbeat), a call still waiting after ``commit_wait``
+    is answered 200 at once and sent one space every heartbeat until its answer follows (JSON
+    allows whitespace before a value), so a slow but healthy call never trips a client's read
+    timeout. The price: a failure after that arrives as a 200 whose body is the error object.
+    ``admission`` is told of that commit, so a queued generation is not shed after it.
+    """
     gen = sub.gen
+    keepalive = rules is not None and rules.json_keepalive and rules.heartbeat > 0
+    committed = False
+    next_beat = time.monotonic() + (rules.commit_wait if rules is not None else 0.0)
+    generation_header = (b"x-streamsafe-generation", gen.id.encode())
     while not sub.gone:
+        version = gen.version
         if gen.finished:
             if gen.failure is not None:
-                await send_failure(send, gen.failure)
+                status, body = gen.failure.status, gen.failure.body
             elif gen.state is State.DONE:
-                (body,) = await gen.log.read(0)
-                await respond(
-                    send, 200, body, headers=[(b"x-streamsafe-generation", gen.id.encode())]
-                )
+                status, (body,) = 200, await gen.log.read(0)
             else:
-                msg = error_body("the generation was aborted", "upstream_error", 502)
-                await respond(send, 502, msg)
+                status = 502
+                body = error_body("the generation was aborted", "upstream_error", 502)
+            if committed:
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+            elif gen.failure is not None:
+                await send_failure(send, gen.failure)
+            else:
+                headers = [generation_header] if status == 200 else []
+                await respond(send, status, body, headers=headers)
             return
-        await gen.next_change()
+        if not keepalive:
+            await gen.next_change()
+            continue
+        assert rules is not None
+        now = time.monotonic()
+        if now >= next_beat:
+            if not committed:
+                headers = [(b"content-type", b"application/json"), generation_header]
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                committed = True
+                if admission is not None and gen.waiter is not None:
+                    admission.commit(gen.waiter)
+            await send(_JSON_HEARTBEAT_MSG)
+            next_beat = now + rules.heartbeat
+            if gen.version != version:
+                continue
+        waiter = gen.next_change()
+        try:
+            async with asyncio.timeout(max(0.0, next_beat - now)):
+                await waiter
+        except TimeoutError:
+            gen.forget_waiter(waiter)
 
 
 async def serve_stream(
@@ -220,14 +271,16 @@ async def serve_stream(
     drop_done: bool,
     admission: Admission,
     reset_on_failure: Callable[[], None] | None = None,
+    preamble: int = 0,
 ) -> None:
     """Relay ``sub``'s generation from event ``start`` on, as SSE with ids. ``drop_done`` leaves
     out ``data: [DONE]`` (Llama Stack's streams end without it). ``admission`` predicts a queued
     generation's wait, and is told of a commit or a refusal before it. ``reset_on_failure``: how
     to end a stream whose generation failed after commit instead of closing it cleanly (a reset,
-    for clients that would read a clean end as a complete answer)."""
+    for clients that would read a clean end as a complete answer). The first ``preamble`` events
+    come before the first token (Llama Stack's ``start`` event), so heartbeats go on past them."""
     gen = sub.gen
-    pacing = Pacing(rules, start > 0, time.monotonic(), sub.patience)
+    pacing = Pacing(rules, start > preamble, time.monotonic(), sub.patience)
     cursor = start
     headers = [
         (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -252,7 +305,7 @@ async def serve_stream(
                 batch.pop()
             body = encode_events(batch, cursor, gen.multiline)
             cursor += n
-            pacing.flowing = True
+            pacing.flowing = cursor > preamble
             await send({"type": "http.response.body", "body": body, "more_body": True})
             continue
         if gen.finished:

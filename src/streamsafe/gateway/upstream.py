@@ -10,7 +10,8 @@ error event naming it, or ``/health`` answering 5xx) and when it cannot be reach
 connection refused after the connect retries, or ``/health`` unanswered after a reset or a stall:
 a killed or frozen engine says nothing): new work then fails fast with 503 and ``Retry-After``
 instead of piling onto a broken engine, while one task probes ``/health`` and closes the breaker
-when it answers.
+when it answers. Where the upstream's health path does not cover the engine (Llama Stack's
+``/v1/health``), :data:`FAILURES_TO_TRIP` upstream failures in a row open it too.
 
 :class:`AttemptWatch` keeps an attempt's upstream timeouts (first token, idle between chunks,
 total) without a timer per chunk: the reader notes the time of each chunk and one timer checks the
@@ -31,6 +32,7 @@ import httpcore2
 import httpx2
 
 from streamsafe.gateway.asyncio_backend import AsyncioBackend
+from streamsafe.gateway.upstream_kinds import KINDS, UpstreamKind, probe_kind
 from streamsafe.retry import RetryBudget
 
 __all__ = [
@@ -55,6 +57,9 @@ _ENGINE_DEATH_MARKERS = (
 
 #: Largest upstream error body kept and passed on.
 _MAX_ERROR_BODY = 64 * 1024
+#: Upstream failures in a row that open the breaker where the upstream's health does not cover
+#: the engine (Llama Stack masks an engine's death as an ordinary 500).
+FAILURES_TO_TRIP = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,8 +231,17 @@ class Upstream:
         max_keepalive: int = 512,
         api_key: str | None = None,
         budget: RetryBudget | None = None,
+        kind: str = "auto",
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        #: What the upstream is; vLLM's table until an ``auto`` probe says otherwise.
+        self.kind: UpstreamKind = KINDS["vllm"] if kind == "auto" else KINDS[kind]  # type: ignore[index]
+        #: The kind was set or found (an ``auto`` upstream that never answered is asked again).
+        self.kind_known = kind != "auto"
+        self._kind_probed_at: float | None = None
+        self._kind_lock = asyncio.Lock()
+        #: Upstream failures since the last success.
+        self.failures_in_a_row = 0
         self.connect_retries = connect_retries
         self.connect_backoff = connect_backoff
         self.budget = budget or RetryBudget()
@@ -268,8 +282,37 @@ class Upstream:
         return self._client
 
     async def start(self) -> None:
-        """Create the connection pool."""
+        """Create the connection pool and, for an ``auto`` kind, ask the upstream what it is."""
         _ = self.client
+        if not self.kind_known:
+            await self.resolve_kind()
+
+    async def resolve_kind(self) -> UpstreamKind:
+        """The upstream's kind: probed (once at a time, at most once per probe interval, within
+        the connect timeout) while it is not known; vLLM's table until then."""
+        if self.kind_known:
+            return self.kind
+        async with self._kind_lock:
+            now = asyncio.get_running_loop().time()
+            last = self._kind_probed_at
+            if self.kind_known or (last is not None and now - last < self.breaker.probe_interval):
+                return self.kind
+            self._kind_probed_at = now
+            name = None
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._timeout.connect or 5.0):
+                    name = await probe_kind(self.client)
+            if name is None:
+                log.warning(
+                    "upstream %s did not answer as vLLM, Llama Stack or an OpenAI server; "
+                    "serving it as vLLM and asking again later",
+                    self.base_url,
+                )
+                return self.kind
+            self.kind = KINDS[name]
+            self.kind_known = True
+            log.warning("upstream %s is %s (probed)", self.base_url, name)
+            return self.kind
 
     async def close(self) -> None:
         """Stop the probe and close every upstream connection."""
@@ -331,12 +374,24 @@ class Upstream:
             log.warning("engine unreachable (%s); failing fast until /health answers", why)
         self.engine_died(why)
 
-    def suspect(self) -> None:
-        """An upstream 5xx, a reset or a stall: ask ``/health`` once, in the background,
-        whether the engine is dead, gone or frozen."""
-        if self.breaker.is_open or (self._health_check and not self._health_check.done()):
+    def failed(self, why: str) -> None:
+        """An upstream failure: a 5xx, an error event standing for one, a reset before the
+        answer, or a stall. The health path is asked once, in the background, whether the
+        upstream is dead, gone or frozen; where that answer does not cover the engine (Llama
+        Stack masks an engine's death as an ordinary 500), :data:`FAILURES_TO_TRIP` in a row
+        open the breaker as well."""
+        self.failures_in_a_row += 1
+        if self.breaker.is_open:
             return
-        self._health_check = asyncio.get_running_loop().create_task(self._check_once())
+        if not self.kind.health_covers_engine and self.failures_in_a_row >= FAILURES_TO_TRIP:
+            self.engine_died(f"{self.failures_in_a_row} upstream failures in a row, last: {why}")
+            return
+        if self._health_check is None or self._health_check.done():
+            self._health_check = asyncio.get_running_loop().create_task(self._check_once())
+
+    def succeeded(self) -> None:
+        """A whole answer came back."""
+        self.failures_in_a_row = 0
 
     async def healthy(self) -> bool:
         """Whether the engine is believed alive: the breaker is closed and, unless it answered
@@ -357,11 +412,12 @@ class Upstream:
         return False
 
     async def health(self) -> int | None:
-        """Status of upstream ``/health``, or ``None`` if it did not answer in time (at most
-        the probe interval, and at least a second)."""
+        """Status of the upstream's health path (``/health``, Llama Stack's ``/v1/health``), or
+        ``None`` if it did not answer in time (at most the probe interval, and at least a
+        second)."""
         try:
             response = await self.client.get(
-                "/health", timeout=max(1.0, self.breaker.probe_interval)
+                self.kind.health_path, timeout=max(1.0, self.breaker.probe_interval)
             )
         except httpx2.HTTPError:
             return None
@@ -384,6 +440,9 @@ class Upstream:
         while True:
             await asyncio.sleep(self.breaker.probe_interval)
             if _healthy_status(await self.health()):
+                # Where health does not cover the engine, this lets traffic try again: the next
+                # failures in a row open the breaker anew.
+                self.failures_in_a_row = 0
                 self.breaker.close()
                 log.warning("engine healthy again; breaker closed")
                 return

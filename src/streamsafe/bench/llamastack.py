@@ -1,0 +1,427 @@
+"""The real Llama Stack server as a process on loopback, in front of an engine, for tests and the
+demo.
+
+:class:`LlamaStackServer` writes a run config (:func:`run_config`: only the inference API, one
+``remote::vllm`` provider whose ``url`` is the engine's ``/v1`` base, the engine's model
+registered under its own id, sqlite stores in a temporary directory), starts
+``python -m llama_stack.distribution.server.server --config run.yaml --port P`` as a child process,
+waits until ``/v1/health`` answers 200, and stops it. Nothing is written outside that directory:
+``LLAMA_STACK_CONFIG_DIR`` points there too, because the server keeps its trace store under it.
+
+Llama Stack registers the model at start-up by listing the engine's models, and keeps the
+provider URL for its lifetime. A test session or a demo run therefore starts Llama Stack once (a
+few seconds) in front of an :class:`EngineSlot`: a fixed address whose engine can be replaced
+between scenarios, so every scenario gets a fresh engine with its own counters without a
+Llama Stack restart. The slot hands each ASGI call straight to the current app in the same
+process; it is not a proxy and changes nothing on the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2
+
+from streamsafe.serving import ServerThread, bind_socket
+
+__all__ = [
+    "LLAMA_STACK_VERSION",
+    "Deployment",
+    "EngineSlot",
+    "LlamaStackServer",
+    "SeenRequest",
+    "llama_stack_deployment",
+    "run_config",
+]
+
+#: The Llama Stack release this module and its tests were measured against.
+LLAMA_STACK_VERSION = "0.2.12"
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def run_config(
+    engine_url: str,
+    model: str,
+    state_dir: str | os.PathLike[str],
+    *,
+    port: int = 8321,
+    provider_max_tokens: int = 4096,
+) -> dict[str, Any]:
+    """A Llama Stack 0.2.12 run config with only the inference API in front of one engine.
+
+    ``engine_url`` is the engine's base (``http://host:port``; ``/v1`` is added unless present).
+    ``model`` is registered under its own name, so callers use the engine's model id with either
+    API. ``provider_max_tokens`` is the ``max_tokens`` Llama Stack sends when a native request
+    sets none (4096, Llama Stack's default). Stores live in ``state_dir``.
+    """
+    base = engine_url.rstrip("/")
+    if not base.endswith("/v1"):
+        base += "/v1"
+    state = Path(state_dir)
+    return {
+        "version": "2",
+        "image_name": "streamsafe-llamastack",
+        "apis": ["inference"],
+        "providers": {
+            "inference": [
+                {
+                    "provider_id": "vllm",
+                    "provider_type": "remote::vllm",
+                    "config": {
+                        "url": base,
+                        "max_tokens": provider_max_tokens,
+                        "api_token": "fake",
+                        "tls_verify": False,
+                    },
+                }
+            ]
+        },
+        "metadata_store": {"type": "sqlite", "db_path": str(state / "registry.db")},
+        "inference_store": {"type": "sqlite", "db_path": str(state / "inference_store.db")},
+        "models": [
+            {
+                "metadata": {},
+                "model_id": model,
+                "provider_id": "vllm",
+                "provider_model_id": model,
+                "model_type": "llm",
+            }
+        ],
+        "shields": [],
+        "vector_dbs": [],
+        "datasets": [],
+        "scoring_fns": [],
+        "benchmarks": [],
+        "tool_groups": [],
+        "server": {"port": port, "host": "127.0.0.1"},
+    }
+
+
+def _free_port() -> int:
+    sock = bind_socket("127.0.0.1", 0)
+    try:
+        port: int = sock.getsockname()[1]
+    finally:
+        sock.close()
+    return port
+
+
+class _PortTaken(Exception):
+    pass
+
+
+class LlamaStackServer:
+    """The real Llama Stack server as a child process on a free loopback port.
+
+    >>> with LlamaStackServer("http://127.0.0.1:8000", "sim-llama-8b") as ls:
+    ...     httpx2.get(ls.url + "/v1/models")
+
+    ``start()`` returns once ``/v1/health`` answers 200 (within ``start_timeout``, 120 s: a cold
+    start imports a great deal on a busy 2-core machine) and records how long that took in
+    ``startup_s``. The engine must be serving when it starts: Llama Stack lists the engine's models
+    to register the model. ``stop()`` terminates the process (SIGTERM, then SIGKILL after 10 s)
+    and removes the state directory. The server's own output goes to ``log_path``.
+    """
+
+    def __init__(
+        self,
+        engine_url: str,
+        model: str,
+        *,
+        port: int = 0,
+        start_timeout: float = 120.0,
+        provider_max_tokens: int = 4096,
+        python: str = sys.executable,
+    ) -> None:
+        self.engine_url = engine_url
+        self.model = model
+        self._fixed_port = bool(port)
+        self.port = port or _free_port()
+        self.start_timeout = start_timeout
+        self.provider_max_tokens = provider_max_tokens
+        self.python = python
+        self.startup_s: float | None = None
+        self.state_dir: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:41234`` (the APIs live under ``/v1``)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        """Where the server's stdout and stderr go."""
+        assert self.state_dir is not None, "not started"
+        return self.state_dir / "server.log"
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs."""
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> LlamaStackServer:
+        """Write the run config, start the server, wait for ``/v1/health``.
+
+        A free port can be taken by another process between choosing it and the server binding
+        it; then the server exits at once and, unless a port was given, it is started again on
+        another one (up to 5 times)."""
+        self.state_dir = Path(tempfile.mkdtemp(prefix="streamsafe-llamastack-"))
+        t0 = time.monotonic()
+        for attempt in range(5):
+            try:
+                self._launch()
+                self._wait_healthy(t0 + self.start_timeout)
+            except _PortTaken:
+                self.stop(keep_state=True)
+                if self._fixed_port or attempt == 4:
+                    raise RuntimeError(
+                        f"Llama Stack could not bind port {self.port}:\n{self.log_tail()}"
+                    ) from None
+                self.port = _free_port()
+                continue
+            except BaseException:
+                self.stop(keep_state=True)
+                raise
+            self.startup_s = time.monotonic() - t0
+            return self
+        raise AssertionError("unreachable")
+
+    def _launch(self) -> None:
+        assert self.state_dir is not None
+        config = run_config(
+            self.engine_url,
+            self.model,
+            self.state_dir,
+            port=self.port,
+            provider_max_tokens=self.provider_max_tokens,
+        )
+        config_path = self.state_dir / "run.yaml"
+        config_path.write_text(json.dumps(config, indent=2))  # JSON is valid YAML
+        env = dict(os.environ)
+        env["LLAMA_STACK_CONFIG_DIR"] = str(self.state_dir)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        cmd = [
+            self.python,
+            "-m",
+            "llama_stack.distribution.server.server",
+            "--config",
+            str(config_path),
+            "--port",
+            str(self.port),
+        ]
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
+        self._proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
+
+    def _wait_healthy(self, deadline: float) -> None:
+        # Health is asked only once this process says it bound the port: another server on a
+        # port just taken could answer /v1/health too.
+        assert self._proc is not None
+        bound = f"Uvicorn running on http://127.0.0.1:{self.port}".encode()
+        with httpx2.Client(trust_env=False, timeout=2.0) as client:
+            while True:
+                if self._proc.poll() is not None:
+                    if b"address already in use" in self._log_bytes():
+                        raise _PortTaken
+                    raise RuntimeError(
+                        f"Llama Stack exited with {self._proc.returncode} before it was healthy; "
+                        f"its log ({self.log_path}) ends with:\n{self.log_tail()}"
+                    )
+                if bound in self._log_bytes():
+                    with contextlib.suppress(httpx2.TransportError):
+                        if client.get(self.url + "/v1/health").status_code == 200:
+                            return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"Llama Stack was not healthy within {self.start_timeout} s; its log "
+                        f"({self.log_path}) ends with:\n{self.log_tail()}"
+                    )
+                time.sleep(0.1)
+
+    def _log_bytes(self) -> bytes:
+        try:
+            return self.log_path.read_bytes()
+        except OSError:
+            return b""
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the server's output (for failure messages)."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except (OSError, AssertionError):
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, *, keep_state: bool = False) -> None:
+        """Stop the server and remove its state directory (kept with ``keep_state``, so a failed
+        start can still be read)."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if not keep_state and self.state_dir is not None:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def __enter__(self) -> LlamaStackServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass(frozen=True, slots=True)
+class SeenRequest:
+    """One request that reached the engine slot: what the middle tier sent."""
+
+    method: str
+    path: str
+    headers: Mapping[str, str]
+
+
+class EngineSlot:
+    """A fixed address for a replaceable engine: an ASGI app that hands every call to the app
+    installed last.
+
+    Apps are expected to start themselves on their first request (the simulator does), because
+    the slot's server ran its lifespan long before. :meth:`install` returns the app it replaced;
+    the caller stops it (see :func:`serve_engine_slot`). Without an app, requests get 503.
+    ``seen`` holds the method, path and headers of the last ``keep_seen`` requests (1000), so a
+    test can read what the tier in front sent (its retry markers, keys); :meth:`install` clears
+    it.
+    """
+
+    def __init__(self, app: ASGIApp | None = None, *, keep_seen: int = 1000) -> None:
+        self.app = app
+        self.seen: collections.deque[SeenRequest] = collections.deque(maxlen=keep_seen)
+
+    def install(self, app: ASGIApp) -> ASGIApp | None:
+        """Route every later request to ``app``; return the previous app."""
+        old, self.app = self.app, app
+        self.seen.clear()
+        return old
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] == "http":
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            self.seen.append(SeenRequest(scope["method"], scope["path"], headers))
+        app = self.app
+        if app is None:
+            body = b'{"error":{"message":"no engine installed","type":"service_unavailable"}}'
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 503,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        await app(scope, receive, send)
+
+
+@dataclass
+class Deployment:
+    """Llama Stack in front of an :class:`EngineSlot`: the report's deployment, with the engine
+    (or whatever stands behind Llama Stack) replaceable between scenarios."""
+
+    ls: LlamaStackServer
+    slot: EngineSlot
+    slot_server: ServerThread
+
+    @property
+    def url(self) -> str:
+        """Llama Stack's base URL."""
+        return self.ls.url
+
+    def install(self, app: ASGIApp) -> None:
+        """Put ``app`` behind Llama Stack: started (``startup()`` where it has one) on the slot's
+        loop, and the app it replaces stopped (``shutdown()``, or its simulator engine's
+        ``stop()``)."""
+        start = getattr(app, "startup", None)
+        if start is not None:
+            self._on_loop(start)
+        old = self.slot.install(app)
+        if old is not None and old is not app:
+            self._stop(old)
+
+    def _stop(self, app: Any) -> None:
+        stop = getattr(app, "shutdown", None)
+        if stop is None:
+            stop = getattr(getattr(app, "engine", None), "stop", None)
+        if stop is not None:
+            self._on_loop(stop)
+
+    def _on_loop(self, fn: Callable[[], Awaitable[Any]]) -> None:
+        loop = self.slot_server.loop
+        if loop is None or loop.is_closed():
+            return
+
+        async def _run() -> None:
+            await asyncio.wait_for(fn(), 10)
+
+        self.slot_server.call(_run(), timeout=15)
+
+    def close(self) -> None:
+        """Stop whatever is installed, Llama Stack, and the slot's server."""
+        try:
+            self.ls.stop()
+            if self.slot.app is not None:
+                with contextlib.suppress(Exception):
+                    self._stop(self.slot.app)
+        finally:
+            self.slot_server.stop()
+
+
+@contextlib.contextmanager
+def llama_stack_deployment(first: ASGIApp, model: str) -> Iterator[Deployment]:
+    """Serve an :class:`EngineSlot` holding ``first`` (an engine serving ``model``) and start
+    Llama Stack in front of it; stop both on exit."""
+    slot = EngineSlot()
+    server = ServerThread(slot).start()
+    try:
+        deployment = Deployment(LlamaStackServer(server.url, model), slot, server)
+        deployment.install(first)
+        deployment.ls.start()
+    except BaseException:
+        server.stop()
+        raise
+    try:
+        yield deployment
+    finally:
+        deployment.close()

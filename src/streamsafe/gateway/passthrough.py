@@ -1,0 +1,196 @@
+"""Every route the gateway does not serve itself, forwarded to the upstream unchanged (Llama Stack
+has many APIs besides inference: models, agents, files, vector stores, ...).
+
+No coalescing, no replay, no admission: the request goes upstream as it came (less hop-by-hop
+headers and the client's ``Authorization``, since client keys are never forwarded; the gateway's
+``upstream_api_key`` is sent instead, as on every upstream request), and the response comes back
+as the upstream sends it, byte for byte and chunk by chunk, so a streamed response stays
+streamed. A client that leaves is passed on: the upstream request is closed at once, as the
+client would have closed it. A failure before the upstream answered is a 502 with a JSON error;
+after the response started, the connection is closed mid-body, so the client sees a broken
+response rather than a short one that looks whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import httpx2
+
+from streamsafe._asgi import Message, Receive, Scope, Send, respond
+from streamsafe.gateway.errors import error_body
+
+__all__ = ["UpstreamBroke", "pass_through"]
+
+log = logging.getLogger("streamsafe.gateway")
+
+#: Headers that describe one connection, not the message (RFC 9110, 7.6.1), plus those the
+#: gateway sets itself on the upstream request.
+_HOP_BY_HOP = frozenset(
+    (
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
+        b"authorization",
+    )
+)
+_RESPONSE_DROP = frozenset(
+    (b"connection", b"keep-alive", b"transfer-encoding", b"trailer", b"upgrade")
+)
+#: A request body up to this size (declared by ``Content-Length``) is read before it is sent,
+#: so the upstream gets a ``Content-Length``; a larger or chunked one is streamed.
+_BUFFER_LIMIT = 1024 * 1024
+
+
+class UpstreamBroke(Exception):
+    """The upstream response broke after its headers went to the client; raised to the server
+    so it closes the client's connection instead of ending the body as if it were whole."""
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def pass_through(
+    client: httpx2.AsyncClient, scope: Scope, receive: Receive, send: Send
+) -> int:
+    """Forward the request in ``scope`` through ``client`` (whose base URL is the upstream) and
+    relay the response; return the status sent to the client (0 if the client left first)."""
+    method: str = scope["method"]
+    path = scope.get("raw_path") or scope["path"].encode()
+    query = scope.get("query_string") or b""
+    url = (path + b"?" + query if query else path).decode("latin-1")
+    headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP_BY_HOP]
+    body_done = asyncio.Event()
+    content: bytes | AsyncIterator[bytes]
+    declared = _content_length(scope)
+    if declared is not None and declared <= _BUFFER_LIMIT:
+        try:
+            content = await _read_all(receive)
+        except _ClientGone:
+            return 0
+        body_done.set()
+    else:
+        content = _stream_body(receive, body_done)
+    request = client.build_request(method, url, headers=headers, content=content)
+    relay = asyncio.get_running_loop().create_task(_relay(client, request, send))
+    try:
+        await _wait_for(relay, body_done)
+        if not relay.done():
+            watcher = asyncio.get_running_loop().create_task(_disconnected(receive))
+            try:
+                await asyncio.wait((relay, watcher), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not relay.done():  # the client left first: close the upstream request
+                    relay.cancel()
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+        return await relay
+    except asyncio.CancelledError:
+        relay.cancel()
+        raise
+    finally:
+        if not relay.done():
+            relay.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await relay
+
+
+async def _wait_for(relay: asyncio.Task[int], body_done: asyncio.Event) -> None:
+    """Until the request body was sent or the relay ended (it reads the body itself)."""
+    if body_done.is_set():
+        return
+    done_waiter = asyncio.get_running_loop().create_task(body_done.wait())
+    try:
+        await asyncio.wait((relay, done_waiter), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        done_waiter.cancel()
+
+
+async def _relay(client: httpx2.AsyncClient, request: httpx2.Request, send: Send) -> int:
+    try:
+        response = await client.send(request, stream=True)
+    except _ClientGone:
+        return 0
+    except httpx2.HTTPError as exc:
+        msg = f"upstream unreachable: {type(exc).__name__}"
+        await respond(send, 502, error_body(msg, "upstream_error", 502))
+        return 502
+    try:
+        headers = [
+            (k.lower(), v) for k, v in response.headers.raw if k.lower() not in _RESPONSE_DROP
+        ]
+        start: Message = {
+            "type": "http.response.start",
+            "status": response.status_code,
+            "headers": headers,
+        }
+        await send(start)
+        try:
+            async for chunk in response.aiter_raw():
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx2.HTTPError as exc:
+            log.info("pass-through %s broke mid-body: %s", request.url.path, type(exc).__name__)
+            raise UpstreamBroke(f"upstream response broke: {type(exc).__name__}") from exc
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return response.status_code
+    finally:
+        await response.aclose()
+
+
+def _content_length(scope: Scope) -> int | None:
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+        if key == b"transfer-encoding":
+            return None
+    return 0
+
+
+async def _read_all(receive: Receive) -> bytes:
+    parts: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        chunk = message.get("body", b"")
+        if chunk:
+            parts.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+async def _stream_body(receive: Receive, done: asyncio.Event) -> AsyncIterator[bytes]:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        chunk = message.get("body", b"")
+        if chunk:
+            yield chunk
+        if not message.get("more_body", False):
+            done.set()
+            return
+
+
+async def _disconnected(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return

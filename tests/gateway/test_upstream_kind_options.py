@@ -1,0 +1,109 @@
+"""The gateway's kind-dependent behaviour and the options for the positions around Llama Stack,
+against the simulator: --collapse-identical, --json-keepalive, no continuation where the kind
+cannot continue, the kind probe and the 405/404 rules per kind."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx2
+import orjson
+from gateway_helpers import (
+    chat_body,
+    content_of,
+    fast_sim,
+    make_stack,
+    post_stream,
+    sse_payloads,
+    wait_for,
+)
+
+from streamsafe.engine_sim import Fault, expected_text
+
+
+def _post_json(url: str, body: dict[str, object], out: list[httpx2.Response]) -> None:
+    with httpx2.Client(timeout=20) as client:
+        out.append(client.post(url + "/v1/chat/completions", json=body))
+
+
+def test_identical_unmarked_requests_stay_apart_by_default() -> None:
+    with make_stack(fast_sim(itl_ms=10.0)) as s:
+        body = chat_body("same prompt", max_tokens=30, stream=False)
+        out: list[httpx2.Response] = []
+        first = threading.Thread(target=_post_json, args=(s.url, body, out))
+        first.start()
+        wait_for(lambda: s.sim.stats()["active"] == 1, what="the first copy runs")
+        _post_json(s.url, body, out)
+        first.join(20)
+        assert s.sim.stats()["generations_started"] == 2
+        assert s.gw.stats()["attached"] == 0
+
+
+def test_collapse_identical_attaches_a_fresh_call_to_the_running_copy() -> None:
+    with make_stack(fast_sim(itl_ms=10.0), collapse_identical=True, grace=0.0) as s:
+        body = chat_body("same prompt", max_tokens=30, stream=False)
+        out: list[httpx2.Response] = []
+        first = threading.Thread(target=_post_json, args=(s.url, body, out))
+        first.start()
+        wait_for(lambda: s.sim.stats()["active"] == 1, what="the first copy runs")
+        _post_json(s.url, body, out)  # no retry marker, no key: a fresh call
+        first.join(20)
+        assert [r.status_code for r in out] == [200, 200]
+        assert out[0].json() == out[1].json()
+        assert s.sim.stats()["generations_started"] == 1
+        assert s.gw.stats()["attached"] == 1
+        # Within grace (0 here) only: after the copy finished, the same prompt is new work.
+        _post_json(s.url, body, out)
+        assert s.sim.stats()["generations_started"] == 2
+
+
+def test_json_keepalive_sends_whitespace_then_the_answer() -> None:
+    with make_stack(fast_sim(itl_ms=20.0), json_keepalive=True, heartbeat=0.05) as s:
+        body = chat_body("slow", max_tokens=20, stream=False)
+        with httpx2.Client(timeout=20) as client:
+            r = client.post(s.url + "/v1/chat/completions", json=body)
+        assert r.status_code == 200
+        assert r.content.startswith(b" ") and r.content.lstrip().startswith(b"{")
+        answer = orjson.loads(r.content)  # leading whitespace is valid JSON
+        content = answer["choices"][0]["message"]["content"]
+        assert content == expected_text(body, 20)
+
+
+def test_json_keepalive_failure_after_commit_is_a_200_with_the_error_body() -> None:
+    sim = fast_sim(itl_ms=20.0, memory_tokens=40, default_max_tokens=200)
+    with make_stack(sim, json_keepalive=True, heartbeat=0.05) as s:
+        body = chat_body("dies", max_tokens=200, stream=False)
+        with httpx2.Client(timeout=20) as client:
+            r = client.post(s.url + "/v1/chat/completions", json=body)
+        assert r.status_code == 200 and r.content.startswith(b" ")
+        assert "error" in orjson.loads(r.content)
+
+
+def test_a_kind_that_cannot_continue_ends_a_broken_stream_with_an_error_event() -> None:
+    sim = fast_sim(faults=(Fault.parse("cut:5:1.0"),))
+    with make_stack(sim, upstream_kind="openai") as s:
+        r = post_stream(s.url, chat_body("cut", max_tokens=16))
+        payloads = sse_payloads(r.text)
+        assert r.status_code == 200
+        error = orjson.loads(payloads[-2][1])["error"]
+        assert error["type"] == "upstream_error" and payloads[-1][1] == "[DONE]"
+        assert len(content_of(payloads).split()) == 4  # 5 events came: the role and 4 tokens
+        assert s.gw.stats()["continued"] == 0 and s.sim.stats()["continuations"] == 0
+
+
+def test_vllm_continues_the_same_broken_stream() -> None:
+    sim = fast_sim(faults=(Fault.parse("cut:5:1.0"),))
+    with make_stack(sim, upstream_kind="auto", max_continuations=10) as s:
+        assert s.gw.stats()["upstream_kind"] == "vllm"  # probed at start
+        body = chat_body("cut", max_tokens=16)
+        r = post_stream(s.url, body)
+        assert content_of(sse_payloads(r.text)) == expected_text(body, 16)
+        assert s.gw.stats()["continued"] >= 1
+
+
+def test_llama_stack_routes_are_unknown_in_front_of_vllm() -> None:
+    with make_stack(upstream_kind="vllm") as s, httpx2.Client(timeout=10) as client:
+        r = client.post(s.url + "/v1/inference/chat-completion", json={"model_id": "x"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == 404
+        r = client.get(s.url + "/v1/chat/completions")
+        assert r.status_code == 405
