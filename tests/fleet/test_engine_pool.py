@@ -4,6 +4,7 @@ dies mid-stream, and fallback models."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Iterator
@@ -29,8 +30,9 @@ def chat(content: str, max_tokens: int, model: str = MODEL, stream: bool = True)
     }
 
 
-def stats(proc: Process) -> dict[str, Any]:
-    return dict(httpx2.get(proc.url + "/stats", timeout=10).json())
+def stats(server: Any) -> dict[str, Any]:
+    """``/stats`` of a simulator or gateway (a process or an in-process server)."""
+    return dict(httpx2.get(server.url + "/stats", timeout=10).json())
 
 
 def sim(*extra: str) -> Process:
@@ -95,75 +97,93 @@ def test_engine_killed_mid_stream_every_stream_completes_exactly_on_the_other(
     assert stats(b)["continuations"] >= 1
 
 
-def test_failover_before_the_first_token_and_the_breaker_keeps_traffic_away(
-    procs: list[Process],
-) -> None:
-    bad = sim("--fault", "status:503:1.0")
-    good = sim()
-    procs += [bad, good]
-    gw = Process("serve", "--upstream", bad.url, "--upstream", good.url, "--probe-interval", "30")
-    procs.append(gw)
-    for i in range(6):
-        body = chat(f"failover user {i}", 8)
-        assert stream_text(gw.url, body) == expected_text(body, 8, 0)
-    # Three straight 503s opened the bad engine's breaker: after them nothing more went there.
-    assert stats(bad)["faults_injected"]["status"] == 3
-    assert stats(good)["generations_completed"] == 6
-    engines = stats(gw)["engines"]
-    assert engines[0]["breaker"] == "open" and engines[1]["breaker"] == "closed"
-    # The first request tried the bad engine twice (a 503 is worth one more try), the second
-    # once; each then moved to the good engine.
-    assert stats(gw)["engine_failovers"] == 2
-    # A client error is the caller's answer: passed through with its reason, never retried.
-    before = stats(good)["requests_received"]
-    bad_body = {"model": MODEL, "messages": "not a list", "stream": False}
-    r = httpx2.post(gw.url + "/v1/chat/completions", json=bad_body)
-    assert 400 <= r.status_code < 500 and r.json()["error"]["message"]
-    assert stats(good)["requests_received"] <= before + 1
-    assert stats(gw)["engine_failovers"] == 2
+@contextlib.contextmanager
+def servers(*sims: dict[str, Any]) -> Iterator[list[Any]]:
+    """In-process simulators (real loopback HTTP servers), stopped after."""
+    from streamsafe.engine_sim import Fault, SimConfig, Simulator
+    from streamsafe.serving import ServerThread
+
+    fast = {"itl_ms": 2.0, "itl_ms_per_seq": 0.0, "prefill_ms_per_token": 0.0}
+    started = []
+    try:
+        for overrides in sims:
+            faults = tuple(Fault.parse(f) for f in overrides.pop("faults", ()))
+            config = SimConfig(**{**fast, **overrides, "faults": faults})
+            started.append(ServerThread(Simulator(config)).start())
+        yield started
+    finally:
+        for server in started:
+            server.stop()
 
 
-def test_429_with_retry_after_is_tried_once_more_on_the_same_engine(
-    procs: list[Process],
-) -> None:
-    only = sim("--fault", "status:429:1.0:1")
-    procs.append(only)
-    gw = Process("serve", "--upstream", only.url, "--upstream", only.url + "/")
-    procs.append(gw)
-    r = httpx2.post(gw.url + "/v1/chat/completions", json=chat("shed", 4, stream=False))
-    assert r.status_code == 429 and r.headers["retry-after"] == "1"
-    assert r.json()["error"]
-    # Honoured once on the same engine, then the other engine, then the bound of 3 attempts.
-    assert stats(only)["faults_injected"]["status"] == 3
+@contextlib.contextmanager
+def gateway(*engines: str, **settings: Any) -> Iterator[Any]:
+    """An in-process gateway in front of ``engines``."""
+    from streamsafe.gateway import Gateway, GatewayConfig
+    from streamsafe.serving import ServerThread
+
+    first = engines[0].split()[0]
+    with ServerThread(Gateway(GatewayConfig(upstream=first, engines=engines, **settings))) as gw:
+        yield gw
 
 
-def test_fallback_model_answers_when_its_engines_are_down_and_says_so(
-    procs: list[Process],
-) -> None:
-    small = sim("--model", "small")
-    big = sim("--model", "big")
-    procs += [small, big]
-    gw = Process(
-        "serve",
-        "--upstream",
-        f"{small.url} models=small",
-        "--upstream",
-        f"{big.url} models=big",
-        "--fallback-model",
-        "small=big",
-    )
-    procs.append(gw)
-    models = httpx2.get(gw.url + "/v1/models").json()
-    assert sorted(m["id"] for m in models["data"]) == ["big", "small"]
-    first = httpx2.post(gw.url + "/v1/chat/completions", json=chat("q", 4, "small", False))
-    assert first.json()["model"] == "small"
-    small.kill()
-    second = httpx2.post(gw.url + "/v1/chat/completions", json=chat("q", 4, "small", False))
-    assert second.status_code == 200
-    assert second.json()["model"] == "big"  # the model that answered
-    unknown = httpx2.post(gw.url + "/v1/chat/completions", json=chat("q", 4, "gpt-9", False))
-    assert unknown.status_code == 404
-    assert unknown.json()["error"]["type"] == "not_found_error"
+def test_failover_before_the_first_token_and_the_breaker_keeps_traffic_away() -> None:
+    with (
+        servers({"faults": ["status:503:1.0"]}, {}) as (bad, good),
+        gateway(bad.url, good.url, probe_interval=30) as gw,
+    ):
+        for i in range(6):
+            body = chat(f"failover user {i}", 8)
+            assert stream_text(gw.url, body) == expected_text(body, 8, 0)
+        # Three straight 503s opened the bad engine's breaker: after them nothing more went
+        # there.
+        assert stats(bad)["faults_injected"]["status"] == 3
+        assert stats(good)["generations_completed"] == 6
+        engines = stats(gw)["engines"]
+        assert engines[0]["breaker"] == "open" and engines[1]["breaker"] == "closed"
+        # The first request tried the bad engine twice (a 503 is worth one more try), the
+        # second once; each then moved to the good engine.
+        assert stats(gw)["engine_failovers"] == 2
+        # A client error is the caller's answer: passed through with its reason, not retried.
+        before = stats(good)["requests_received"]
+        bad_body = {"model": MODEL, "messages": "not a list", "stream": False}
+        r = httpx2.post(gw.url + "/v1/chat/completions", json=bad_body)
+        assert 400 <= r.status_code < 500 and r.json()["error"]["message"]
+        assert stats(good)["requests_received"] <= before + 1
+        assert stats(gw)["engine_failovers"] == 2
+
+
+def test_429_with_retry_after_is_tried_once_more_on_the_same_engine() -> None:
+    with (
+        servers({"faults": ["status:429:1.0:1"]}) as (only,),
+        gateway(only.url, only.url + "/") as gw,
+    ):
+        r = httpx2.post(gw.url + "/v1/chat/completions", json=chat("shed", 4, stream=False))
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]
+        # Honoured once on the same engine, then the other engine, then the bound of 3.
+        assert stats(only)["faults_injected"]["status"] == 3
+
+
+def test_fallback_model_answers_when_its_engines_are_down_and_says_so() -> None:
+    with (
+        servers({"model": "small"}, {"model": "big"}) as (small, big),
+        gateway(
+            f"{small.url} models=small", f"{big.url} models=big", fallback_models=("small=big",)
+        ) as gw,
+    ):
+        models = httpx2.get(gw.url + "/v1/models").json()
+        assert sorted(m["id"] for m in models["data"]) == ["big", "small"]
+        url = gw.url + "/v1/chat/completions"
+        first = httpx2.post(url, json=chat("q", 4, "small", False))
+        assert first.json()["model"] == "small"
+        small.stop()  # the only engine of "small" is gone
+        second = httpx2.post(url, json=chat("q", 4, "small", False))
+        assert second.status_code == 200
+        assert second.json()["model"] == "big"  # the model that answered
+        unknown = httpx2.post(url, json=chat("q", 4, "gpt-9", False))
+        assert unknown.status_code == 404
+        assert unknown.json()["error"]["type"] == "not_found_error"
 
 
 def test_bench_fleet_small_run_completes_every_stream_exactly() -> None:
@@ -196,63 +216,53 @@ def test_every_fault_of_the_primary_is_answered_completely_by_the_pool(fault: st
     """The engine of model ``m`` fails (before its first token, or mid-stream; a stall or a
     silence past the gateway's timeouts counts as a cut); model ``m-big`` is its configured
     fallback, on a healthy engine: the caller gets the whole answer."""
-    from streamsafe.engine_sim import Fault, SimConfig, Simulator
-    from streamsafe.gateway import Gateway, GatewayConfig
-    from streamsafe.serving import ServerThread
-
-    fast = {"itl_ms": 2.0, "itl_ms_per_seq": 0.0, "prefill_ms_per_token": 0.0}
-    faulty = Simulator(SimConfig(model="m", faults=(Fault.parse(fault),), **fast))
-    healthy = Simulator(SimConfig(model="m-big", **fast))
-    with ServerThread(faulty) as a, ServerThread(healthy) as b:
-        config = GatewayConfig(
-            upstream=a.url,
-            engines=(f"{a.url} models=m", f"{b.url} models=m-big"),
+    with (
+        servers({"model": "m", "faults": [fault]}, {"model": "m-big"}) as (a, b),
+        gateway(
+            f"{a.url} models=m",
+            f"{b.url} models=m-big",
             fallback_models=("m=m-big",),
             first_token_timeout=1.0,
             idle_timeout=0.5,
-        )
-        with ServerThread(Gateway(config)) as gw:
-            body = chat(f"fault {fault}", 12, model="m")
-            models: set[str] = set()
-            parts: list[str] = []
-            with httpx2.stream("POST", gw.url + "/v1/chat/completions", json=body) as r:
-                assert r.status_code == 200
-                for line in r.iter_lines():
-                    if line.startswith("data: {"):
-                        payload = json.loads(line[6:])
-                        assert "error" not in payload, payload
-                        models.add(payload["model"])
-                        parts.append(payload["choices"][0]["delta"].get("content") or "")
-            assert "".join(parts) == expected_text(body, 12, 0)
-            if fault in ("status:500:1.0#1", "nodone:1.0"):
-                # Tried once more on the same engine; or only [DONE] was missing.
-                assert models == {"m"}
-            else:  # the fallback answered, all of it or the rest
-                assert "m-big" in models
+        ) as gw,
+    ):
+        body = chat(f"fault {fault}", 12, model="m")
+        models: set[str] = set()
+        parts: list[str] = []
+        with httpx2.stream("POST", gw.url + "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    payload = json.loads(line[6:])
+                    assert "error" not in payload, payload
+                    models.add(payload["model"])
+                    parts.append(payload["choices"][0]["delta"].get("content") or "")
+        assert "".join(parts) == expected_text(body, 12, 0)
+        if fault in ("status:500:1.0#1", "nodone:1.0"):
+            # Tried once more on the same engine; or only [DONE] was missing.
+            assert models == {"m"}
+        else:  # the fallback answered, all of it or the rest
+            assert "m-big" in models
 
 
 def test_an_engine_holds_no_more_than_its_memory_and_the_rest_wait() -> None:
-    from streamsafe.engine_sim import SimConfig, Simulator
-    from streamsafe.gateway import Gateway, GatewayConfig
-    from streamsafe.serving import ServerThread
-
-    fast = {"itl_ms": 10.0, "itl_ms_per_seq": 0.0, "prefill_ms_per_token": 0.0}
-    one, two = Simulator(SimConfig(**fast)), Simulator(SimConfig(**fast))
-    with ServerThread(one) as a, ServerThread(two) as b:
-        # Each request holds about 30 + its prompt tokens: one at a time per engine.
-        engines = (f"{a.url} memory=60", f"{b.url} memory=60")
-        with ServerThread(Gateway(GatewayConfig(upstream=a.url, engines=engines))) as gw:
-            bodies = [chat(f"room {i}", 30) for i in range(4)]
-            out: dict[int, str] = {}
-            threads = [
-                threading.Thread(target=lambda i=i: out.update({i: stream_text(gw.url, bodies[i])}))
-                for i in range(4)
-            ]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(30)
-            for i, body in enumerate(bodies):
-                assert out[i] == expected_text(body, 30, 0)
-        assert one.stats()["peak_active"] == 1 and two.stats()["peak_active"] == 1
-        assert one.stats()["generations_completed"] == two.stats()["generations_completed"] == 2
+    slow = {"itl_ms": 10.0}
+    # Each request holds about 30 + its prompt tokens: one at a time per engine.
+    with (
+        servers(dict(slow), dict(slow)) as (a, b),
+        gateway(f"{a.url} memory=60", f"{b.url} memory=60") as gw,
+    ):
+        bodies = [chat(f"room {i}", 30) for i in range(4)]
+        out: dict[int, str] = {}
+        threads = [
+            threading.Thread(target=lambda i=i: out.update({i: stream_text(gw.url, bodies[i])}))
+            for i in range(4)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        for i, body in enumerate(bodies):
+            assert out[i] == expected_text(body, 30, 0)
+        assert stats(a)["peak_active"] == 1 and stats(b)["peak_active"] == 1
+        assert stats(a)["generations_completed"] == stats(b)["generations_completed"] == 2

@@ -415,3 +415,39 @@ def test_redis_restarted_mid_stream_a_mirror_elsewhere_loses_nothing(
     finally:
         owner.stop()
         other.stop()
+
+
+def test_a_replica_shut_down_mid_stream_hands_its_generation_over(
+    sim: Process, redis_server: RedisProcess
+) -> None:
+    owner, other = serve(sim, redis_server), serve(sim, redis_server)
+    try:
+        # 300 tokens of 15 ms: the owner is still running it when its shutdown gets there.
+        body = chat("rolling restart", 300)
+        key = {"Idempotency-Key": "rolling-restart-1"}
+        got: list[tuple[int, bytes]] = []
+        with httpx2.stream("POST", owner.url + "/v1/chat/completions", json=body, headers=key) as r:
+            for event in events(r):
+                got.append(event)
+                if len(got) == 3:
+                    break
+        resume = {**key, "Last-Event-ID": str(got[-1][0])}
+        url = other.url + "/v1/chat/completions"
+        with httpx2.stream("POST", url, json=body, headers=resume, timeout=30) as r:
+            for event in events(r):
+                got.append(event)
+                if len(got) == 6:
+                    # Once the owner saw its client go (a server shutting down gracefully waits
+                    # for the requests it still serves), stop it: SIGINT, as in a rolling
+                    # restart.
+                    deadline = time.monotonic() + 10
+                    while stats(owner)["subscribers"]:
+                        assert time.monotonic() < deadline
+                        time.sleep(0.01)
+                    owner.stop()
+        assert text_of(got) == expected_text(body, 300, 0)
+        taken = stats(other)
+        assert taken["generations_taken_over"] == 1, (taken, owner.output[-20:])
+    finally:
+        owner.stop()
+        other.stop()

@@ -470,12 +470,13 @@ class EngineAttempts:
             self._current.breaker.on_failure(self._engines.clock(), dead=True)
 
     def failed(self, why: str) -> None:
-        """Nothing more to count: :meth:`open` counted a 5xx against the engine's breaker, and
-        :meth:`cut` counts an attempt that broke after its answer began."""
+        """Counted where the attempt broke: by :meth:`open` (before the first token) and
+        :meth:`cut` (after it)."""
 
     def succeeded(self) -> None:
-        """Nothing more to learn: :meth:`served` closed the engine's breaker at the first
-        token."""
+        """The answer ended whole: the engine's breaker closes (if the first token did not
+        already close it)."""
+        self.served()
 
     @property
     def upstream(self) -> Upstream:

@@ -329,7 +329,11 @@ class Registry:
         gen.wake()
         replicas = self.replicas
         if replicas is not None and replicas.owns(gen):
-            self._spawn(replicas.finished(gen))
+            if replicas.closing and state is State.ABORTED:
+                # Stopped by a shutdown, not abandoned: another replica continues it.
+                self._spawn(replicas.hand_over(gen))
+            else:
+                self._spawn(replicas.finished(gen))
         if state is State.ABORTED or gen.failure is not None or self.config.keep_finished <= 0:
             # Nothing worth replaying (or replay is off): a later attempt starts over.
             self._spawn(self._forget(gen))
@@ -385,7 +389,7 @@ class Registry:
         if replicas.is_mirror(gen):
             replicas.unfollow(gen)  # the owner decides what Redis keeps
             return
-        if gen.key is None or replicas.degraded:
+        if gen.key is None or replicas.degraded or replicas.closing:
             return
         # Redis drops the record when its time is up; the key goes now where a retry must
         # start over (failed, aborted, or evicted).
@@ -415,7 +419,10 @@ class Registry:
         return len(self._finished)
 
     async def close(self) -> None:
-        """Cancel every reader (shutdown)."""
+        """Cancel every reader (shutdown). With replicas, what this one runs is handed over:
+        its leases are given up, so another replica continues it from the log."""
+        if self.replicas is not None:
+            self.replicas.closing = True
         tasks = [g.task for g in self._gens.values() if g.task is not None and not g.task.done()]
         for gen in list(self._gens.values()):
             if gen.timer is not None:

@@ -345,7 +345,6 @@ class Relay:
         # first-token wait.
         preamble = route.preamble if route is not None else 0
         last = b""
-        served: Callable[[], None] | None = attempts.served
         try:
             async for chunk in response.aiter_raw():
                 watch.chunk()
@@ -394,9 +393,7 @@ class Relay:
                     last = payloads[-1]
                     if not watch.flowing and gen.length > preamble:
                         watch.first_event()
-                    if served is not None:  # once per stream: the engine delivered
-                        served()
-                        served = None
+                        attempts.served()  # the engine delivered: its breaker closes
                 if malformed is not None:
                     return BrokenAttempt("upstream sent a malformed chunk", 502)
                 if last == DONE:

@@ -32,12 +32,14 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import orjson
 from redis.exceptions import RedisError
 
 from streamsafe.gateway.errors import Failure, error_body
 from streamsafe.gateway.generation import Generation, GenerationRequest, State
 from streamsafe.gateway.store import LeaseLost
 from streamsafe.gateway.store_redis import RedisStore, ReplicatedLog
+from streamsafe.gateway.upstream_kinds import CompletionRoute, Wire
 from streamsafe.sse import DONE
 
 __all__ = ["REDIS_ERRORS", "ReplicaCounters", "Replicas"]
@@ -91,6 +93,8 @@ class Replicas:
         self.counters = ReplicaCounters()
         #: True while Redis is unreachable: new generations are this replica's only.
         self.degraded = False
+        #: True once this replica shuts down: what it runs is handed over, not ended.
+        self.closing = False
         #: Replicas whose heartbeat is live in Redis (this one included), as last seen.
         self.fleet_replicas = 0
         #: Bytes Redis used, as last seen (``INFO memory``).
@@ -228,6 +232,18 @@ class Replicas:
             await store.expire_generation(gen.id, max(self.lease * 2, 1.0))
         await store.release_lease(gen.id)
 
+    async def hand_over(self, gen: Generation) -> None:
+        """This replica stops (a graceful shutdown) while ``gen`` runs: give up its lease and
+        leave its record live, so a replica that follows it, or the next request for it, takes it
+        over and continues it from the log."""
+        self._owned.pop(gen.id, None)
+        if self.degraded:
+            return
+        try:
+            await self.store.release_lease(gen.id)
+        except REDIS_ERRORS as exc:
+            self.failed(exc)
+
     async def followed_elsewhere(self, gen: Generation) -> bool:
         """True if another replica has subscribers of ``gen`` (so it is not abandoned)."""
         if self.degraded:
@@ -282,6 +298,7 @@ class Replicas:
             fingerprint=record["fingerprint"],
             cost=int(record["cost"]),
             stream=record["stream"] == b"1",
+            route=_route(record.get("route", b"")),
         )
         log_ = self.store.replicated_log(gen_id, writer=False, lease=self.lease)
         log_.on_detach = self.failed
@@ -412,7 +429,20 @@ class Replicas:
 def _record(gen: Generation) -> dict[str, bytes | str | int]:
     """What another replica needs to mirror ``gen`` or take it over."""
     req = gen.request
+    route = req.route
     return {
+        "route": b""
+        if route is None
+        else orjson.dumps(
+            [
+                route.path,
+                route.upstream_path,
+                route.wire.value,
+                route.upstream_done,
+                route.client_done,
+                route.preamble,
+            ]
+        ),
         "tenant": gen.tenant,
         "path": req.path,
         "body": req.body,
@@ -422,6 +452,14 @@ def _record(gen: Generation) -> dict[str, bytes | str | int]:
         "key": gen.key or "",
         "state": gen.state.value,
     }
+
+
+def _route(raw: bytes) -> CompletionRoute | None:
+    """The route a record names (see :func:`_record`); ``None`` for vLLM's own."""
+    if not raw:
+        return None
+    path, upstream_path, wire, upstream_done, client_done, preamble = orjson.loads(raw)
+    return CompletionRoute(path, upstream_path, Wire(wire), upstream_done, client_done, preamble)
 
 
 def _ends(new: list[bytes]) -> bool:
