@@ -38,8 +38,8 @@ def register(subparsers: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     from streamsafe.gateway.cli import serve
 
-    if args.upstream is not None:
-        return serve(args, args.upstream)
+    if args.upstream:
+        return serve(args, args.upstream[0])
     from streamsafe.engine_sim import SimConfig, Simulator
     from streamsafe.serving import ServerThread
 

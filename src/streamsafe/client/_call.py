@@ -14,6 +14,7 @@ import httpx2
 import orjson
 
 from streamsafe._version import __version__
+from streamsafe.client._answers import not_an_object, parse_error_body, text_of
 from streamsafe.client._settings import RetryEvent, Settings
 from streamsafe.client.errors import (
     APIConnectionError,
@@ -25,7 +26,6 @@ from streamsafe.client.errors import (
     StreamsafeError,
     status_error,
 )
-from streamsafe.client.types import APIObject
 from streamsafe.retry import Decision, Outcome, RetryBudget, decide
 
 log = logging.getLogger("streamsafe.client")
@@ -47,63 +47,6 @@ def _is_refused(exc: BaseException) -> bool:
             return True
         cur = cur.__cause__ or cur.__context__
     return False
-
-
-def parse_error_body(raw: bytes) -> Any:
-    """An error body as JSON where it is JSON, else as text."""
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return raw.decode("utf-8", "replace")
-
-
-def is_event_stream(response: httpx2.Response) -> bool:
-    """Whether a 2xx answer to a streaming request is an event stream. A missing
-    ``Content-Type`` is given the benefit of the doubt (the SSE decoder will tell)."""
-    ctype = response.headers.get("content-type")
-    return ctype is None or ctype.lstrip().lower().startswith("text/event-stream")
-
-
-def text_of(chunks: list[Any]) -> str:
-    """The text of choice 0 across stream chunks (chat ``delta.content`` or completion
-    ``text``): what a caller shows."""
-    parts: list[str] = []
-    for chunk in chunks:
-        for choice in _choices(chunk):
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta")
-            piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-            if piece and isinstance(piece, str):
-                parts.append(piece)
-    return "".join(parts)
-
-
-def finished(chunks: list[Any]) -> bool:
-    """Whether the stream reported a ``finish_reason`` (the last chunk with choices has one):
-    a stream that ends cleanly after it lost nothing but ``[DONE]``."""
-    for chunk in reversed(chunks):
-        choices = _choices(chunk)
-        if choices:
-            return any(c.get("finish_reason") for c in choices)
-    return False
-
-
-def _not_an_object(raw: bytes) -> str:
-    try:
-        orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return "not JSON"
-    return "not a JSON object"
-
-
-def _choices(chunk: Any) -> list[dict[str, Any]]:
-    # A server may send anything as "choices"; what is not a list of objects has no text.
-    data = chunk.to_dict() if isinstance(chunk, APIObject) else chunk
-    choices = data.get("choices") if isinstance(data, dict) else None
-    if type(choices) is not list:
-        return []
-    return [c for c in choices if type(c) is dict]
 
 
 class Call:
@@ -342,7 +285,7 @@ class Call:
     def bad_event(self, raw: bytes, chunks: list[Any]) -> APIResponseError:
         """The error for a stream event that is not JSON, or JSON but not an object."""
         return APIResponseError(
-            f"stream event is {_not_an_object(raw)} after {len(chunks)} chunks: {raw[:200]!r}",
+            f"stream event is {not_an_object(raw)} after {len(chunks)} chunks: {raw[:200]!r}",
             body=raw[:MAX_ERROR_BODY].decode("utf-8", "replace"),
             **self.kw(),
         )

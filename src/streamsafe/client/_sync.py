@@ -16,7 +16,8 @@ from typing import Any, Generic, Literal, TypeVar, overload
 import httpx2
 import orjson
 
-from streamsafe.client._call import MAX_ERROR_BODY, Call, finished, is_event_stream, text_of
+from streamsafe.client._answers import finished, is_event_stream, text_of
+from streamsafe.client._call import MAX_ERROR_BODY, Call
 from streamsafe.client._settings import NOT_GIVEN, Hook, Settings, make_settings, override
 from streamsafe.client._sync_support import CloseAlias, Sleep, default_sleep, loop_over
 from streamsafe.client.errors import APIResponseError, StreamError, StreamsafeError

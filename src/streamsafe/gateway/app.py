@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import logging
@@ -29,6 +30,7 @@ from streamsafe._asgi import (
 )
 from streamsafe.gateway.admission import Admission
 from streamsafe.gateway.config import GatewayConfig
+from streamsafe.gateway.engines import Engines
 from streamsafe.gateway.errors import (
     BadRequest,
     KeyReused,
@@ -40,7 +42,9 @@ from streamsafe.gateway.errors import (
 )
 from streamsafe.gateway.metrics import CONTENT_TYPE, Metrics, Readings, stats_document
 from streamsafe.gateway.passthrough import pass_through
+from streamsafe.gateway.pool import parse_engine, parse_fallback
 from streamsafe.gateway.registry import Registry
+from streamsafe.gateway.replicas import Replicas
 from streamsafe.gateway.requests import (
     client_read_timeout,
     completion_request,
@@ -48,6 +52,7 @@ from streamsafe.gateway.requests import (
     tenant_id,
 )
 from streamsafe.gateway.store import MemoryStore, Store
+from streamsafe.gateway.store_redis import RedisStore
 from streamsafe.gateway.subscriber import StreamRules, Subscriber, serve_json, serve_stream
 from streamsafe.gateway.upstream import Upstream
 from streamsafe.gateway.upstream_kinds import CompletionRoute
@@ -86,15 +91,32 @@ class Gateway:
         self._admin_digest = hashlib.sha256(admin.encode()).digest() if admin else None
         if self._tenants and self._admin_digest is None:
             log.warning("API keys are set but no admin key: /stats and /metrics are open")
-        self.upstream = Upstream(
-            config.upstream,
-            connect_timeout=config.connect_timeout,
-            connect_retries=config.connect_retries,
-            connect_backoff=config.connect_backoff,
-            probe_interval=config.probe_interval,
-            max_keepalive=config.max_keepalive,
-            api_key=config.upstream_api_key,
-            kind=config.upstream_kind,
+        self.engines: Engines | None = None
+        if config.engines:
+            self.engines = Engines(
+                [parse_engine(text) for text in config.engines],
+                fallbacks=dict(parse_fallback(text) for text in config.fallback_models),
+                connect_timeout=config.connect_timeout,
+                max_keepalive=config.max_keepalive,
+                api_key=config.upstream_api_key,
+                kind=config.upstream_kind,
+                max_attempts=config.failover_attempts,
+                cooldown=config.probe_interval,
+                queue_timeout=config.queue_timeout,
+            )
+        self.upstream = (
+            self.engines.upstreams[0]
+            if self.engines
+            else Upstream(
+                config.upstream,
+                connect_timeout=config.connect_timeout,
+                connect_retries=config.connect_retries,
+                connect_backoff=config.connect_backoff,
+                probe_interval=config.probe_interval,
+                max_keepalive=config.max_keepalive,
+                api_key=config.upstream_api_key,
+                kind=config.upstream_kind,
+            )
         )
         self.admission = Admission(
             max_inflight=config.max_inflight,
@@ -102,7 +124,21 @@ class Gateway:
             queue_size=config.queue_size,
             queue_timeout=config.queue_timeout,
         )
-        self.registry = Registry(config, store or MemoryStore(), self.admission, self.upstream)
+        replicas = None
+        if store is None and config.redis_url is not None:
+            redis_store = RedisStore(config.redis_url)
+            replicas = Replicas(redis_store, lease=config.lease, keep_finished=config.keep_finished)
+            store = redis_store
+        self.replicas = replicas
+        self.registry = Registry(
+            config,
+            store or MemoryStore(),
+            self.admission,
+            self.upstream,
+            replicas=replicas,
+            engines=self.engines,
+        )
+        self._breaker = self.engines.breaker if self.engines else self.upstream.breaker
         self.metrics = Metrics(self.stats)
         self._rules = StreamRules.from_config(config)
         self._started = time.monotonic()
@@ -121,12 +157,32 @@ class Gateway:
             memory_tokens=admission.memory,
             subscribers=registry.subscribers,
             kept_bytes=registry.kept_bytes,
-            breaker_open=upstream.breaker.is_open,
-            breaker_trips=upstream.breaker.trips,
+            breaker_open=self._breaker.is_open,
+            breaker_trips=self._breaker.trips,
             upstream_connect_retries=upstream.connect_retries_done,
         )
+        replicas = self.replicas
+        if replicas is not None:
+            rc = replicas.counters
+            readings = dataclasses.replace(
+                readings,
+                generations_mirrored=rc.mirrored,
+                generations_taken_over=rc.taken_over,
+                leases_lost=rc.leases_lost,
+                redis_errors=rc.redis_errors,
+                redis_degraded=replicas.degraded,
+                fleet_replicas=replicas.fleet_replicas,
+                redis_used_memory_bytes=replicas.redis_used_memory,
+            )
+        engines = self.engines
+        if engines is not None:
+            readings = dataclasses.replace(
+                readings, engine_failovers=engines.failovers, engine_migrations=engines.migrations
+            )
         doc = stats_document(registry.counters, readings, time.monotonic() - self._started)
         doc["upstream_kind"] = upstream.kind.name if upstream.kind_known else None
+        if engines is not None:
+            doc["engines"] = engines.stats()
         return doc
 
     # -- ASGI -----------------------------------------------------------------------------------
@@ -140,12 +196,20 @@ class Gateway:
 
     async def startup(self) -> None:
         """Open the upstream connection pool (called by ASGI lifespan)."""
-        await self.upstream.start()
+        if self.engines is not None:
+            await self.engines.start()
+        else:
+            await self.upstream.start()
+        if self.replicas is not None:
+            self.replicas.start()
 
     async def shutdown(self) -> None:
         """Stop every generation and close upstream connections (ASGI lifespan)."""
         await self.registry.close()
-        await self.upstream.close()
+        if self.engines is not None:
+            await self.engines.close()
+        else:
+            await self.upstream.close()
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -222,15 +286,22 @@ class Gateway:
     async def _health(self, send: Send) -> None:
         """200 only while the engine is believed alive: the breaker is closed and, unless it
         answered within the last probe interval, the engine's own ``/health`` answers now (what
-        a load balancer polling ``/health`` or ``/ready`` needs to know)."""
-        if await self.upstream.healthy():
+        a load balancer polling ``/health`` or ``/ready`` needs to know). With a pool: while
+        some engine takes traffic."""
+        alive = not self._breaker.is_open if self.engines else await self.upstream.healthy()
+        if alive:
             await respond(send, 200, b'{"status":"ok"}')
             return
         body = error_body("engine is down", "service_unavailable", 503)
-        ra = str(self.upstream.breaker.retry_after()).encode()
+        ra = str(self._breaker.retry_after()).encode()
         await respond(send, 503, body, headers=[(b"retry-after", ra)])
 
     async def _models(self, send: Send) -> None:
+        listed = self.engines.pool.models() if self.engines is not None else []
+        if listed:  # the pool's models, wherever they are served
+            data = [{"id": m, "object": "model", "owned_by": "streamsafe"} for m in listed]
+            await respond(send, 200, orjson.dumps({"object": "list", "data": data}))
+            return
         try:
             response = await self.upstream.open("GET", "/v1/models")
             try:

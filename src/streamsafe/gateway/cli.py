@@ -19,14 +19,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument(
         "--upstream",
+        action="append",
         default=None,
-        help="engine base URL, e.g. http://127.0.0.1:8001 (default: start the simulator here)",
+        help="engine base URL, e.g. http://127.0.0.1:8001 (default: start the simulator here); "
+        "repeat it for a pool of engines, each optionally with the models it serves and a "
+        "weight and the engine memory its generations may hold: "
+        '--upstream "http://a:8000 models=llama-8b weight=2 memory=30000"',
+    )
+    p.add_argument(
+        "--fallback-model",
+        action="append",
+        default=[],
+        metavar="MODEL=OTHER",
+        help="with a pool: OTHER answers when no engine of MODEL can, and takes MODEL's "
+        "context-length 400s (repeatable)",
+    )
+    p.add_argument(
+        "--failover-attempts",
+        type=int,
+        default=3,
+        help="with a pool: attempts of a request before its first token, across engines "
+        "(default 3)",
     )
     p.add_argument(
         "--upstream-kind",
         choices=("auto", "vllm", "llama-stack", "openai"),
         default="auto",
-        help="what the upstream is (default auto: ask it at start and log the answer)",
+        help="what the upstream is (default auto: ask it at start and log the answer; with a "
+        "pool, each engine is asked on its own)",
     )
     p.add_argument(
         "--collapse-identical",
@@ -193,12 +213,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=4096,
         help="open connections at once; past it 503 (default 4096; 0: no cap)",
     )
+    p.add_argument(
+        "--redis",
+        default=None,
+        metavar="URL",
+        help="redis:// URL of the store shared by gateway replicas (default: this process only)",
+    )
+    p.add_argument(
+        "--lease",
+        type=float,
+        default=3.0,
+        help="seconds a replica's lease on a generation lasts; a dead replica's generations are "
+        "taken over after it (default 3)",
+    )
 
 
 def build_config(args: argparse.Namespace, upstream: str) -> Any:
     """The :class:`GatewayConfig` the parsed arguments describe."""
     from streamsafe.gateway.config import GatewayConfig
 
+    given = list(args.upstream or [])
+    # One plain URL keeps the single-upstream gateway; more, or options, make a pool.
+    engines = tuple(given) if len(given) > 1 or any(" " in u.strip() for u in given) else ()
     keys = list(args.api_key)
     keys += [k.strip() for k in os.environ.get("STREAMSAFE_API_KEYS", "").split(",") if k.strip()]
     return GatewayConfig(
@@ -223,6 +259,11 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
         upstream_api_key=args.upstream_api_key,
         probe_interval=args.probe_interval,
         max_continuations=args.max_continuations,
+        redis_url=args.redis,
+        lease=args.lease,
+        engines=engines,
+        fallback_models=tuple(args.fallback_model),
+        failover_attempts=args.failover_attempts,
         first_token_timeout=args.first_token_timeout or None,
         idle_timeout=args.idle_timeout or None,
         total_timeout=args.total_timeout or None,
@@ -247,8 +288,14 @@ def serve(args: argparse.Namespace, upstream: str) -> int:
     """Run the gateway the parsed arguments describe in front of ``upstream`` until interrupted
     (``args`` as ``streamsafe serve`` parses them, ``--log-level`` included); the exit code."""
     from streamsafe.gateway.app import Gateway
+    from streamsafe.gateway.pool import parse_engine
     from streamsafe.serving import run_server
 
+    try:
+        upstream = parse_engine(upstream).url  # the first of a pool may carry options
+    except ValueError as exc:
+        print(f"streamsafe serve: {exc}")
+        return 2
     try:
         gateway = Gateway(build_config(args, upstream))
         limits = build_limits(args)
@@ -256,10 +303,12 @@ def serve(args: argparse.Namespace, upstream: str) -> int:
         print(f"streamsafe serve: {exc}")
         return 2
     keys = len(gateway.config.api_keys)
+    pool = gateway.config.engines
+    target = f"{len(pool)} engines ({', '.join(pool)})" if pool else upstream
 
     def announce(url: str) -> None:
         print(
-            f"streamsafe gateway on {url} -> {upstream} ({args.upstream_kind}) "
+            f"streamsafe gateway on {url} -> {target} ({args.upstream_kind}) "
             f"(commit {args.commit}, grace {args.grace:g} s, {keys} API key(s))",
             flush=True,
         )

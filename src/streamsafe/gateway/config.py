@@ -118,6 +118,25 @@ class GatewayConfig:
     #: Bearer key that ``/stats`` and ``/metrics`` require (``None``, default: they are open, as a
     #: scraper on a private network expects). It is not a tenant key.
     admin_key: str | None = None
+    #: Engines of a pool, each ``URL [models=a,b] [weight=W]`` (see
+    #: :class:`~streamsafe.gateway.pool.EngineSpec`); empty (default) for the one ``upstream``.
+    #: With a pool the gateway routes by model, picks the least loaded engine, fails over
+    #: before the first token and continues a cut stream on another engine (see
+    #: docs/design.md, Engine pool).
+    engines: tuple[str, ...] = ()
+    #: ``MODEL=OTHER`` pairs: OTHER answers when no engine of MODEL can, and takes MODEL's
+    #: context-length 400s (default none).
+    fallback_models: tuple[str, ...] = ()
+    #: Attempts of one generation before its first token, across the pool (default 3: the
+    #: first plus two failovers, as the Stainless clients' own retries).
+    failover_attempts: int = 3
+    #: ``redis://`` URL of the store shared by several gateway replicas; ``None`` (default)
+    #: keeps everything in this process. With it, a retry or a resume that lands on any replica
+    #: finds the generation another one runs (see docs/design.md, Replicas).
+    redis_url: str | None = None
+    #: Seconds of the lease a replica holds on each generation it runs (default 3, renewed
+    #: every second): how long a dead replica's generations wait before another takes them over.
+    lease: float = 3.0
 
     def __post_init__(self) -> None:
         if self.commit not in ("early", "first-token"):
@@ -132,8 +151,14 @@ class GatewayConfig:
         for name in ("grace", "heartbeat", "queue_timeout", "keep_finished", "connect_backoff"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
-        if self.probe_interval <= 0 or self.connect_timeout <= 0:
-            raise ValueError("probe_interval and connect_timeout must be > 0")
+        if self.probe_interval <= 0 or self.connect_timeout <= 0 or self.lease <= 0:
+            raise ValueError("probe_interval, connect_timeout and lease must be > 0")
+        if self.failover_attempts < 1:
+            raise ValueError("failover_attempts must be >= 1")
+        if self.redis_url is not None and not self.redis_url.startswith(
+            ("redis://", "rediss://", "unix://")
+        ):
+            raise ValueError(f"redis_url must be redis://..., not {self.redis_url!r}")
         for name in ("max_inflight", "max_memory_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:

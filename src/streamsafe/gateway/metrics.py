@@ -87,6 +87,23 @@ class Readings:
     breaker_open: bool = _gauge("1 while the engine is considered dead")
     breaker_trips: int = _counter("Times the engine was found dead")
     upstream_connect_retries: int = _counter("Upstream connections retried after being refused")
+    engine_failovers: int = _counter(
+        "Attempts sent to another engine or model before the first token (engine pool)"
+    )
+    engine_migrations: int = _counter(
+        "Cut streams continued on the pool, on another engine where there was one"
+    )
+    generations_mirrored: int = _counter(
+        "Generations of other replicas followed here (for a retry, resume or replay)"
+    )
+    generations_taken_over: int = _counter(
+        "Generations taken over from a replica whose lease lapsed"
+    )
+    leases_lost: int = _counter("Generations whose lease another replica took while this ran it")
+    redis_errors: int = _counter("Operations on the shared store that failed")
+    redis_degraded: bool = _gauge("1 while the shared store is unreachable (per-replica state)")
+    fleet_replicas: int = _gauge("Gateway replicas with a live heartbeat in the shared store")
+    redis_used_memory_bytes: int = _gauge("Bytes the shared store uses (Redis INFO memory)")
 
 
 _COUNTER_NAMES = tuple(f.name for f in dataclasses.fields(Counters) if f.metadata)

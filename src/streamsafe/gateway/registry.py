@@ -19,6 +19,7 @@ from typing import Any
 
 from streamsafe.gateway.admission import Admission
 from streamsafe.gateway.config import GatewayConfig
+from streamsafe.gateway.engines import Engines
 from streamsafe.gateway.errors import KeyReused, LiveDuplicate, NotResumable
 from streamsafe.gateway.generation import (
     Generation,
@@ -28,7 +29,9 @@ from streamsafe.gateway.generation import (
 )
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay import Relay
-from streamsafe.gateway.store import Store
+from streamsafe.gateway.replicas import REDIS_ERRORS, Replicas
+from streamsafe.gateway.store import LeaseLost, MemoryStore, Store
+from streamsafe.gateway.store_redis import ReplicatedLog
 from streamsafe.gateway.upstream import Upstream
 
 __all__ = ["Registry"]
@@ -37,10 +40,18 @@ log = logging.getLogger("streamsafe.gateway")
 
 #: Rounds of claim and release that settle a race on one Idempotency-Key.
 _CLAIM_ROUNDS = 3
+#: Seconds a finished mirror stays here after its last subscriber (a reconnect within it reads
+#: the copy; later ones read Redis again).
+_MIRROR_KEPT = 5.0
 
 
 class Registry:
-    """Finds, starts, aborts and forgets generations. ``clock`` is injectable for tests."""
+    """Finds, starts, aborts and forgets generations. ``clock`` is injectable for tests.
+
+    With ``replicas`` (several gateways sharing Redis, see :mod:`.replicas`), ``store`` is the
+    shared :class:`~.store_redis.RedisStore`: a generation another replica runs is mirrored
+    here, and while Redis is unreachable the registry goes on with a store of its own.
+    """
 
     def __init__(
         self,
@@ -49,13 +60,20 @@ class Registry:
         admission: Admission,
         upstream: Upstream,
         clock: Callable[[], float] = time.monotonic,
+        replicas: Replicas | None = None,
+        engines: Engines | None = None,
     ) -> None:
         self.config = config
         self.store = store
+        self.replicas = replicas
+        #: Where keys and logs go while Redis is unreachable (per-replica state).
+        self._own_store: Store = MemoryStore(clock) if replicas is not None else store
         self.counters = Counters()
         self._clock = clock
         self._admission = admission
-        self._relay = Relay(config, admission, upstream, self.counters, self._finish, clock)
+        self._relay = Relay(
+            config, admission, upstream, self.counters, self._finish, clock, engines
+        )
         self._gens: dict[str, Generation] = {}
         self._by_fingerprint: dict[tuple[str, bytes], Generation] = {}
         self._finished: collections.OrderedDict[str, Generation] = collections.OrderedDict()
@@ -75,6 +93,17 @@ class Registry:
         Raises :class:`~streamsafe.gateway.errors.KeyReused`,
         :class:`~streamsafe.gateway.errors.LiveDuplicate` or
         :class:`~streamsafe.gateway.errors.NotResumable`."""
+        replicas = self.replicas
+        if replicas is not None and not replicas.degraded:
+            try:
+                return await self._open(req, self.store, replicas)
+            except REDIS_ERRORS as exc:
+                replicas.failed(exc)
+        return await self._open(req, self._own_store, None)
+
+    async def _open(
+        self, req: GenerationRequest, store: Store, replicas: Replicas | None
+    ) -> tuple[Generation, int]:
         counters = self.counters
         resume = req.last_event_id is not None
         start = 0 if req.last_event_id is None else req.last_event_id + 1
@@ -84,12 +113,14 @@ class Registry:
         if req.idempotency_key is not None:
             store_key = f"k\x00{req.tenant}\x00{req.idempotency_key}"
             for _ in range(_CLAIM_ROUNDS):  # a claim can race with a release
-                owner = await self.store.claim(store_key, new_id)
+                owner = await store.claim(store_key, new_id)
                 if owner is None:
                     break
                 gen = self._gens.get(owner)
+                if gen is None and replicas is not None:  # another replica's?
+                    gen = await self._mirror(replicas, owner, store_key)
                 if gen is None:  # owner is gone (forgotten concurrently): take the key over
-                    await self.store.release(store_key, owner)
+                    await store.release(store_key, owner)
                     continue
                 if gen.fingerprint != req.fingerprint:
                     counters.key_conflicts += 1
@@ -104,6 +135,10 @@ class Registry:
                 break
         elif req.retry or resume:
             found = self._by_fingerprint.get((req.tenant, req.fingerprint))
+            if found is None and replicas is not None:
+                gen_id = await replicas.find_fingerprint(req.tenant, req.fingerprint)
+                if gen_id is not None:
+                    found = self._gens.get(gen_id) or await self._mirror(replicas, gen_id, None)
             if found is not None and (resume or found.live or found.state is State.DONE):
                 gen = found
         elif self.config.collapse_identical:
@@ -132,19 +167,79 @@ class Registry:
             return gen, min(start, gen.length) if gen.finished else start
         if resume:
             if store_key is not None:
-                await self.store.release(store_key, new_id)
+                await store.release(store_key, new_id)
             raise NotResumable
-        gen = Generation(new_id, req, self.store.log(new_id), store_key, self._clock())
+        log_ = replicas.new_log(new_id) if replicas is not None else store.log(new_id)
+        gen = Generation(new_id, req, log_, store_key, self._clock())
+        if replicas is not None:
+            await replicas.publish(gen)
         self._gens[new_id] = gen
         self._by_fingerprint[(req.tenant, req.fingerprint)] = gen
         self.live_generations += 1
         self._join(gen)
-        gen.task = asyncio.get_running_loop().create_task(self._relay.run(gen), name=new_id)
+        gen.task = asyncio.get_running_loop().create_task(self._run(gen), name=new_id)
         return gen, 0
+
+    async def _run(self, gen: Generation, cut: str | None = None) -> None:
+        """The reader task of a generation this replica runs."""
+        try:
+            await self._relay.run(gen, cut)
+        except LeaseLost:
+            # Another replica took it over (this one paused past its lease): follow it.
+            replicas = self.replicas
+            assert replicas is not None and isinstance(gen.log, ReplicatedLog)
+            log.warning("%s: lease lost while running; following the new owner", gen.id)
+            replicas.counters.leases_lost += 1
+            self.live_generations -= 1
+            gen.log.remote.lease_holder = ""
+            replicas.disown(gen)
+            replicas.follow(gen, self._mirror_ended, self._take_over)
+
+    # -- other replicas' generations ------------------------------------------------------------
+
+    async def _mirror(self, replicas: Replicas, gen_id: str, key: str | None) -> Generation | None:
+        """A copy here of the generation ``gen_id`` another replica runs (or ran), followed
+        until it ends; ``None`` where Redis no longer holds it."""
+        gen = await replicas.find(gen_id, key, self._clock())
+        if gen is None:
+            return None
+        current = self._gens.get(gen_id)
+        if current is not None:  # mirrored meanwhile by a concurrent request
+            return current
+        self._gens[gen_id] = gen
+        self._by_fingerprint[(gen.tenant, gen.fingerprint)] = gen
+        if gen.finished:
+            self._mirror_ended(gen, gen.state)
+        else:
+            replicas.follow(gen, self._mirror_ended, self._take_over)
+        return gen
+
+    def _mirror_ended(self, gen: Generation, state: State) -> None:
+        """A mirrored generation ended: its subscribers here finish from the copy; the copy
+        goes soon after (Redis keeps the generation for replay)."""
+        if not gen.finished:
+            gen.state = state
+            gen.wake()
+        if gen.timer is not None:
+            gen.timer.cancel()
+        gen.timer = asyncio.get_running_loop().call_later(
+            _MIRROR_KEPT, lambda: self._spawn(self._forget(gen))
+        )
+
+    async def _take_over(self, gen: Generation) -> None:
+        """This replica took over ``gen`` from a dead owner: run it from its log."""
+        self.live_generations += 1
+        if gen.subscribers == 0 and gen.timer is None:
+            self.leave_grace(gen)
+        gen.task = asyncio.get_running_loop().create_task(
+            self._run(gen, "the replica that ran it is gone"), name=gen.id
+        )
 
     def _join(self, gen: Generation) -> None:
         gen.subscribers += 1
         self.subscribers += 1
+        if self.replicas is not None and gen.subscribers == 1:
+            self.replicas.subscribers_changed(gen)
         if gen.subscribers == 1 and gen.waiter is not None:
             self._admission.set_active(gen.waiter, True)  # back within grace: its place holds
         # On a finished generation the timer is its retention, which a replay keeps.
@@ -165,6 +260,19 @@ class Registry:
             return
         if gen.waiter is not None:
             self._admission.set_active(gen.waiter, False)
+        self.leave_grace(gen, hold)
+
+    def leave_grace(self, gen: Generation, hold: float = 0.0) -> None:
+        """``gen`` has no subscriber here: start its grace period, ``hold`` seconds later where
+        the subscriber was told to come back then (for a mirror: forget the copy after it; its
+        owner decides about the upstream request)."""
+        replicas = self.replicas
+        if replicas is not None and replicas.is_mirror(gen):
+            replicas.subscribers_changed(gen)
+            gen.timer = asyncio.get_running_loop().call_later(
+                max(self.config.grace + hold, _MIRROR_KEPT), lambda: self._spawn(self._forget(gen))
+            )
+            return
         grace = self.config.grace + hold
         if grace <= 0:
             self._abort(gen)
@@ -173,6 +281,26 @@ class Registry:
 
     def _abort(self, gen: Generation) -> None:
         gen.timer = None
+        if gen.subscribers > 0 or gen.finished:
+            return
+        replicas = self.replicas
+        if replicas is not None and replicas.owns(gen):
+            self._spawn(self._abort_unless_followed(replicas, gen))
+            return
+        self._abort_now(gen)
+
+    async def _abort_unless_followed(self, replicas: Replicas, gen: Generation) -> None:
+        """Abort ``gen`` unless subscribers on another replica read it; then ask again after
+        another grace period."""
+        if await replicas.followed_elsewhere(gen):
+            if gen.subscribers == 0 and not gen.finished and gen.timer is None:
+                gen.timer = asyncio.get_running_loop().call_later(
+                    max(self.config.grace, replicas.lease), self._abort, gen
+                )
+            return
+        self._abort_now(gen)
+
+    def _abort_now(self, gen: Generation) -> None:
         if gen.subscribers > 0 or gen.finished:
             return
         log.info("%s: no subscriber left after the grace period; aborting upstream", gen.id)
@@ -199,6 +327,13 @@ class Registry:
         elif state is State.FAILED:
             counters.generations_failed += 1
         gen.wake()
+        replicas = self.replicas
+        if replicas is not None and replicas.owns(gen):
+            if replicas.closing and state is State.ABORTED:
+                # Stopped by a shutdown, not abandoned: another replica continues it.
+                self._spawn(replicas.hand_over(gen))
+            else:
+                self._spawn(replicas.finished(gen))
         if state is State.ABORTED or gen.failure is not None or self.config.keep_finished <= 0:
             # Nothing worth replaying (or replay is off): a later attempt starts over.
             self._spawn(self._forget(gen))
@@ -210,7 +345,7 @@ class Registry:
         self._finished[gen.id] = gen
         self._kept_bytes += gen.kept_nbytes
         if gen.key is not None:
-            self._spawn(self.store.expire(gen.key, gen.id, self.config.keep_finished))
+            self._spawn(self._expire_key(gen, gen.key))
         gen.timer = asyncio.get_running_loop().call_later(
             self.config.keep_finished, lambda: self._spawn(self._forget(gen))
         )
@@ -245,9 +380,31 @@ class Registry:
         fp_key = (gen.tenant, gen.fingerprint)
         if self._by_fingerprint.get(fp_key) is gen:
             del self._by_fingerprint[fp_key]
-        if gen.key is not None:
+        replicas = self.replicas
+        if replicas is None or not isinstance(gen.log, ReplicatedLog):
+            if gen.key is not None:
+                await self._own_store.release(gen.key, gen.id)
+            await self._own_store.drop_log(gen.id)
+            return
+        if replicas.is_mirror(gen):
+            replicas.unfollow(gen)  # the owner decides what Redis keeps
+            return
+        if gen.key is None or replicas.degraded or replicas.closing:
+            return
+        # Redis drops the record when its time is up; the key goes now where a retry must
+        # start over (failed, aborted, or evicted).
+        try:
             await self.store.release(gen.key, gen.id)
-        await self.store.drop_log(gen.id)
+        except REDIS_ERRORS as exc:
+            replicas.failed(exc)
+
+    async def _expire_key(self, gen: Generation, key: str) -> None:
+        store = self.store if isinstance(gen.log, ReplicatedLog) else self._own_store
+        try:
+            await store.expire(key, gen.id, self.config.keep_finished)
+        except REDIS_ERRORS as exc:
+            if self.replicas is not None:
+                self.replicas.failed(exc)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -262,7 +419,10 @@ class Registry:
         return len(self._finished)
 
     async def close(self) -> None:
-        """Cancel every reader (shutdown)."""
+        """Cancel every reader (shutdown). With replicas, what this one runs is handed over:
+        its leases are given up, so another replica continues it from the log."""
+        if self.replicas is not None:
+            self.replicas.closing = True
         tasks = [g.task for g in self._gens.values() if g.task is not None and not g.task.done()]
         for gen in list(self._gens.values()):
             if gen.timer is not None:
@@ -273,3 +433,5 @@ class Registry:
             await asyncio.gather(*tasks, return_exceptions=True)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.replicas is not None:
+            await self.replicas.close()

@@ -21,7 +21,12 @@ from typing import Protocol
 
 from streamsafe.gateway.event_log import MemoryEventLog
 
-__all__ = ["EventLog", "MemoryEventLog", "MemoryStore", "Store"]
+__all__ = ["EventLog", "LeaseLost", "MemoryEventLog", "MemoryStore", "Store"]
+
+
+class LeaseLost(Exception):
+    """The writer of a shared log no longer holds the generation's lease: another replica took
+    it over, so this one must stop writing (see :mod:`streamsafe.gateway.replicas`)."""
 
 
 class EventLog(Protocol):

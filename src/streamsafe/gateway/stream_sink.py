@@ -9,10 +9,11 @@ import asyncio
 from collections.abc import Callable
 
 from streamsafe.gateway.continuation import is_role_chunk, whole_usage
+from streamsafe.gateway.engines import Attempts
 from streamsafe.gateway.errors import ERROR_PREFIXES
 from streamsafe.gateway.generation import Generation, State
 from streamsafe.gateway.metrics import Counters
-from streamsafe.gateway.upstream import AttemptWatch, Upstream, is_engine_death
+from streamsafe.gateway.upstream import AttemptWatch, is_engine_death
 from streamsafe.gateway.upstream_kinds import parse_error_event
 from streamsafe.sse import DONE
 
@@ -21,23 +22,25 @@ __all__ = ["StreamSink"]
 
 class StreamSink:
     """What the relay does with each network read of a stream, called from the connection's
-    read callback: check the payloads (error events, an engine's death or an upstream failure
-    they stand for, a malformed chunk, multi-line data, a continued answer's usage), append them
-    and wake the subscribers. A log in this process is appended to right there, with no task
-    switch; a networked one gets the payloads from the reader task (:meth:`flush`), in order.
+    read callback (or, with an engine pool, by the task reading the response): check the
+    payloads (error events and the engine's death or failure they stand for, reported to the
+    generation's ``attempts``; a malformed chunk, multi-line data, a continued answer's usage),
+    append them and wake the subscribers. A log in this process is appended to right there,
+    with no task switch; a networked one gets the payloads from the reader task
+    (:meth:`flush`), in order.
 
     A stream that ends with ``[DONE]`` is finished here; one whose upstream sends none (Llama
-    Stack) is ended by the relay once the body is complete, from :attr:`last`."""
+    Stack) is ended by the stream reader once the body is complete, from :attr:`last`."""
 
     __slots__ = (
         "_append_now",
+        "_attempts",
         "_counters",
         "_finish",
         "_pending",
         "_preamble",
         "_ready",
         "_stop",
-        "_upstream",
         "_watch",
         "done",
         "errored",
@@ -55,14 +58,14 @@ class StreamSink:
         continuing: bool,
         *,
         stop: Callable[[], None],
-        upstream: Upstream,
+        attempts: Attempts,
         counters: Counters,
         finish: Callable[[Generation, State], None],
     ) -> None:
         self.gen = gen
         self._watch = watch
         self._stop = stop
-        self._upstream = upstream
+        self._attempts = attempts
         self._counters = counters
         self._finish = finish
         # A continuation opens with the assistant's role chunk again; the log has it.
@@ -101,14 +104,15 @@ class StreamSink:
         for i, p in enumerate(payloads):
             if p.startswith(ERROR_PREFIXES):
                 self.errored = True
-                upstream = self._upstream
+                attempts = self._attempts
                 if is_engine_death(p):
-                    upstream.engine_died("error event")
+                    attempts.engine_died("error event")
                 else:
-                    error = parse_error_event(upstream.kind, p)
+                    # The engine of this attempt (each one in a pool is probed on its own).
+                    error = parse_error_event(attempts.upstream.kind, p)
                     if error is not None and error.upstream_failure:
                         self._counters.upstream_failures += 1
-                        upstream.failed(f"error event {error.status}")
+                        attempts.failed(f"error event {error.status}")
             elif p[:1] != b"{" or p[-1:] != b"}":
                 # Not a JSON object: a chunk cut off or garbled, never relayed (a check of its
                 # ends only: parsing every chunk would cost the hot path).
@@ -159,7 +163,8 @@ class StreamSink:
         watch = self._watch
         if not watch.flowing and gen.length > self._preamble:
             watch.first_event()
+            self._attempts.served()  # the engine delivered: its breaker closes
         if self.done and not self._pending:
             if not self.errored:
-                self._upstream.succeeded()
+                self._attempts.succeeded()
             self._finish(gen, State.FAILED if self.errored else State.DONE)

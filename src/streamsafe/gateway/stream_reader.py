@@ -1,0 +1,212 @@
+"""One attempt of a streaming completion upstream, read on the hot path.
+
+With one engine the response is parsed in the connection's read callback
+(:mod:`streamsafe.gateway.event_stream`), where each read's events are checked, appended and the
+subscribers woken, with no task switch; the reader task only waits for the end. With an engine
+pool the attempt goes through the pool's failover (:class:`~streamsafe.gateway.engines.
+EngineAttempts`) and its response is read by this task, read by read. Both feed the same
+:class:`~streamsafe.gateway.stream_sink.StreamSink`, so the rules per event (error events,
+malformed chunks, a continued answer's usage, ``[DONE]``) and the endings are the same.
+
+A stream ends whole with ``[DONE]``, or, where the upstream sends none (Llama Stack), at the end
+of the body right after the event that closes an answer; a ``[DONE]`` is then appended to the
+log, so every whole stream in a log ends alike. An error event counts as an upstream failure
+where it stands for one (Llama Stack's masked 500s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import httpx2
+
+from streamsafe.gateway.endings import BrokenAttempt, Endings, Finish, dropped
+from streamsafe.gateway.engines import Attempts, OneEngine
+from streamsafe.gateway.event_stream import UpstreamClosed
+from streamsafe.gateway.generation import Generation, State
+from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.stream_sink import StreamSink
+from streamsafe.gateway.upstream import MAX_ERROR_BODY, AttemptWatch, read_bounded
+from streamsafe.gateway.upstream_kinds import ends_answer
+from streamsafe.sse import DONE, SSEDecoder, SSEError
+
+__all__ = ["StreamReader"]
+
+_BROKEN_STREAM = "upstream sent a broken event stream"
+
+
+class StreamReader:
+    """Runs one streaming attempt of a generation and says how it ended: ``None`` where the
+    generation ended (done or failed), else why it broke (see :class:`BrokenAttempt`)."""
+
+    __slots__ = ("_counters", "_endings", "_finish")
+
+    def __init__(self, counters: Counters, finish: Finish, endings: Endings) -> None:
+        self._counters = counters
+        self._finish = finish
+        self._endings = endings
+
+    async def attempt(
+        self,
+        gen: Generation,
+        body: bytes,
+        watch: AttemptWatch,
+        continuing: bool,
+        attempts: Attempts,
+    ) -> BrokenAttempt | None:
+        """One attempt: on the read callback with one engine, through the pool's failover
+        with several."""
+        if isinstance(attempts, OneEngine):
+            return await self._one_engine(gen, body, watch, continuing, attempts)
+        return await self._pool(gen, body, watch, continuing, attempts)
+
+    async def _one_engine(
+        self,
+        gen: Generation,
+        body: bytes,
+        watch: AttemptWatch,
+        continuing: bool,
+        attempts: Attempts,
+    ) -> BrokenAttempt | None:
+        req = gen.request
+        upstream = attempts.upstream
+        try:
+            conn = await upstream.open_events(
+                req.path, body, retry_connect=not req.no_upstream_retry
+            )
+        except OSError as exc:
+            return await self._endings.unreachable(gen, exc)
+        sink = self._sink(gen, watch, continuing, conn.close, attempts)
+        try:
+            try:
+                await conn.head()
+            except UpstreamClosed as exc:
+                return dropped(attempts, str(exc))
+            status = conn.status
+            gen.upstream_status = status
+            upstream.alive_at = asyncio.get_running_loop().time()
+            if status != 200:
+                error = await conn.read_body(MAX_ERROR_BODY)
+                retry_after = conn.header(b"retry-after")
+                return await self._endings.refused(
+                    gen, status, error, _latin1(retry_after), continuing, attempts
+                )
+            gen.wake()  # upstream accepted the request: an early commit may go now
+            end = conn.stream_events(sink.events, on_read=watch.chunk)
+            while not sink.in_process and not end.done():
+                await asyncio.wait((end, sink.ready()), return_when=asyncio.FIRST_COMPLETED)
+                await sink.flush()
+            broke = await end
+            await sink.flush()
+            return await self._ended(gen, sink, broke, attempts)
+        finally:
+            conn.release(finished=sink.done)
+
+    async def _pool(
+        self,
+        gen: Generation,
+        body: bytes,
+        watch: AttemptWatch,
+        continuing: bool,
+        attempts: Attempts,
+    ) -> BrokenAttempt | None:
+        req = gen.request
+        try:
+            response = await attempts.open(
+                "POST",
+                req.path,
+                content=body,
+                headers={"content-type": "application/json"},
+                retry_connect=not req.no_upstream_retry,
+            )
+        except httpx2.ConnectError as exc:
+            return await self._endings.unreachable(gen, exc)
+        except httpx2.HTTPError as exc:
+            return dropped(attempts, type(exc).__name__)
+        try:
+            status = response.status_code
+            gen.upstream_status = status
+            if status != 200:
+                error = await read_bounded(response)
+                retry_after = response.headers.get("retry-after")
+                return await self._endings.refused(
+                    gen, status, error, retry_after, continuing, attempts
+                )
+            gen.wake()  # upstream accepted the request: an early commit may go now
+            # A malformed chunk stops the loop below; closing the response aborts the rest.
+            sink = self._sink(gen, watch, continuing, _read_on, attempts)
+            decoder = SSEDecoder()
+            broke: str | None = None
+            try:
+                async for chunk in response.aiter_raw():
+                    watch.chunk()
+                    events = decoder.feed(chunk)
+                    if events:
+                        sink.events([ev.raw for ev in events])
+                        await sink.flush()
+                        if sink.done or sink.malformed or gen.finished:
+                            break
+            except SSEError as exc:
+                broke = f"{_BROKEN_STREAM}: {exc}"
+            except httpx2.HTTPError as exc:
+                broke = type(exc).__name__
+            return await self._ended(gen, sink, broke, attempts)
+        finally:
+            await response.aclose()
+
+    def _sink(
+        self,
+        gen: Generation,
+        watch: AttemptWatch,
+        continuing: bool,
+        stop: Callable[[], None],
+        attempts: Attempts,
+    ) -> StreamSink:
+        return StreamSink(
+            gen,
+            watch,
+            continuing,
+            stop=stop,
+            attempts=attempts,
+            counters=self._counters,
+            finish=self._finish,
+        )
+
+    async def _ended(
+        self, gen: Generation, sink: StreamSink, broke: str | None, attempts: Attempts
+    ) -> BrokenAttempt | None:
+        """How an attempt ended once its body ended or broke (``broke``: why)."""
+        if sink.malformed:
+            return BrokenAttempt("upstream sent a malformed chunk", 502)
+        if sink.done or gen.finished:
+            return None
+        route = gen.request.route
+        if broke is None and route is not None and not route.upstream_done:
+            # Llama Stack's streams just end: after their last event, or after an error event.
+            if sink.errored or ends_answer(route.wire, sink.last):
+                gen.length = await gen.log.append((DONE,))
+                if not sink.errored:
+                    attempts.succeeded()
+                self._finish(gen, State.FAILED if sink.errored else State.DONE)
+                return None
+            return BrokenAttempt("upstream stream ended before the answer was complete", 502)
+        if sink.errored:
+            await self._endings.fail_mid_stream(gen, "upstream stream ended after an error event")
+            return None
+        if broke is not None and broke.startswith(_BROKEN_STREAM):
+            await self._endings.fail_mid_stream(gen, broke)
+            return None
+        if broke is not None:
+            why = f"upstream connection failed: {broke}"
+            attempts.failed(why)
+            return BrokenAttempt(why, 502)
+        return BrokenAttempt("upstream stream ended before [DONE]", 502)
+
+
+def _read_on() -> None:
+    """A pooled attempt's reader loop stops by itself on a malformed chunk."""
+
+
+def _latin1(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")

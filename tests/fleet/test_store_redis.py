@@ -1,0 +1,302 @@
+"""RedisStore against a real redis-server: claims, logs, leases, the retry index, TTLs, and
+wake-ups across connections (each RedisStore is one replica with connections of its own)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from fleet_helpers import RedisProcess
+from redis.exceptions import RedisError
+
+from streamsafe.gateway.store import LeaseLost
+from streamsafe.gateway.store_redis import LogConflict, LogLost, RedisStore
+
+pytestmark = pytest.mark.timeout(30)
+
+MakeStore = Callable[..., RedisStore]
+
+
+async def eventually(check: Callable[[], Awaitable[Any]], within: float = 5.0) -> Any:
+    """The first truthy result of ``check()``, polled for ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met in {within} s")
+        await asyncio.sleep(0.01)
+
+
+async def test_racing_claims_have_exactly_one_winner(make_store: MakeStore) -> None:
+    replicas = [make_store() for _ in range(8)]
+    results = await asyncio.gather(
+        *(store.claim("tenant\x00key", f"gen-{i}") for i, store in enumerate(replicas))
+    )
+    winners = [i for i, owner in enumerate(results) if owner is None]
+    assert len(winners) == 1
+    winner = f"gen-{winners[0]}"
+    assert all(owner == winner for owner in results if owner is not None)
+    assert await replicas[3].owner("tenant\x00key") == winner
+
+
+async def test_release_and_expire_only_touch_the_owners_claim(make_store: MakeStore) -> None:
+    a, b = make_store(), make_store()
+    assert await a.claim("k", "gen-a") is None
+    await b.release("k", "gen-b")  # not the owner: nothing happens
+    await b.expire("k", "gen-b", 0.001)
+    assert await b.owner("k") == "gen-a"
+    assert await a.redis.pttl(a.claim_key("k")) == -1  # no TTL was set by the non-owner
+    await a.release("k", "gen-a")
+    assert await b.owner("k") is None
+    assert await b.claim("k", "gen-b") is None
+
+
+async def test_claim_lapses_after_its_ttl(make_store: MakeStore) -> None:
+    a, b = make_store(), make_store()
+    assert await a.claim("k", "gen-a", ttl=0.05) is None
+    assert await b.claim("k", "gen-b") == "gen-a"
+
+    async def lapsed() -> bool:
+        return await b.owner("k") is None
+
+    await eventually(lapsed)
+    assert await b.claim("k", "gen-b") is None
+
+
+async def test_expire_sets_the_owners_ttl(make_store: MakeStore) -> None:
+    a = make_store()
+    await a.claim("k", "gen-a")
+    await a.expire("k", "gen-a", 30.0)
+    assert 0 < await a.redis.pttl(a.claim_key("k")) <= 30_000
+
+
+async def test_log_entry_ids_are_the_sse_offsets(make_store: MakeStore) -> None:
+    writer, reader = make_store(), make_store()
+    log = writer.log("gen-1")
+    assert await log.append([b"a", b"b"]) == 2
+    assert await log.append([b"c"]) == 3
+    entries = await writer.redis.xrange(writer.log_key("gen-1"))
+    assert [e[0] for e in entries] == [b"0-1", b"0-2", b"0-3"]
+    other = reader.log("gen-1")
+    assert other.length == 0
+    assert await other.read(0) == [b"a", b"b", b"c"]
+    assert other.length == 3
+    assert await other.read(1) == [b"b", b"c"]
+    assert await other.read(3) == []
+    assert await other.read(10) == []
+
+
+async def test_append_is_fenced_by_the_lease(make_store: MakeStore) -> None:
+    a, b = make_store(), make_store()
+    assert await a.take_lease("gen-1", ttl=30)
+    assert not await b.take_lease("gen-1", ttl=30)
+    assert await a.lease_holder("gen-1") == a.replica_id
+    owned = a.log("gen-1", lease_holder=a.replica_id)
+    assert await owned.append([b"x"]) == 1
+    stale = b.log("gen-1", lease_holder=b.replica_id)
+    with pytest.raises(LeaseLost):
+        await stale.append([b"y"])
+    assert await b.log("gen-1").read(0) == [b"x"]
+
+
+async def test_takeover_after_the_lease_lapses_continues_at_the_log_end(
+    make_store: MakeStore,
+) -> None:
+    a, b = make_store(), make_store()
+    assert await a.take_lease("gen-1", ttl=0.05)
+    old = a.log("gen-1", lease_holder=a.replica_id)
+    await old.append([b"one", b"two"])
+
+    async def taken() -> bool:
+        return await b.take_lease("gen-1", ttl=30)
+
+    await eventually(taken)
+    new = b.log("gen-1", lease_holder=b.replica_id)
+    assert await new.sync() == 2
+    assert await new.append([b"three"]) == 3
+    with pytest.raises(LeaseLost):  # the old owner woke up: it cannot write any more
+        await old.append([b"late"])
+    assert await b.log("gen-1").read(0) == [b"one", b"two", b"three"]
+
+
+async def test_writer_takes_back_a_lapsed_lease_nobody_took(make_store: MakeStore) -> None:
+    a = make_store()
+    assert await a.take_lease("gen-1", ttl=0.05)
+    log = a.log("gen-1", lease_holder=a.replica_id, lease=30)
+    await log.append([b"one"])
+
+    async def lapsed() -> bool:
+        return await a.lease_holder("gen-1") is None
+
+    await eventually(lapsed)
+    assert await log.append([b"two"]) == 2  # only slow: the lease is its own again
+    assert await a.lease_holder("gen-1") == a.replica_id
+
+
+async def test_append_after_redis_lost_the_log_says_so(make_store: MakeStore) -> None:
+    a = make_store()
+    assert await a.take_lease("gen-1", ttl=30)
+    log = a.log("gen-1", lease_holder=a.replica_id)
+    await log.append([b"one", b"two"])
+    await a.redis.delete(a.log_key("gen-1"), a.lease_key("gen-1"))  # as a restarted Redis
+    with pytest.raises(LogLost):
+        await log.append([b"three"])
+
+
+async def test_append_at_a_stale_offset_is_refused(make_store: MakeStore) -> None:
+    a, b = make_store(), make_store()
+    first, second = a.log("gen-1"), b.log("gen-1")
+    await first.append([b"a"])
+    with pytest.raises(LogConflict):
+        await second.append([b"b"])
+    assert await a.log("gen-1").read(0) == [b"a"]
+
+
+async def test_renew_reports_leases_this_replica_lost(make_store: MakeStore) -> None:
+    a, b = make_store(), make_store()
+    assert await a.take_lease("gen-1", ttl=30)
+    assert await a.take_lease("gen-2", ttl=0.05)
+
+    async def lapsed() -> bool:
+        return await a.lease_holder("gen-2") is None
+
+    await eventually(lapsed)
+    assert await b.take_lease("gen-2", ttl=30)
+    assert await a.renew_leases(["gen-1", "gen-2"], ttl=60) == ["gen-2"]
+    assert 30_000 < await a.redis.pttl(a.lease_key("gen-1")) <= 60_000
+    assert await a.renew_leases([], ttl=60) == []
+    await a.release_lease("gen-2")  # not a's any more: b keeps it
+    assert await b.lease_holder("gen-2") == b.replica_id
+
+
+async def test_fingerprint_index_names_the_newest_and_deletes_only_its_own(
+    make_store: MakeStore,
+) -> None:
+    a, b = make_store(), make_store()
+    fp = bytes(range(16))
+    assert await b.find_fingerprint("t1", fp) is None
+    await a.index_fingerprint("t1", fp, "gen-1", ttl=30)
+    await b.index_fingerprint("t1", fp, "gen-2", ttl=30)
+    assert await a.find_fingerprint("t1", fp) == "gen-2"
+    assert await a.find_fingerprint("t2", fp) is None  # tenants never share an entry
+    await a.unindex_fingerprint("t1", fp, "gen-1")
+    assert await a.find_fingerprint("t1", fp) == "gen-2"
+    await b.expire_fingerprint("t1", fp, "gen-2", ttl=0.05)
+
+    async def lapsed() -> bool:
+        return await a.find_fingerprint("t1", fp) is None
+
+    await eventually(lapsed)
+
+
+async def test_generation_record_and_state_changes(make_store: MakeStore) -> None:
+    a, b = make_store(), make_store()
+    assert await b.generation("gen-1") is None
+    await a.put_generation("gen-1", {"state": "queued", "body": b'{"x":1}', "cost": 12}, ttl=30)
+    assert await a.set_state("gen-1", "running") == 1
+    assert await a.set_state("gen-1", "failed", {"status": 503}) == 2
+    meta = await b.generation("gen-1")
+    assert meta == {"state": b"failed", "body": b'{"x":1}', "cost": b"12", "status": b"503"}
+    assert await b.state_changes("gen-1") == 2
+
+
+async def test_finished_generation_lapses_after_its_ttl(make_store: MakeStore) -> None:
+    a = make_store()
+    await a.put_generation("gen-1", {"state": "running"}, ttl=30)
+    await a.log("gen-1").append([b"x"])
+    await a.set_state("gen-1", "done")
+    await a.expire_generation("gen-1", 0.05)
+
+    async def gone() -> bool:
+        return (
+            await a.generation("gen-1") is None
+            and await a.redis.exists(a.log_key("gen-1"), a.state_key("gen-1")) == 0
+        )
+
+    await eventually(gone)
+
+
+async def test_drop_log_deletes_every_key_of_the_generation(make_store: MakeStore) -> None:
+    a = make_store()
+    await a.put_generation("gen-1", {"state": "running"}, ttl=30)
+    await a.take_lease("gen-1", ttl=30)
+    await a.log("gen-1").append([b"x"])
+    await a.set_state("gen-1", "done")
+    await a.drop_log("gen-1")
+    keys = [a.log_key("gen-1"), a.state_key("gen-1"), a.meta_key("gen-1"), a.lease_key("gen-1")]
+    assert await a.redis.exists(*keys) == 0
+
+
+async def test_follower_wakes_when_another_replica_appends(make_store: MakeStore) -> None:
+    writer, follower = make_store(), make_store()
+    log = writer.log("gen-1")
+    await log.append([b"a"])
+    # Already past the cursor: no wait at all.
+    assert await follower.wait("gen-1", 0, 0, max_wait=5)
+    waiting = asyncio.create_task(follower.wait("gen-1", 1, 0, max_wait=10))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    await log.append([b"b"])
+    assert await waiting
+    assert await follower.log("gen-1").read(1) == [b"b"]
+
+
+async def test_follower_wakes_on_a_state_change(make_store: MakeStore) -> None:
+    writer, follower = make_store(), make_store()
+    waiting = asyncio.create_task(follower.wait("gen-1", 0, 0, max_wait=10))
+    await asyncio.sleep(0)
+    await writer.set_state("gen-1", "failed", {"status": 429})
+    assert await waiting
+
+
+async def test_one_tail_follows_many_generations(make_store: MakeStore) -> None:
+    writer, follower = make_store(), make_store()
+    waits = [asyncio.create_task(follower.wait(f"gen-{i}", 0, 0, max_wait=10)) for i in range(20)]
+    await asyncio.sleep(0)
+    for i in reversed(range(20)):
+        await writer.log(f"gen-{i}").append([b"x"])
+    assert all(await asyncio.gather(*waits))
+    # One blocking connection for all of them, plus the follower's command connection.
+    clients = await writer.redis.client_list()
+    assert sum(1 for c in clients if c.get("cmd") == "xread") == 1
+
+
+async def test_wait_times_out_when_nothing_happens(make_store: MakeStore) -> None:
+    follower = make_store()
+    assert not await follower.wait("gen-quiet", 0, 0, max_wait=0.1)
+
+
+async def test_redis_restart_surfaces_errors_then_recovers(own_redis: RedisProcess) -> None:
+    store = RedisStore(own_redis.url, prefix="r:", socket_timeout=2)
+    try:
+        assert await store.claim("k", "gen-1") is None
+        waiting = asyncio.create_task(store.wait("gen-1", 0, 0, max_wait=10))
+        await asyncio.sleep(0.05)
+        own_redis.kill()
+        assert await waiting  # followers are woken to re-read and meet the error themselves
+        with pytest.raises((RedisError, OSError)):
+            await store.claim("k", "gen-2")
+        assert not await store.ping()
+        own_redis.start()
+
+        async def back() -> bool:
+            return await store.ping()
+
+        await eventually(back, within=20)
+        assert await store.owner("k") is None  # a restarted Redis without persistence is empty
+        assert await store.claim("k", "gen-2") is None
+        writer = RedisStore(own_redis.url, prefix="r:")
+        try:
+            waiting = asyncio.create_task(store.wait("gen-2", 0, 0, max_wait=10))
+            await asyncio.sleep(0.05)
+            await writer.log("gen-2").append([b"x"])
+            assert await waiting
+        finally:
+            await writer.close()
+    finally:
+        await store.close()
