@@ -25,7 +25,7 @@ from streamsafe.gateway.continuation import (
     continuation_body,
     read_partial,
 )
-from streamsafe.gateway.endings import BrokenAttempt, Endings, Finish, dropped
+from streamsafe.gateway.endings import BrokenAttempt, Endings, Finish
 from streamsafe.gateway.engines import Attempts, Engines, OneEngine
 from streamsafe.gateway.errors import Failure, error_body
 from streamsafe.gateway.generation import Generation, State
@@ -37,7 +37,6 @@ from streamsafe.gateway.upstream import (
     Upstream,
     UpstreamStalled,
     UpstreamTimeouts,
-    read_bounded,
 )
 from streamsafe.sse import DONE
 
@@ -221,33 +220,16 @@ class Relay:
         """One upstream request for ``gen`` with ``body``, within the upstream timeouts.
         Returns why it broke where another attempt may repair it (this engine or, for a pool,
         another), ``None`` where the generation has ended (done or failed)."""
-        req = gen.request
         continuing = gen.continuations > 0 and gen.length > 0
         response: httpx2.Response | None = None
         try:
             async with AttemptWatch(self.timeouts, total_deadline) as watch:
                 if gen.stream:
                     return await self._streams.attempt(gen, body, watch, continuing, attempts)
-                try:
-                    response = await attempts.open(
-                        "POST",
-                        req.path,
-                        content=body,
-                        headers={"content-type": "application/json"},
-                        retry_connect=not req.no_upstream_retry,
-                    )
-                except httpx2.ConnectError as exc:
-                    return await self._endings.unreachable(gen, exc)
-                except httpx2.HTTPError as exc:
-                    return dropped(attempts, type(exc).__name__)
-                status = response.status_code
-                gen.upstream_status = status
-                if status != 200:
-                    error = await read_bounded(response)
-                    retry_after = response.headers.get("retry-after")
-                    return await self._endings.refused(
-                        gen, status, error, retry_after, continuing, attempts
-                    )
+                opened = await self._streams.open(gen, body, continuing, attempts)
+                if not isinstance(opened, httpx2.Response):
+                    return opened
+                response = opened
                 gen.wake()  # upstream accepted the request
                 body = await response.aread()
                 attempts.served()

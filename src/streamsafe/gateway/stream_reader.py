@@ -111,28 +111,11 @@ class StreamReader:
         continuing: bool,
         attempts: Attempts,
     ) -> BrokenAttempt | None:
-        req = gen.request
+        opened = await self.open(gen, body, continuing, attempts)
+        if not isinstance(opened, httpx2.Response):
+            return opened
+        response = opened
         try:
-            response = await attempts.open(
-                "POST",
-                req.path,
-                content=body,
-                headers={"content-type": "application/json"},
-                retry_connect=not req.no_upstream_retry,
-            )
-        except httpx2.ConnectError as exc:
-            return await self._endings.unreachable(gen, exc)
-        except httpx2.HTTPError as exc:
-            return dropped(attempts, type(exc).__name__)
-        try:
-            status = response.status_code
-            gen.upstream_status = status
-            if status != 200:
-                error = await read_bounded(response)
-                retry_after = response.headers.get("retry-after")
-                return await self._endings.refused(
-                    gen, status, error, retry_after, continuing, attempts
-                )
             gen.wake()  # upstream accepted the request: an early commit may go now
             # A malformed chunk stops the loop below; closing the response aborts the rest.
             sink = self._sink(gen, watch, continuing, _read_on, attempts)
@@ -154,6 +137,36 @@ class StreamReader:
             return await self._ended(gen, sink, broke, attempts)
         finally:
             await response.aclose()
+
+    async def open(
+        self, gen: Generation, body: bytes, continuing: bool, attempts: Attempts
+    ) -> httpx2.Response | BrokenAttempt | None:
+        """Send ``body`` through ``attempts`` (the pool's failover, or one engine for a
+        non-streaming request): the accepted response, its body unread, for the caller to
+        close; else how the attempt ended (see :meth:`attempt`)."""
+        req = gen.request
+        try:
+            response = await attempts.open(
+                "POST",
+                req.path,
+                content=body,
+                headers={"content-type": "application/json"},
+                retry_connect=not req.no_upstream_retry,
+            )
+        except httpx2.ConnectError as exc:
+            return await self._endings.unreachable(gen, exc)
+        except httpx2.HTTPError as exc:
+            return dropped(attempts, type(exc).__name__)
+        status = response.status_code
+        gen.upstream_status = status
+        if status == 200:
+            return response
+        try:
+            error = await read_bounded(response)
+        finally:
+            await response.aclose()
+        retry_after = response.headers.get("retry-after")
+        return await self._endings.refused(gen, status, error, retry_after, continuing, attempts)
 
     def _sink(
         self,
