@@ -7,6 +7,7 @@ import threading
 import time
 
 import httpx2
+import pytest
 from gateway_helpers import (
     chat_body,
     content_of,
@@ -142,3 +143,26 @@ def test_a_tenant_that_floods_the_queue_does_not_starve_another() -> None:
         # With one place, generations finish in admission order: "other" came after four of
         # the flood's requests were queued, yet ran right after the one running.
         assert finished[:2] == ["flood running", "other"]
+
+
+def test_tenant_weights_are_given_by_api_key_and_reach_admission() -> None:
+    from streamsafe.gateway import Gateway, GatewayConfig
+    from streamsafe.gateway.requests import tenant_id
+
+    config = GatewayConfig(api_keys=("gold", "std"), tenant_weights=(("gold", 3.0),))
+    assert Gateway(config).admission.core.weights == {tenant_id(b"gold"): 3.0}
+    with pytest.raises(ValueError, match="weights"):
+        GatewayConfig(tenant_weights=(("gold", 0.0),))
+
+
+def test_serve_reads_tenant_weights_as_key_equals_weight() -> None:
+    import argparse
+
+    from streamsafe.gateway.cli import add_arguments, build_config
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--api-key", "a=b", "--tenant-weight", "a=b=2.5"])
+    assert build_config(args, "http://127.0.0.1:1").tenant_weights == (("a=b", 2.5),)
+    with pytest.raises(SystemExit):
+        build_config(parser.parse_args(["--tenant-weight", "a"]), "http://127.0.0.1:1")
