@@ -313,6 +313,9 @@ def test_first_token_commit_steps_back_a_subscriber_that_would_time_out() -> Non
     assert plan.action == "step-back"
     assert plan.retry_after == pytest.approx(6.0 - 2.0 * ANSWER_FRACTION / 2)
     assert plan_wait(predicted=0.3, waited=0.0, patience=2.0, **base).action == "wait"
+    # Its place is near: stepping back would cost an attempt for nothing, so it waits.
+    assert plan_wait(predicted=0.4, waited=0.7, patience=2.0, **base).action == "wait"
+    assert plan_wait(predicted=0.4, waited=1.0, patience=2.0, **base).action == "step-back"
     assert plan_wait(predicted=None, waited=0.0, patience=None, **base).until == 30.0
     assert plan_wait(predicted=31.0, waited=0.0, patience=2.0, **base).action == "shed"
     assert plan_wait(predicted=None, waited=0.0, patience=2.0, **base).until == 1.0

@@ -434,7 +434,8 @@ def plan_wait(
 
     Rules: a generation that will not be admitted within what the gateway holds is shed now,
     with a real 429, never after a commit. With early commit, the headers go only when the wait
-    may reach the client's read timeout (or, where it is unknown, after ``commit_after``); with
+    may reach the client's read timeout (or, where it or the wait is unknown, after
+    ``commit_after``); with
     first-token commit a subscriber that would time out first is told to come back when its
     place comes (``step-back``), and its place is kept.
     """
@@ -448,7 +449,12 @@ def plan_wait(
     if hold_left <= 0 or (predicted is not None and predicted > hold_left):
         return Plan("shed", retry_after=predicted if predicted is not None else 1.0)
     if early:
-        limit = commit_after if answer_by is None else answer_by
+        if answer_by is None:
+            limit = commit_after
+        elif predicted is None:  # no estimate yet (nothing finished): hold the client as before
+            limit = min(commit_after, answer_by)
+        else:
+            limit = answer_by
         if waited >= limit or (
             answer_by is not None and predicted is not None and waited + predicted >= answer_by
         ):
@@ -456,8 +462,12 @@ def plan_wait(
         return Plan("wait", until=min(limit - waited, hold_left))
     if answer_by is None:
         return Plan("wait", until=hold_left)
-    if waited >= answer_by or (predicted is not None and waited + predicted >= answer_by):
+    if waited >= answer_by:
         return Plan("step-back", retry_after=_come_back(predicted, patience))
+    if predicted is not None and waited + predicted >= answer_by:
+        back = _come_back(predicted, patience)
+        if back >= answer_by / 2:  # worth an attempt of the client's; else its place is near
+            return Plan("step-back", retry_after=back)
     return Plan("wait", until=min(answer_by - waited, hold_left))
 
 
