@@ -101,6 +101,7 @@ class Gateway:
             max_memory_tokens=config.max_memory_tokens,
             queue_size=config.queue_size,
             queue_timeout=config.queue_timeout,
+            weights={tenant_id(k.strip().encode()): w for k, w in config.tenant_weights},
         )
         self.registry = Registry(config, store or MemoryStore(), self.admission, self.upstream)
         self.metrics = Metrics(self.stats)

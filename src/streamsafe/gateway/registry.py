@@ -164,7 +164,8 @@ class Registry:
         if gen.subscribers > 0 or gen.finished:
             return
         if gen.waiter is not None:
-            self._admission.set_active(gen.waiter, False)
+            # Told to come back (hold): it may run ahead of an idle engine; else it waits.
+            self._admission.set_active(gen.waiter, False, expected=hold > 0)
         grace = self.config.grace + hold
         if grace <= 0:
             self._abort(gen)
