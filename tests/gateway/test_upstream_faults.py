@@ -12,7 +12,15 @@ import httpx2
 import orjson
 import pytest
 from engine_process import engine_process
-from gateway_helpers import MODEL, chat_body, content_of, fast_sim, make_stack, wait_for
+from gateway_helpers import (
+    MODEL,
+    chat_body,
+    content_of,
+    fast_sim,
+    make_stack,
+    sse_payloads,
+    wait_for,
+)
 
 from streamsafe.engine_sim import Fault, expected_text
 from streamsafe.gateway import Gateway, GatewayConfig
@@ -344,3 +352,21 @@ async def test_attempt_watch_total_deadline_wins_and_a_real_cancel_still_propaga
     task.cancel()  # an abort (the last subscriber left): not a stall
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+def test_a_reset_before_headers_is_asked_again_even_for_a_never_retry_upstream_request() -> None:
+    # X-LlamaStack-Streaming asks for no upstream retry that could duplicate work; the first
+    # attempt is gone before the second is sent, so asking again is not one (the streamsafe
+    # client marks every stream so).
+    sim = fast_sim(faults=_faults("reset:1#1"))
+    body = chat_body("marked", max_tokens=3)
+    with make_stack(sim) as s:
+        r = httpx2.post(
+            s.url + "/v1/chat/completions",
+            json=body,
+            headers={"X-LlamaStack-Streaming": "true"},
+            timeout=10,
+        )
+        assert r.status_code == 200
+        assert _text([d for _, d in sse_payloads(r.text)]) == expected_text(body, 3)
+        assert s.sim.stats()["requests_received"] == 2
