@@ -381,11 +381,11 @@ DEMO_ROWS = (
 
 
 def demo_load(quick: bool) -> TierLoad:
-    """The demo's load: 32 calls with a 1.5 s client timeout (16 and 1 s with ``quick``), each
+    """The demo's load: 32 calls with a 2 s client timeout (16 and 1 s with ``quick``), each
     answer taking longer than the timeout once the engine's queue is in the way."""
     if quick:
         return TierLoad(calls=16, max_tokens=30, timeout_s=1.0)
-    return TierLoad(calls=32, max_tokens=50, timeout_s=1.5)
+    return TierLoad(calls=32, max_tokens=70, timeout_s=2.0)
 
 
 #: The number of the first middle-tier row in the demo (after the six simulator scenarios).
