@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -35,15 +35,20 @@ from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.serving import ServerThread
 
 __all__ = [
+    "DEMO_ROWS",
+    "FIRST_DEMO_ROW",
     "Api",
     "CallResult",
+    "DemoRow",
     "Position",
     "TierLoad",
     "TierResult",
     "call_llama_stack",
+    "demo_load",
     "engine_for",
     "expected_answer",
     "gateway_for",
+    "run_demo_rows",
     "run_tier",
 ]
 
@@ -79,13 +84,13 @@ class TierLoad:
 
 
 def engine_for(load: TierLoad, **overrides: Any) -> SimConfig:
-    """An engine with room for each call of ``load`` once (prompt plus answer, 10 % spare), so
-    copies of the same calls kill it, running at most half the calls at a time (the rest wait in
-    its queue, as a busy vLLM's do): the report's engine, time-compressed."""
+    """An engine with room for each call of ``load`` once (prompt plus answer, a few tokens
+    spare), so copies of the same calls kill it, running at most half the calls at a time (the
+    rest wait in its queue, as a busy vLLM's do): the report's engine, time-compressed."""
     per_call = load.prompt_tokens + load.max_tokens + 8
     base: dict[str, Any] = {
         "model": load.model,
-        "memory_tokens": int(load.calls * per_call * 1.1),
+        "memory_tokens": load.calls * per_call,
         "max_num_seqs": max(1, load.calls // 2),
         "itl_ms": 30.0,
         "itl_ms_per_seq": 0.2,
@@ -281,8 +286,9 @@ async def run_tier(
 ) -> TierResult:
     """Drive ``load`` through ``position`` on a fresh engine (default :func:`engine_for`) and,
     where the position has one, a fresh gateway (default :func:`gateway_for`); wait for the
-    engine to finish what it still holds (at most ``drain_s``, default 10 client timeouts) and
-    return the figures."""
+    engine to finish what it still holds (at most ``drain_s``, default 20 client timeouts or
+    60 s) and for Llama Stack to go quiet (at most 30 s), and return the figures. ``seconds``
+    is the time until the last caller had its answer or error."""
     sim = Simulator(engine or engine_for(load))
     if position != "direct" and gateway is None:
         gateway = gateway_for(load, position)
@@ -292,13 +298,18 @@ async def run_tier(
             results = await asyncio.gather(
                 *(call_llama_stack(client, load, i) for i in range(load.calls))
             )
-        deadline = time.monotonic() + (drain_s if drain_s is not None else load.timeout_s * 10)
+        seconds = time.monotonic() - t0
+        # What Llama Stack still does for callers that left (finishing non-streaming calls,
+        # retrying failed engine calls after a backoff) counts for this run, and must not land
+        # on the next run's engine: wait until the engine is idle and Llama Stack quiet.
+        limit = drain_s if drain_s is not None else max(60.0, load.timeout_s * 20)
+        deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
             st = sim.stats()
             if st["engine_dead"] or (st["active"] == 0 and st["waiting"] == 0):
                 break
             await asyncio.sleep(0.05)
-        seconds = time.monotonic() - t0
+        await asyncio.to_thread(deployment.quiesce, 2.5, 30.0)
         stats = sim.stats()
         gw_stats = gw.stats() if gw is not None else None
     exact = wrong = 0
@@ -326,3 +337,90 @@ async def run_tier(
         gateway=gw_stats,
         seconds=seconds,
     )
+
+
+@dataclass(frozen=True)
+class DemoRow:
+    """One middle-tier row of ``streamsafe demo``."""
+
+    name: str
+    position: Position
+    stream: bool
+    claim: str
+    json_keepalive: bool = False
+
+
+#: The demo's middle-tier rows: the report's deployment as it was, then with streamsafe.
+DEMO_ROWS = (
+    DemoRow(
+        "7. llama-stack-client -> Llama Stack, non-streamed",
+        "direct",
+        False,
+        "the report's storm: copies pile up, the engine dies",
+    ),
+    DemoRow(
+        "8. llama-stack-client -> Llama Stack, streamed",
+        "direct",
+        True,
+        "no copies, but callers time out mid-stream",
+    ),
+    DemoRow(
+        "9. ... -> streamsafe -> Llama Stack, streamed",
+        "in-front",
+        True,
+        "heartbeats: every caller gets its text, one generation each",
+    ),
+    DemoRow(
+        "10. ... -> streamsafe (json keep-alive) -> Llama Stack, non-streamed",
+        "in-front",
+        False,
+        "no timeouts, no copies: every caller gets its text",
+        json_keepalive=True,
+    ),
+)
+
+
+def demo_load(quick: bool) -> TierLoad:
+    """The demo's load: 32 calls with a 2 s client timeout (16 and 1 s with ``quick``), each
+    answer taking longer than the timeout once the engine's queue is in the way."""
+    if quick:
+        return TierLoad(calls=16, max_tokens=30, timeout_s=1.0)
+    return TierLoad(calls=32, max_tokens=70, timeout_s=2.0)
+
+
+#: The number of the first middle-tier row in the demo (after the six simulator scenarios).
+FIRST_DEMO_ROW = 7
+
+
+async def run_demo_rows(
+    quick: bool,
+    *,
+    only: list[int] | None = None,
+    on_done: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Start Llama Stack once, run the :data:`DEMO_ROWS` rows (all, or those numbered in
+    ``only``) on a fresh engine each, and return the rows (see :meth:`TierResult.row`, plus
+    ``name``, ``claim`` and Llama Stack's ``startup_s``)."""
+    specs = [
+        spec for number, spec in enumerate(DEMO_ROWS, FIRST_DEMO_ROW) if not only or number in only
+    ]
+    if not specs:
+        return []
+    from streamsafe.bench.llamastack import llama_stack_deployment
+
+    base = demo_load(quick)
+    engine = engine_for(base, itl_ms=40.0)
+    rows: list[dict[str, Any]] = []
+    with llama_stack_deployment(Simulator(engine), base.model) as deployment:
+        for spec in specs:
+            load = replace(base, stream=spec.stream)
+            gateway = None
+            if spec.position != "direct":
+                gateway = gateway_for(load, spec.position, json_keepalive=spec.json_keepalive)
+            result = await run_tier(deployment, spec.position, load, engine, gateway)
+            row = {"name": spec.name, "claim": spec.claim, **result.row()}
+            row["startup_s"] = round(deployment.ls.startup_s or 0.0, 2)
+            rows.append(row)
+            if on_done is not None:
+                on_done(row)
+    return rows
