@@ -179,6 +179,9 @@ class TierResult:
     wrong_text: int
     errors: dict[str, int]
     engine_requests: int
+    #: Requests Llama Stack sent behind it marked as its own retries (``x-stainless-retry-count``
+    #: >= 1): its upstream client retries a failed or slow-to-connect engine call by itself.
+    llama_stack_retries: int
     engine_generations: int
     engine_crashes: int
     engine_aborted: int
@@ -199,6 +202,7 @@ class TierResult:
             "wrong_text": self.wrong_text,
             "errors": self.errors,
             "engine_requests": self.engine_requests,
+            "llama_stack_retries": self.llama_stack_retries,
             "engine_generations": self.engine_generations,
             "engine_crashes": self.engine_crashes,
             "engine_aborted": self.engine_aborted,
@@ -361,6 +365,9 @@ async def run_tier(
         await asyncio.to_thread(deployment.quiesce, 2.5, 30.0)
         stats = sim.stats()
         gw_stats = gateway_stats() if gateway_stats is not None else None
+        ls_retries = sum(
+            1 for r in deployment.slot.seen if r.headers.get("x-stainless-retry-count", "0") != "0"
+        )
     exact = wrong = 0
     errors: Counter[str] = Counter()
     for i, result in enumerate(results):
@@ -377,6 +384,7 @@ async def run_tier(
         wrong_text=wrong,
         errors=dict(errors),
         engine_requests=stats["requests_received"],
+        llama_stack_retries=ls_retries,
         engine_generations=stats["generations_started"] - stats["continuations"],
         engine_crashes=stats["crashes"],
         engine_aborted=stats["generations_aborted"],
