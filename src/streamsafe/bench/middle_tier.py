@@ -179,6 +179,9 @@ class TierResult:
     wrong_text: int
     errors: dict[str, int]
     engine_requests: int
+    #: Requests Llama Stack sent behind it marked as its own retries (``x-stainless-retry-count``
+    #: >= 1): its upstream client retries a failed or slow-to-connect engine call by itself.
+    llama_stack_retries: int
     engine_generations: int
     engine_crashes: int
     engine_aborted: int
@@ -199,6 +202,7 @@ class TierResult:
             "wrong_text": self.wrong_text,
             "errors": self.errors,
             "engine_requests": self.engine_requests,
+            "llama_stack_retries": self.llama_stack_retries,
             "engine_generations": self.engine_generations,
             "engine_crashes": self.engine_crashes,
             "engine_aborted": self.engine_aborted,
@@ -235,27 +239,76 @@ def gateway_for(load: TierLoad, position: Position, **overrides: Any) -> Gateway
 @contextlib.contextmanager
 def _position(
     deployment: Deployment, position: Position, sim: Simulator, gateway: GatewayConfig | None
-) -> Iterator[tuple[str, Gateway | None]]:
+) -> Iterator[tuple[str, Callable[[], dict[str, Any]] | None]]:
     """Arrange ``position`` around the deployment's Llama Stack; yield where callers connect and
-    the gateway (if any)."""
+    how to read the gateway's ``/stats`` (if there is a gateway)."""
     if position == "direct":
         deployment.install(sim)
         yield deployment.url, None
     elif position == "in-front":
         assert gateway is not None
         deployment.install(sim)
-        gw = Gateway(replace(gateway, upstream=deployment.url))
-        with ServerThread(gw) as server:
-            yield server.url, gw
+        # Its own process, as deployed: the callers' load in this process must not starve it.
+        with _gateway_process(replace(gateway, upstream=deployment.url)) as url:
+
+            def stats() -> dict[str, Any]:
+                import httpx2
+
+                doc: dict[str, Any] = httpx2.get(url + "/stats", timeout=10).json()
+                return doc
+
+            yield url, stats
     else:
         assert gateway is not None
         with ServerThread(sim) as engine:
             gw = Gateway(replace(gateway, upstream=engine.url))
             deployment.install(gw)
             try:
-                yield deployment.url, gw
+                yield deployment.url, gw.stats
             finally:
                 deployment.install(Simulator(SimConfig(model=sim.config.model)))
+
+
+def _serve_gateway(config: GatewayConfig, port: int) -> None:
+    """The body of a gateway process (see :func:`_gateway_process`)."""
+    from streamsafe.serving import run_server
+
+    run_server(Gateway(config), port=port, log_level="warning")
+
+
+@contextlib.contextmanager
+def _gateway_process(config: GatewayConfig) -> Iterator[str]:
+    """A gateway with ``config`` in a child process on a free loopback port; its URL."""
+    import multiprocessing
+
+    import httpx2
+
+    from streamsafe.serving import bind_socket
+
+    sock = bind_socket("127.0.0.1", 0)
+    port: int = sock.getsockname()[1]
+    sock.close()
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_serve_gateway, args=(config, port), daemon=True
+    )
+    proc.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(httpx2.HTTPError):
+                if httpx2.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            if not proc.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the gateway process did not start")
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
 
 
 @contextlib.asynccontextmanager
@@ -293,7 +346,7 @@ async def run_tier(
     if position != "direct" and gateway is None:
         gateway = gateway_for(load, position)
     t0 = time.monotonic()
-    with _position(deployment, position, sim, gateway) as (url, gw):
+    with _position(deployment, position, sim, gateway) as (url, gateway_stats):
         async with _client(url, load) as client:
             results = await asyncio.gather(
                 *(call_llama_stack(client, load, i) for i in range(load.calls))
@@ -311,7 +364,10 @@ async def run_tier(
             await asyncio.sleep(0.05)
         await asyncio.to_thread(deployment.quiesce, 2.5, 30.0)
         stats = sim.stats()
-        gw_stats = gw.stats() if gw is not None else None
+        gw_stats = gateway_stats() if gateway_stats is not None else None
+        ls_retries = sum(
+            1 for r in deployment.slot.seen if r.headers.get("x-stainless-retry-count", "0") != "0"
+        )
     exact = wrong = 0
     errors: Counter[str] = Counter()
     for i, result in enumerate(results):
@@ -328,6 +384,7 @@ async def run_tier(
         wrong_text=wrong,
         errors=dict(errors),
         engine_requests=stats["requests_received"],
+        llama_stack_retries=ls_retries,
         engine_generations=stats["generations_started"] - stats["continuations"],
         engine_crashes=stats["crashes"],
         engine_aborted=stats["generations_aborted"],
