@@ -111,3 +111,27 @@ def test_engine_cuts_are_continued_and_no_token_is_lost_or_repeated(rows):
     assert row["upstream_continuations"] > 0
     assert row["tokens_lost"] == 0 and row["tokens_repeated"] == 0
     assert row["completed"] == row["logical_requests"]
+
+
+@pytest.fixture(scope="module")
+def tier_rows(demo: dict[str, Any]) -> list[dict[str, Any]]:
+    return demo["llama_stack"]
+
+
+def test_the_real_middle_tier_rows_are_there(tier_rows):
+    assert [r["name"].split(".")[0] for r in tier_rows] == ["7", "8", "9", "10"]
+    assert [r["position"] for r in tier_rows] == ["direct", "direct", "in-front", "in-front"]
+
+
+def test_without_streamsafe_llama_stack_sends_the_engine_copies(tier_rows):
+    storm = tier_rows[0]
+    assert storm["engine_requests"] > storm["calls"]  # the client's retries became copies
+    assert storm["exact"] < storm["calls"]
+
+
+@pytest.mark.parametrize("index", [2, 3])
+def test_streamsafe_in_front_of_llama_stack_answers_every_call_once(tier_rows, index):
+    row = tier_rows[index]
+    assert row["exact"] == row["calls"] and not row["errors"]
+    assert row["engine_generations"] == row["calls"]
+    assert row["engine_crashes"] == 0

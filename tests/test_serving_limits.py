@@ -201,3 +201,17 @@ def test_ordinary_requests_pass_untouched_including_a_body_sent_in_pieces() -> N
 def test_limits_are_validated(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         ServerLimits(**bad)  # type: ignore[arg-type]
+
+
+def test_a_burst_of_pipelined_requests_is_not_taken_for_one_large_header() -> None:
+    requests = 200
+    with _gateway(ServerLimits(max_header_bytes=4096)) as server, _connect(server) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n" * requests)  # ~7 KiB at once
+        answered = 0
+        data = b""
+        while answered < requests:
+            chunk = sock.recv(65536)
+            assert chunk, f"closed after {answered} answers"
+            data += chunk
+            answered = data.count(b"HTTP/1.1 200 ")
+            assert b"HTTP/1.1 431" not in data

@@ -31,6 +31,7 @@ ops = st.lists(
         st.tuples(st.just("release"), st.sampled_from(TENANTS), st.integers(0, 50)),
         st.tuples(st.just("withdraw"), st.sampled_from(TENANTS), st.integers(0, 50)),
         st.tuples(st.just("leave"), st.sampled_from(TENANTS), st.integers(0, 50)),
+        st.tuples(st.just("step-back"), st.sampled_from(TENANTS), st.integers(0, 50)),
         st.tuples(st.just("return"), st.sampled_from(TENANTS), st.integers(0, 50)),
         st.tuples(st.just("commit"), st.sampled_from(TENANTS), st.integers(0, 50)),
     ),
@@ -79,8 +80,9 @@ class Model:
         elif op == "withdraw" and (w := self.pick(QUEUED, arg)):
             if not w.committed:
                 self.absorb(core.withdraw(w, self.now))
-        elif op in ("leave", "return") and (w := self.pick(QUEUED, arg)):
-            self.absorb(core.set_active(w, op == "return", self.now))
+        elif op in ("leave", "return", "step-back") and (w := self.pick(QUEUED, arg)):
+            back = op == "return"
+            self.absorb(core.set_active(w, back, self.now, expected=op == "step-back"))
         elif op == "commit" and (w := self.pick(QUEUED, arg)):
             core.commit(w)
         self.check()
@@ -103,9 +105,12 @@ class Model:
                 sum(w.tenant == t for w in queued),
             )
         # Work-conserving: whoever is next in order does not fit (so the engine is never idle
-        # while an active waiter waits), and only dormant waiters may be passed over.
+        # while an active or expected waiter waits); only the other dormant ones are passed
+        # over, and an expected one only while an active one waits.
         head = core.next_waiter()
-        assert (head is None) == (not any(w.active for w in queued))
+        assert (head is None) == (not any(w.active or w.expected for w in queued))
+        if head is not None and not head.active:
+            assert not any(w.active for w in queued)
         if head is not None:
             assert not core.fits(head.cost)
             assert core.inflight > 0
@@ -215,6 +220,16 @@ def test_dormant_waiter_keeps_its_place_and_goes_first_on_return() -> None:
     assert w3.state == QUEUED
 
 
+def test_a_waiter_told_to_come_back_runs_ahead_only_of_an_idle_engine() -> None:
+    core = AdmissionCore(1, None, 10)
+    running, _ = core.request("t", 1, None, 0.0)
+    expected, _ = core.request("t", 1, None, 0.0)
+    active, _ = core.request("t", 1, None, 0.0)
+    core.set_active(expected, False, 0.0, expected=True)
+    assert core.release(running, 1.0) == [active]  # somebody waits: it goes first
+    assert core.release(active, 2.0) == [expected]  # nobody waits: the engine does not idle
+
+
 def test_a_waiter_alone_is_admitted_as_soon_as_it_returns() -> None:
     core = AdmissionCore(1, None, 10)
     running, _ = core.request("t", 1, None, 0.0)
@@ -241,6 +256,9 @@ def test_predicted_wait_follows_the_drain_rate() -> None:
     assert core.predicted_wait(tenant="u") == pytest.approx(1.0)  # another tenant goes first
     core.set_active(q2, False, 2.0)  # a dormant waiter is not ahead of anyone
     assert core.predicted_wait(q3) == pytest.approx(1.0)
+    core.set_active(q2, True, 2.0)
+    core.set_active(q2, False, 2.0, expected=True)  # unless its client is on its way back
+    assert core.predicted_wait(q3) == pytest.approx(2.0)
     assert core.predicted_wait(b) == 0.0
 
 
@@ -311,8 +329,11 @@ def test_first_token_commit_steps_back_a_subscriber_that_would_time_out() -> Non
     base = {"hold_left": 30.0, "early": False, "commit_after": 1.0, "committed": False}
     plan = plan_wait(predicted=6.0, waited=0.0, patience=2.0, **base)
     assert plan.action == "step-back"
-    assert plan.retry_after == pytest.approx(6.0 - 2.0 * ANSWER_FRACTION / 2)
+    assert plan.retry_after == pytest.approx(6.0 + 2.0 * ANSWER_FRACTION / 2)  # just after
     assert plan_wait(predicted=0.3, waited=0.0, patience=2.0, **base).action == "wait"
+    # Its place is near: stepping back would cost an attempt for nothing, so it waits.
+    assert plan_wait(predicted=0.4, waited=0.7, patience=2.0, **base).action == "wait"
+    assert plan_wait(predicted=0.4, waited=1.0, patience=2.0, **base).action == "step-back"
     assert plan_wait(predicted=None, waited=0.0, patience=None, **base).until == 30.0
     assert plan_wait(predicted=31.0, waited=0.0, patience=2.0, **base).action == "shed"
     assert plan_wait(predicted=None, waited=0.0, patience=2.0, **base).until == 1.0

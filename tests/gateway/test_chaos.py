@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import httpx
 import httpx2
 import pytest
-from engine_process import EngineProcess
+from engine_process import EngineProcess, engine_process
 from gateway_helpers import MODEL, fast_sim, make_stack, wait_for
 
 from streamsafe.engine_sim import Fault, expected_text
@@ -186,13 +186,8 @@ def test_engine_faults_through_the_gateway(fault: str, client: str) -> None:
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[EngineProcess]:
-    process = EngineProcess("--itl-ms", "40").start()
-    try:
+    with engine_process("--itl-ms", "40") as process:
         yield process
-    finally:
-        process.stop()
-        if process.proc is not None and process.proc.stdout is not None:
-            process.proc.stdout.close()
 
 
 def _after_events(gw: Gateway, n: int, action: Callable[[], None]) -> Callable[[], None]:

@@ -7,6 +7,7 @@ import threading
 import time
 
 import httpx2
+import pytest
 from gateway_helpers import (
     chat_body,
     content_of,
@@ -42,8 +43,8 @@ def test_first_token_commit_steps_back_a_client_that_would_time_out_and_keeps_it
         assert first.json()["error"]["type"] == "rate_limit_error"
         assert int(first.headers["retry-after"]) >= 1
         assert int(first.headers["retry-after-ms"]) > 0
-        stats = s.gw.stats()
-        assert stats["queued"] == 1 and stats["shed"] == 1  # its place is kept, dormant
+        assert s.gw.stats()["queued"] == 1  # its place is kept, dormant
+        wait_for(lambda: s.gw.stats()["shed"] == 1, what="the step-back counted")
         # The client's retry (same body, marked as a retry) attaches to the kept generation.
         again = post_stream(
             s.url, body, {"x-stainless-read-timeout": "30", "x-stainless-retry-count": "1"}
@@ -116,20 +117,24 @@ def test_a_tenant_that_floods_the_queue_does_not_starve_another() -> None:
         done: list[tuple[float, str, int]] = []
         lock = threading.Lock()
 
-        def call(key: str, name: str) -> None:
-            r = post_stream(
-                s.url, chat_body(name, max_tokens=20), {"Authorization": f"Bearer {key}"}
-            )
+        def call(key: str, name: str, max_tokens: int = 20) -> None:
+            body = chat_body(name, max_tokens=max_tokens)
+            r = post_stream(s.url, body, {"Authorization": f"Bearer {key}"})
             with lock:
                 done.append((time.monotonic(), name, r.status_code))
 
-        flood = [threading.Thread(target=call, args=(keys[0], f"flood {i}")) for i in range(5)]
+        # The flood's first request holds the only place for a few seconds (150 tokens), long
+        # enough for the rest to line up behind it on a loaded machine.
+        running = threading.Thread(target=call, args=(keys[0], "flood running", 150))
+        running.start()
+        wait_for(lambda: s.gw.stats()["inflight"] == 1, what="the place taken")
+        flood = [threading.Thread(target=call, args=(keys[0], f"flood {i}")) for i in range(4)]
         for t in flood:
             t.start()
         wait_for(lambda: s.gw.stats()["queued"] == 4, what="the queue full of one tenant")
         other = threading.Thread(target=call, args=(keys[1], "other"))
         other.start()
-        for t in [*flood, other]:
+        for t in [running, *flood, other]:
             t.join(30)
         by_name = {name: code for _, name, code in done}
         assert by_name["other"] == 200  # a place was made for it: the flood's newest was shed
@@ -137,4 +142,27 @@ def test_a_tenant_that_floods_the_queue_does_not_starve_another() -> None:
         finished = [name for _, name, code in sorted(done) if code == 200]
         # With one place, generations finish in admission order: "other" came after four of
         # the flood's requests were queued, yet ran right after the one running.
-        assert finished.index("other") == 1
+        assert finished[:2] == ["flood running", "other"]
+
+
+def test_tenant_weights_are_given_by_api_key_and_reach_admission() -> None:
+    from streamsafe.gateway import Gateway, GatewayConfig
+    from streamsafe.gateway.requests import tenant_id
+
+    config = GatewayConfig(api_keys=("gold", "std"), tenant_weights=(("gold", 3.0),))
+    assert Gateway(config).admission.core.weights == {tenant_id(b"gold"): 3.0}
+    with pytest.raises(ValueError, match="weights"):
+        GatewayConfig(tenant_weights=(("gold", 0.0),))
+
+
+def test_serve_reads_tenant_weights_as_key_equals_weight() -> None:
+    import argparse
+
+    from streamsafe.gateway.cli import add_arguments, build_config
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--api-key", "a=b", "--tenant-weight", "a=b=2.5"])
+    assert build_config(args, "http://127.0.0.1:1").tenant_weights == (("a=b", 2.5),)
+    with pytest.raises(SystemExit):
+        build_config(parser.parse_args(["--tenant-weight", "a"]), "http://127.0.0.1:1")

@@ -32,6 +32,8 @@ class _Result:
     headers: dict[bytes, bytes] = field(default_factory=dict)
     body: bytes = b""
     complete: bool = False
+    #: The client left before an answer came (it waited ``_CLIENT_PATIENCE``).
+    gave_up: bool = False
 
 
 class _Harness:
@@ -108,6 +110,7 @@ class _Harness:
             try:
                 await asyncio.wait_for(asyncio.shield(app), _CLIENT_PATIENCE)
             except TimeoutError:
+                result.gave_up = True
                 done.set()  # the client leaves; the app must notice and return
                 await asyncio.wait_for(app, 10)
         except Exception as exc:  # escaping the app: the server answers a text 500
@@ -287,7 +290,11 @@ _auth = st.sampled_from([_VALID_AUTH] * 6 + [[], [(b"authorization", b"Bearer no
 
 
 def _check(result: _Result) -> None:
-    assert result.status is not None, "no response at all"
+    if result.status is None:
+        # Nobody is left to answer (a slow non-streaming answer on a loaded machine); the app
+        # returned at once, which is what is asked of it.
+        assert result.gave_up, "no response at all"
+        return
     assert result.status != 500, result.body[:500]
     if result.status >= 400 and result.complete:
         assert result.headers.get(b"content-type", b"").startswith(b"application/json")

@@ -4,6 +4,7 @@ frozen engine is seen by ``/health`` and the breaker, and usage counts the whole
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -11,7 +12,15 @@ import httpx2
 import orjson
 import pytest
 from engine_process import engine_process
-from gateway_helpers import MODEL, chat_body, content_of, fast_sim, make_stack, wait_for
+from gateway_helpers import (
+    MODEL,
+    chat_body,
+    content_of,
+    fast_sim,
+    make_stack,
+    sse_payloads,
+    wait_for,
+)
 
 from streamsafe.engine_sim import Fault, expected_text
 from streamsafe.gateway import Gateway, GatewayConfig
@@ -292,3 +301,72 @@ def test_a_frozen_engine_bounds_every_call_and_health_says_so() -> None:
                 assert httpx2.get(server.url + "/health", timeout=10).status_code == 503
             finally:
                 engine.thaw()
+
+
+# -- AttemptWatch: the deadlines of one attempt ---------------------------------------------------
+
+
+async def test_attempt_watch_raises_a_stall_past_the_first_token_deadline() -> None:
+    from streamsafe.gateway.upstream import AttemptWatch, UpstreamStalled, UpstreamTimeouts
+
+    timeouts = UpstreamTimeouts(first_token=0.05, idle=None, total=None)
+    with pytest.raises(UpstreamStalled) as info:
+        async with AttemptWatch(timeouts, None):
+            await asyncio.Event().wait()  # an upstream that never answers
+    assert info.value.phase == "first_token"
+
+
+async def test_attempt_watch_idle_deadline_moves_with_every_chunk_and_then_fires() -> None:
+    from streamsafe.gateway.upstream import AttemptWatch, UpstreamStalled, UpstreamTimeouts
+
+    timeouts = UpstreamTimeouts(first_token=10.0, idle=0.2, total=None)
+    chunks = 0
+    with pytest.raises(UpstreamStalled) as info:
+        async with AttemptWatch(timeouts, None) as watch:
+            watch.first_event()  # the idle bound applies from here, not the first-token one
+            for _ in range(5):  # chunks closer together than the idle bound keep it alive
+                await asyncio.sleep(0.05)
+                watch.chunk()
+                chunks += 1
+            await asyncio.Event().wait()  # then silence
+    assert info.value.phase == "idle"
+    assert chunks == 5
+
+
+async def test_attempt_watch_total_deadline_wins_and_a_real_cancel_still_propagates() -> None:
+    from streamsafe.gateway.upstream import AttemptWatch, UpstreamStalled, UpstreamTimeouts
+
+    loop = asyncio.get_running_loop()
+    timeouts = UpstreamTimeouts(first_token=10.0, idle=10.0, total=0.1)
+    with pytest.raises(UpstreamStalled) as info:
+        async with AttemptWatch(timeouts, loop.time() + 0.1):
+            await asyncio.Event().wait()
+    assert info.value.phase == "total"
+
+    async def attempt() -> None:
+        async with AttemptWatch(UpstreamTimeouts(first_token=10.0), None):
+            await asyncio.Event().wait()
+
+    task = asyncio.create_task(attempt())
+    await asyncio.sleep(0.01)
+    task.cancel()  # an abort (the last subscriber left): not a stall
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def test_a_reset_before_headers_is_asked_again_even_for_a_never_retry_upstream_request() -> None:
+    # X-LlamaStack-Streaming asks for no upstream retry that could duplicate work; the first
+    # attempt is gone before the second is sent, so asking again is not one (the streamsafe
+    # client marks every stream so).
+    sim = fast_sim(faults=_faults("reset:1#1"))
+    body = chat_body("marked", max_tokens=3)
+    with make_stack(sim) as s:
+        r = httpx2.post(
+            s.url + "/v1/chat/completions",
+            json=body,
+            headers={"X-LlamaStack-Streaming": "true"},
+            timeout=10,
+        )
+        assert r.status_code == 200
+        assert _text([d for _, d in sse_payloads(r.text)]) == expected_text(body, 3)
+        assert s.sim.stats()["requests_received"] == 2

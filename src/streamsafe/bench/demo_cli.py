@@ -85,8 +85,9 @@ def _main(args: argparse.Namespace) -> int:
         results = asyncio.run(run_demo(settings, only=only, on_done=done))
     rows = [r.row for r in results]
     console.print(render_table(rows, "streamsafe demo: the same workload, six ways"))
+    tier_rows = _llama_stack_rows(console, args.quick, only)
     if args.json:
-        write_json(args.json, {"scenarios": rows})
+        write_json(args.json, {"scenarios": rows, "llama_stack": tier_rows})
         console.print(f"wrote {args.json}")
     if args.plot:
         from streamsafe.bench.plots import plot_demo
@@ -94,6 +95,56 @@ def _main(args: argparse.Namespace) -> int:
         plot_demo(rows, [r.memory_series for r in results], args.plot)
         console.print(f"wrote {args.plot}")
     return 0
+
+
+_TIER_COLUMNS = (
+    ("scenario", "name"),
+    ("calls", "calls"),
+    ("engine reqs", "engine_requests"),
+    ("engine gens", "engine_generations"),
+    ("crashes", "engine_crashes"),
+    ("exact", "exact"),
+    ("errors", "errors"),
+    ("seconds", "seconds"),
+)
+
+
+def _llama_stack_rows(console: Any, quick: bool, only: list[int] | None) -> list[dict[str, Any]]:
+    """The middle-tier rows: the report's deployment with the real Llama Stack server, without
+    and with streamsafe in front of it (see streamsafe.bench.middle_tier)."""
+    from rich.table import Table
+
+    from streamsafe.bench.middle_tier import demo_load, run_demo_rows
+
+    load = demo_load(quick)
+    console.print(
+        f"[bold]the real middle tier[/]: llama-stack-client {load.calls} concurrent chats "
+        f"(timeout {load.timeout_s:g} s, 2 retries) -> Llama Stack 0.2.12 (remote::vllm) -> "
+        "engine with room for each call once"
+    )
+
+    def done(row: dict[str, Any]) -> None:
+        verdict = "engine died" if row["engine_crashes"] else "engine lived"
+        console.print(
+            f"  {row['name']}: {row['engine_generations']} engine generations, {verdict}, "
+            f"{row['exact']}/{row['calls']} exact"
+        )
+
+    rows = asyncio.run(run_demo_rows(quick, only=only, on_done=done))
+    if rows:
+        table = Table(title="the report's deployment: without and with streamsafe")
+        for header, _ in _TIER_COLUMNS:
+            table.add_column(header, justify="left" if header == "scenario" else "right")
+        for row in rows:
+            cells = [
+                ", ".join(f"{k} {v}" for k, v in row[key].items()) or "-"
+                if key == "errors"
+                else str(row[key])
+                for _, key in _TIER_COLUMNS
+            ]
+            table.add_row(*cells, style="red" if row["engine_crashes"] else "green")
+        console.print(table)
+    return rows
 
 
 def register(subparsers: Any) -> None:

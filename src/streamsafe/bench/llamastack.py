@@ -128,6 +128,37 @@ class _PortTaken(Exception):
     pass
 
 
+def _port_taken(port: int) -> bool:
+    try:
+        bind_socket("127.0.0.1", port).close()
+    except OSError:
+        return True
+    return False
+
+
+def _listens(pid: int, port: int) -> bool | None:
+    """Whether process ``pid`` holds the socket listening on loopback ``port`` (``None`` where
+    ``/proc`` cannot say)."""
+    inodes: set[str] = set()
+    try:
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with contextlib.suppress(FileNotFoundError):
+                for line in Path(table).read_text().splitlines()[1:]:
+                    fields = line.split()
+                    local, state = fields[1], fields[3]
+                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                        inodes.add(fields[9])
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except (OSError, ValueError, IndexError):
+        return None
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                return True
+    return False
+
+
 class LlamaStackServer:
     """The real Llama Stack server as a child process on a free loopback port.
 
@@ -139,6 +170,11 @@ class LlamaStackServer:
     ``startup_s``. The engine must be serving when it starts: Llama Stack lists the engine's models
     to register the model. ``stop()`` terminates the process (SIGTERM, then SIGKILL after 10 s)
     and removes the state directory. The server's own output goes to ``log_path``.
+
+    ``log_level`` is Llama Stack's for all its log categories (default ``critical``): it logs
+    every failed request with a rich-rendered traceback, about half a second of CPU each on a
+    busy machine, so a storm of a hundred failures would leave it unresponsive for a minute
+    afterwards, which is its logging's doing and not what the demo or the tests are about.
     """
 
     def __init__(
@@ -149,6 +185,7 @@ class LlamaStackServer:
         port: int = 0,
         start_timeout: float = 120.0,
         provider_max_tokens: int = 4096,
+        log_level: str = "critical",
         python: str = sys.executable,
     ) -> None:
         self.engine_url = engine_url
@@ -157,6 +194,7 @@ class LlamaStackServer:
         self.port = port or _free_port()
         self.start_timeout = start_timeout
         self.provider_max_tokens = provider_max_tokens
+        self.log_level = log_level
         self.python = python
         self.startup_s: float | None = None
         self.state_dir: Path | None = None
@@ -219,6 +257,7 @@ class LlamaStackServer:
         config_path.write_text(json.dumps(config, indent=2))  # JSON is valid YAML
         env = dict(os.environ)
         env["LLAMA_STACK_CONFIG_DIR"] = str(self.state_dir)
+        env["LLAMA_STACK_LOGGING"] = f"all={self.log_level}"
         env.setdefault("PYTHONUNBUFFERED", "1")
         cmd = [
             self.python,
@@ -235,20 +274,19 @@ class LlamaStackServer:
         )
 
     def _wait_healthy(self, deadline: float) -> None:
-        # Health is asked only once this process says it bound the port: another server on a
-        # port just taken could answer /v1/health too.
+        # Health is asked only once this process owns the listening socket: another server on
+        # a port just taken could answer /v1/health too.
         assert self._proc is not None
-        bound = f"Uvicorn running on http://127.0.0.1:{self.port}".encode()
         with httpx2.Client(trust_env=False, timeout=2.0) as client:
             while True:
                 if self._proc.poll() is not None:
-                    if b"address already in use" in self._log_bytes():
+                    if b"address already in use" in self._log_bytes() or _port_taken(self.port):
                         raise _PortTaken
                     raise RuntimeError(
                         f"Llama Stack exited with {self._proc.returncode} before it was healthy; "
                         f"its log ({self.log_path}) ends with:\n{self.log_tail()}"
                     )
-                if bound in self._log_bytes():
+                if _listens(self._proc.pid, self.port) is not False:
                     with contextlib.suppress(httpx2.TransportError):
                         if client.get(self.url + "/v1/health").status_code == 200:
                             return
@@ -321,6 +359,9 @@ class EngineSlot:
     def __init__(self, app: ASGIApp | None = None, *, keep_seen: int = 1000) -> None:
         self.app = app
         self.seen: collections.deque[SeenRequest] = collections.deque(maxlen=keep_seen)
+        #: Requests being served now, and when the last one came or went (monotonic clock).
+        self.inflight = 0
+        self.last_request_at = 0.0
 
     def install(self, app: ASGIApp) -> ASGIApp | None:
         """Route every later request to ``app``; return the previous app."""
@@ -340,6 +381,17 @@ class EngineSlot:
         if scope["type"] == "http":
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
             self.seen.append(SeenRequest(scope["method"], scope["path"], headers))
+            self.last_request_at = time.monotonic()
+            self.inflight += 1
+            try:
+                await self._call(scope, receive, send)
+            finally:
+                self.inflight -= 1
+                self.last_request_at = time.monotonic()
+            return
+        await self._call(scope, receive, send)
+
+    async def _call(self, scope: Scope, receive: Receive, send: Send) -> None:
         app = self.app
         if app is None:
             body = b'{"error":{"message":"no engine installed","type":"service_unavailable"}}'
@@ -396,6 +448,21 @@ class Deployment:
             await asyncio.wait_for(fn(), 10)
 
         self.slot_server.call(_run(), timeout=15)
+
+    def quiesce(self, quiet_s: float = 3.0, limit_s: float = 30.0) -> bool:
+        """Wait until nothing reached the slot for ``quiet_s`` seconds (at most ``limit_s``);
+        True if it went quiet. Llama Stack keeps working for callers that left (it retries a
+        failed engine call after a backoff, finishes non-streaming calls), so a run is over
+        only once that has passed; otherwise it lands on the next run's engine."""
+        slot = self.slot
+        deadline = time.monotonic() + limit_s
+        while True:
+            now = time.monotonic()
+            if slot.inflight == 0 and now - slot.last_request_at >= quiet_s:
+                return True
+            if now > deadline:
+                return False
+            time.sleep(0.05)
 
     def close(self) -> None:
         """Stop whatever is installed, Llama Stack, and the slot's server."""

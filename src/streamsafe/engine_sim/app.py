@@ -399,11 +399,7 @@ class Simulator:
         """Send ``parts``, then nothing more with the connection open, as a frozen engine does;
         the request is dropped once the client leaves."""
         self.engine.count("faults_hang")
-        if not started:
-            await send({"type": "http.response.start", "status": 200, "headers": _SSE})
-        if parts:
-            await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
-        gen.sent = min(n, gen.sent + _tokens_in(parts))
+        await _send_last(send, gen, parts, n, started)
         await client.gone_event.wait()
         self.engine.client_gone(gen)
 
@@ -411,13 +407,20 @@ class Simulator:
         self, send: Send, gen: Generation, parts: list[bytes], n: int, started: bool
     ) -> None:
         self.engine.count("faults_cut")
-        if not started:
-            await send({"type": "http.response.start", "status": 200, "headers": _SSE})
-        if parts:
-            await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
-        gen.sent = min(n, gen.sent + _tokens_in(parts))
+        await _send_last(send, gen, parts, n, started)
         self.engine.client_gone(gen)
         raise StreamCut("injected fault: connection cut")
+
+
+async def _send_last(
+    send: Send, gen: Generation, parts: list[bytes], n: int, started: bool
+) -> None:
+    """Send ``parts``, the last a faulty stream sends, and note the tokens among them as sent."""
+    if not started:
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+    if parts:
+        await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
+    gen.sent = min(n, gen.sent + _tokens_in(parts))
 
 
 _LLAMA_STACK_PREFIX = "/v1/openai/v1/"

@@ -22,7 +22,8 @@ the others:
 
 A waiter whose subscribers all left is *dormant*: it keeps its place (its tag) but is skipped,
 so the engine never works for nobody; if a subscriber comes back within the grace period it is
-admitted at the next free place.
+admitted at the next free place. A waiter whose client was told to come back (``expected``) is
+dormant too, but it runs ahead where the engine would otherwise idle: its client replays it.
 
 The wait is predicted from the drain rate (Little's law: generations in flight divided by their
 mean duration), so a request that will not fit is answered with a real 429 before anything is
@@ -122,6 +123,9 @@ class Waiter:
     state: str = QUEUED
     #: False while nobody waits for it (dormant: skipped, but keeps its place).
     active: bool = True
+    #: Dormant because its client was told to come back: it may run ahead while the engine
+    #: would otherwise idle (its client then replays it).
+    expected: bool = False
     #: True once a response was committed for it: never shed after that.
     committed: bool = False
     admitted_at: float | None = None
@@ -193,8 +197,9 @@ class AdmissionCore:
 
     def predicted_wait(self, waiter: Waiter | None = None, tenant: str = "") -> float | None:
         """Seconds until ``waiter`` (or a request of ``tenant`` arriving now) is expected to be
-        admitted: the active waiters before it in the fair order, plus itself, divided by the
-        drain rate. 0 for an admitted waiter; ``None`` while the rate is unknown."""
+        admitted: the active and expected waiters before it in the fair order, plus itself,
+        divided by the drain rate. 0 for an admitted waiter; ``None`` while the rate is
+        unknown."""
         if waiter is not None and waiter.state != QUEUED:
             return 0.0
         if waiter is None:
@@ -209,10 +214,9 @@ class AdmissionCore:
             return None
         ahead = 0
         for t in self._tenants.values():
-            if t.active:
-                for w in t.queue:
-                    if w.active and (w.tag, w.seq) < key:
-                        ahead += 1
+            for w in t.queue:
+                if (w.active or w.expected) and (w.tag, w.seq) < key:
+                    ahead += 1
         return (ahead + 1) / rate
 
     # -- changes ----------------------------------------------------------------------------------
@@ -271,11 +275,15 @@ class AdmissionCore:
         self._prune(t)
         return self._drain(now)
 
-    def set_active(self, waiter: Waiter, active: bool, now: float) -> list[Waiter]:
-        """Mark a queued waiter dormant (nobody waits for it: skipped, place kept) or active
-        again; returns the waiters admitted as a result (it may be one of them)."""
+    def set_active(
+        self, waiter: Waiter, active: bool, now: float, *, expected: bool = False
+    ) -> list[Waiter]:
+        """Mark a queued waiter dormant (nobody waits for it: skipped, place kept; with
+        ``expected``, its client was told to come back) or active again; returns the waiters
+        admitted as a result (it may be one of them)."""
         if waiter.state != QUEUED or waiter.active == active:
             return []
+        waiter.expected = expected and not active
         waiter.active = active
         self._tenants[waiter.tenant].active += 1 if active else -1
         return self._drain(now)
@@ -310,7 +318,8 @@ class AdmissionCore:
 
     def next_waiter(self) -> Waiter | None:
         """The next waiter in the fair order: the lowest tag among the tenants' first active
-        waiters, tenants below their share first."""
+        waiters, tenants below their share first; where none is active, the expected one with
+        the lowest tag (work for a client on its way back beats an idle engine)."""
         best: Waiter | None = None
         best_below: Waiter | None = None
         total = 0.0
@@ -328,7 +337,14 @@ class AdmissionCore:
                 self._below_share(t, total)
             ):
                 best_below = head
-        return best_below or best
+        if best_below or best:
+            return best_below or best
+        ahead: Waiter | None = None
+        for t in self._tenants.values():
+            for w in t.queue:
+                if w.expected and (ahead is None or (w.tag, w.seq) < (ahead.tag, ahead.seq)):
+                    ahead = w
+        return ahead
 
     def _drain(self, now: float) -> list[Waiter]:
         admitted: list[Waiter] = []
@@ -434,7 +450,8 @@ def plan_wait(
 
     Rules: a generation that will not be admitted within what the gateway holds is shed now,
     with a real 429, never after a commit. With early commit, the headers go only when the wait
-    may reach the client's read timeout (or, where it is unknown, after ``commit_after``); with
+    may reach the client's read timeout (or, where it or the wait is unknown, after
+    ``commit_after``); with
     first-token commit a subscriber that would time out first is told to come back when its
     place comes (``step-back``), and its place is kept.
     """
@@ -448,7 +465,12 @@ def plan_wait(
     if hold_left <= 0 or (predicted is not None and predicted > hold_left):
         return Plan("shed", retry_after=predicted if predicted is not None else 1.0)
     if early:
-        limit = commit_after if answer_by is None else answer_by
+        if answer_by is None:
+            limit = commit_after
+        elif predicted is None:  # no estimate yet (nothing finished): hold the client as before
+            limit = min(commit_after, answer_by)
+        else:
+            limit = answer_by
         if waited >= limit or (
             answer_by is not None and predicted is not None and waited + predicted >= answer_by
         ):
@@ -456,18 +478,22 @@ def plan_wait(
         return Plan("wait", until=min(limit - waited, hold_left))
     if answer_by is None:
         return Plan("wait", until=hold_left)
-    if waited >= answer_by or (predicted is not None and waited + predicted >= answer_by):
+    if waited >= answer_by:
+        return Plan("step-back", retry_after=_come_back(predicted, patience))
+    if predicted is not None and waited + predicted >= answer_by and predicted >= answer_by / 2:
+        # Not near (else stepping back would cost the client an attempt for nothing).
         return Plan("step-back", retry_after=_come_back(predicted, patience))
     return Plan("wait", until=min(answer_by - waited, hold_left))
 
 
 def _come_back(predicted: float | None, patience: float | None) -> float:
-    # Back a little before the place is expected to come, so the first token arrives within
-    # the client's read timeout even if the place comes early.
+    # Back a little after the place is expected: a client back early times out or is sent back
+    # again (an attempt each), while a place that comes early waits for it, or runs ahead if
+    # the engine would idle and is replayed to it.
     if predicted is None:
         return 1.0
-    lead = 0.0 if patience is None else patience * ANSWER_FRACTION / 2
-    return max(0.05, predicted - lead)
+    lag = 0.0 if patience is None else patience * ANSWER_FRACTION / 2
+    return predicted + lag
 
 
 class Admission:
@@ -575,9 +601,9 @@ class Admission:
         if not fut.done():
             fut.cancel()
 
-    def set_active(self, waiter: Waiter, active: bool) -> None:
+    def set_active(self, waiter: Waiter, active: bool, *, expected: bool = False) -> None:
         """Nobody (``False``) or somebody again (``True``) waits for ``waiter``."""
-        self._wake(self.core.set_active(waiter, active, self._clock()))
+        self._wake(self.core.set_active(waiter, active, self._clock(), expected=expected))
 
     def commit(self, waiter: Waiter) -> None:
         """A response went out for ``waiter``: it is never shed after this."""

@@ -123,6 +123,7 @@ class Gateway:
             max_memory_tokens=config.max_memory_tokens,
             queue_size=config.queue_size,
             queue_timeout=config.queue_timeout,
+            weights={tenant_id(k.strip().encode()): w for k, w in config.tenant_weights},
         )
         replicas = None
         if store is None and config.redis_url is not None:

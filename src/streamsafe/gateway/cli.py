@@ -131,6 +131,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="accepted API key (repeatable; also STREAMSAFE_API_KEYS, comma-separated)",
     )
     p.add_argument(
+        "--tenant-weight",
+        action="append",
+        default=[],
+        metavar="KEY=WEIGHT",
+        help="share of admission of an API key's tenant (repeatable; default 1 each)",
+    )
+    p.add_argument(
         "--max-body-kb", type=int, default=4096, help="largest request body, KiB (default 4096)"
     )
     p.add_argument(
@@ -228,6 +235,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _weight(spec: str) -> tuple[str, float]:
+    key, sep, weight = spec.rpartition("=")
+    try:
+        value = float(weight)
+    except ValueError:
+        value = 0.0
+    if not sep or not key or not value > 0:
+        raise SystemExit(f"--tenant-weight wants KEY=WEIGHT with a weight > 0, not {spec!r}")
+    return key, value
+
+
 def build_config(args: argparse.Namespace, upstream: str) -> Any:
     """The :class:`GatewayConfig` the parsed arguments describe."""
     from streamsafe.gateway.config import GatewayConfig
@@ -254,6 +272,7 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
         max_kept_bytes=int(args.max_kept_mb * 1024 * 1024),
         max_kept_generations=args.max_kept,
         api_keys=tuple(keys),
+        tenant_weights=tuple(_weight(spec) for spec in args.tenant_weight),
         max_body_bytes=args.max_body_kb * 1024,
         on_live_duplicate=args.on_live_duplicate,
         upstream_api_key=args.upstream_api_key,

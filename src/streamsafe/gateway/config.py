@@ -80,6 +80,10 @@ class GatewayConfig:
     #: API keys accepted as ``Authorization: Bearer <key>``; each key is a tenant. Empty (default):
     #: no authentication and one anonymous tenant.
     api_keys: tuple[str, ...] = ()
+    #: ``(api_key, weight)`` pairs: a tenant's share of admission when tenants compete (default:
+    #: 1 each, equal shares). A tenant of weight 2 is admitted twice as often as one of weight 1
+    #: while both have requests waiting; alone, any tenant may use everything.
+    tenant_weights: tuple[tuple[str, float], ...] = ()
     #: Largest request body accepted (default 4 MiB); larger gets 413.
     max_body_bytes: int = 4 * 1024 * 1024
     #: What a duplicate of a live keyed generation gets: ``attach`` (default: replay, then live)
@@ -177,3 +181,5 @@ class GatewayConfig:
                 raise ValueError(f"{name} must be > 0 or None")
         if self.admin_key is not None and not self.admin_key:
             raise ValueError("admin_key must not be empty")
+        if any(not (w > 0 and w < float("inf")) for _, w in self.tenant_weights):
+            raise ValueError("tenant weights must be > 0")

@@ -259,7 +259,8 @@ class Registry:
         if gen.subscribers > 0 or gen.finished:
             return
         if gen.waiter is not None:
-            self._admission.set_active(gen.waiter, False)
+            # Told to come back (hold): it may run ahead of an idle engine; else it waits.
+            self._admission.set_active(gen.waiter, False, expected=hold > 0)
         self.leave_grace(gen, hold)
 
     def leave_grace(self, gen: Generation, hold: float = 0.0) -> None:

@@ -317,7 +317,7 @@ class Upstream:
                 return self.kind
             self.kind = KINDS[name]
             self.kind_known = True
-            log.warning("upstream %s is %s (probed)", self.base_url, name)
+            log.info("upstream %s is %s (probed)", self.base_url, name)
             return self.kind
 
     async def close(self) -> None:
