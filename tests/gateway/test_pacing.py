@@ -21,6 +21,7 @@ from streamsafe.gateway.subscriber import (
     WAIT,
     Pacing,
     StreamRules,
+    wait_for_change,
 )
 
 
@@ -135,3 +136,17 @@ def test_heartbeats_are_never_closer_than_the_interval_and_no_wait_is_negative(
             beats.append(now)
         assert timeout is None or timeout >= 0
     assert all(b - a >= heartbeat for a, b in itertools.pairwise(beats))
+
+
+@pytest.mark.parametrize("timeout", [0.0, -1.0, 0.01])
+def test_a_wait_that_is_already_due_returns_under_uvloop(timeout: float) -> None:
+    # uvloop answers call_later/call_at with a past deadline with a plain Handle (no when()):
+    # the gateway process runs on uvloop, where this once failed every heartbeat wait.
+    import uvloop
+
+    async def wait() -> int:
+        gen = _generation()
+        await wait_for_change(gen, timeout)
+        return len(gen._waiters)
+
+    assert uvloop.run(wait()) == 0  # the timed-out waiter is off the waiting list

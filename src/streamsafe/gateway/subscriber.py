@@ -37,6 +37,7 @@ __all__ = [
     "Subscriber",
     "serve_json",
     "serve_stream",
+    "wait_for_change",
 ]
 
 # One comment line with no blank line after it: a blank line would end an event, and the
@@ -332,17 +333,7 @@ async def serve_stream(
             await send(_HEARTBEAT_MSG)
         if gen.version != version:  # changed while a heartbeat or the headers went out
             continue
-        waiter = gen.next_change()
-        if timeout is None:
-            await waiter
-        else:
-            # A timer that resolves the waiter costs less than asyncio.timeout's cancellation.
-            loop = asyncio.get_running_loop()
-            timer = loop.call_later(max(0.0, timeout), _expire, waiter)
-            await waiter
-            timer.cancel()
-            if loop.time() >= timer.when():  # woken by the timer: still on the waiting list
-                gen.forget_waiter(waiter)
+        await wait_for_change(gen, timeout)
 
 
 async def _send_step_back(send: Send, retry_after: float) -> None:
@@ -356,9 +347,39 @@ async def _send_step_back(send: Send, retry_after: float) -> None:
     await respond(send, 429, error_body(msg, "rate_limit_error", 429), headers=headers)
 
 
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
+async def wait_for_change(gen: Generation, limit: float | None) -> None:
+    """Wait until ``gen`` changes, or at most ``limit`` seconds (``None``: no limit). Only the
+    waits before events flow have a limit (commit, heartbeats), so this is off the per-chunk
+    path."""
+    waiter = gen.next_change()
+    if limit is None:
+        await waiter
+        return
+    # A timer that resolves the waiter costs less than asyncio.timeout's cancellation. Whether
+    # it fired is recorded by the timer itself: neither the clock (uvloop's timers run on
+    # millisecond ticks) nor the handle (uvloop answers a due deadline with a plain Handle,
+    # which has no when()) can tell.
+    expired = _Expiry(waiter)
+    timer = asyncio.get_running_loop().call_later(max(0.0, limit), expired)
+    await waiter
+    timer.cancel()
+    if expired.fired:  # woken by the timer: still on the waiting list
+        gen.forget_waiter(waiter)
+
+
+class _Expiry:
+    """The timer's callback: resolve the waiter, remember that it did."""
+
+    __slots__ = ("fired", "waiter")
+
+    def __init__(self, waiter: asyncio.Future[None]) -> None:
+        self.waiter = waiter
+        self.fired = False
+
+    def __call__(self) -> None:
+        self.fired = True
+        if not self.waiter.done():
+            self.waiter.set_result(None)
 
 
 async def _end(
