@@ -405,3 +405,33 @@ async def test_request_that_can_never_fit_is_refused() -> None:
     with pytest.raises(ValueError, match="max_tokens"):
         adm.request("t", 11)
     assert math.isclose(adm.memory, 0)
+
+
+@given(
+    predicted=st.one_of(st.none(), st.floats(0, 100)),
+    waited=st.floats(0, 100),
+    hold_left=st.floats(-1, 100),
+    patience=st.one_of(st.none(), st.floats(0.1, 100)),
+    committed=st.booleans(),
+)
+def test_a_client_on_its_last_attempt_is_never_told_to_come_back(
+    predicted: float | None,
+    waited: float,
+    hold_left: float,
+    patience: float | None,
+    committed: bool,
+) -> None:
+    # Told to come back on its last attempt, a Stainless client gives up: commit it instead.
+    kw = dict(
+        predicted=predicted,
+        waited=waited,
+        hold_left=hold_left,
+        patience=patience,
+        early=False,
+        commit_after=1.0,
+        committed=committed,
+    )
+    last = plan_wait(**kw, last_attempt=True)  # type: ignore[arg-type]
+    assert last.action != "step-back"
+    if plan_wait(**kw).action == "step-back":  # type: ignore[arg-type]
+        assert last.action == "commit"

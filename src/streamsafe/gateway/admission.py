@@ -435,6 +435,7 @@ def plan_wait(
     early: bool,
     commit_after: float,
     committed: bool,
+    last_attempt: bool = False,
 ) -> Plan:
     """The decision for a subscriber whose generation is queued, before its response is
     committed. Pure: every input is a reading.
@@ -446,7 +447,10 @@ def plan_wait(
     - ``patience``: the client's read timeout, where it said (``x-stainless-read-timeout``);
     - ``early``: the gateway commits early (else only on the first token);
     - ``commit_after``: seconds after which an early commit goes when the patience is unknown;
-    - ``committed``: the generation was already committed (for another subscriber).
+    - ``committed``: the generation was already committed (for another subscriber);
+    - ``last_attempt``: the client said this is its last attempt (its retry count reached the
+      Stainless default of 2 retries): told to come back, it would give up, so it is committed
+      instead and heartbeats carry it to its place.
 
     Rules: a generation that will not be admitted within what the gateway holds is shed now,
     with a real 429, never after a commit. With early commit, the headers go only when the wait
@@ -461,7 +465,7 @@ def plan_wait(
             return Plan("commit")
         if answer_by is None or (predicted is not None and waited + predicted < answer_by):
             return Plan("wait", until=math.inf if answer_by is None else answer_by - waited)
-        return Plan("step-back", retry_after=_come_back(predicted, patience))
+        return _step_back(predicted, patience, last_attempt)
     if hold_left <= 0 or (predicted is not None and predicted > hold_left):
         return Plan("shed", retry_after=predicted if predicted is not None else 1.0)
     if early:
@@ -479,11 +483,17 @@ def plan_wait(
     if answer_by is None:
         return Plan("wait", until=hold_left)
     if waited >= answer_by:
-        return Plan("step-back", retry_after=_come_back(predicted, patience))
+        return _step_back(predicted, patience, last_attempt)
     if predicted is not None and waited + predicted >= answer_by and predicted >= answer_by / 2:
         # Not near (else stepping back would cost the client an attempt for nothing).
-        return Plan("step-back", retry_after=_come_back(predicted, patience))
+        return _step_back(predicted, patience, last_attempt)
     return Plan("wait", until=min(answer_by - waited, hold_left))
+
+
+def _step_back(predicted: float | None, patience: float | None, last_attempt: bool) -> Plan:
+    if last_attempt:
+        return Plan("commit")
+    return Plan("step-back", retry_after=_come_back(predicted, patience))
 
 
 def _come_back(predicted: float | None, patience: float | None) -> float:

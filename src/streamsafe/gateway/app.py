@@ -48,6 +48,7 @@ from streamsafe.gateway.replicas import Replicas
 from streamsafe.gateway.requests import (
     client_read_timeout,
     completion_request,
+    last_attempt,
     read_request_body,
     tenant_id,
 )
@@ -336,7 +337,7 @@ class Gateway:
             raise BadRequest(409, "a request with this Idempotency-Key is in progress") from None
         except NotResumable:
             raise BadRequest(410, "the stream to resume is no longer held by the gateway") from None
-        sub = Subscriber(gen, client_read_timeout(scope))
+        sub = Subscriber(gen, client_read_timeout(scope), last_attempt(scope))
         watcher = asyncio.get_running_loop().create_task(sub.watch(receive))
         try:
             if req.stream:

@@ -19,7 +19,13 @@ from streamsafe.gateway.errors import BadRequest
 from streamsafe.gateway.generation import GenerationRequest
 from streamsafe.gateway.upstream_kinds import CompletionRoute, Wire, cost_view
 
-__all__ = ["client_read_timeout", "completion_request", "read_request_body", "tenant_id"]
+__all__ = [
+    "client_read_timeout",
+    "completion_request",
+    "last_attempt",
+    "read_request_body",
+    "tenant_id",
+]
 
 #: Longest Idempotency-Key accepted (the IETF draft sets no limit; a key is a store key here).
 _MAX_KEY_LEN = 256
@@ -104,6 +110,17 @@ def client_read_timeout(scope: Scope) -> float | None:
     except ValueError:
         return None
     return seconds if 0 < seconds < 86_400 else None
+
+
+#: Stainless clients' default number of retries (openai, llama-stack-client): an attempt whose
+#: retry count reached it is the client's last.
+STAINLESS_MAX_RETRIES = 2
+
+
+def last_attempt(scope: Scope) -> bool:
+    """Whether the request says it is its client's last attempt (``x-stainless-retry-count`` or
+    ``x-retry-count`` at the Stainless default of 2 retries)."""
+    return _retry_count(scope) >= STAINLESS_MAX_RETRIES
 
 
 def _retry_count(scope: Scope) -> int:

@@ -58,13 +58,17 @@ WAIT, COMMIT, HEARTBEAT, SHED, STEP_BACK = 0, 1, 2, 3, 4
 class Subscriber:
     """One client reading one generation; ``gone`` once it disconnected."""
 
-    __slots__ = ("gen", "gone", "hold", "patience")
+    __slots__ = ("gen", "gone", "hold", "last_attempt", "patience")
 
-    def __init__(self, gen: Generation, patience: float | None = None) -> None:
+    def __init__(
+        self, gen: Generation, patience: float | None = None, last_attempt: bool = False
+    ) -> None:
         self.gen = gen
         self.gone = False
         #: The client's read timeout, where it said (``x-stainless-read-timeout``).
         self.patience = patience
+        #: It said it is its client's last attempt: never told to come back.
+        self.last_attempt = last_attempt
         #: Seconds after which it was told to come back (0: it was not).
         self.hold = 0.0
 
@@ -129,6 +133,7 @@ class Pacing:
 
     __slots__ = (
         "_arrived",
+        "_last_attempt",
         "_next_beat",
         "_patience",
         "_rules",
@@ -143,11 +148,13 @@ class Pacing:
         flowing: bool,
         arrived: float = 0.0,
         patience: float | None = None,
+        last_attempt: bool = False,
     ) -> None:
         self._rules = rules
         self._next_beat = 0.0
         self._arrived = arrived
         self._patience = patience
+        self._last_attempt = last_attempt
         #: The response headers went out.
         self.committed = False
         #: Events went out (or the stream resumes past some): no more heartbeats.
@@ -171,6 +178,7 @@ class Pacing:
                     waited=now - self._arrived,
                     hold_left=place.since + rules.queue_timeout - now,
                     patience=self._patience,
+                    last_attempt=self._last_attempt,
                     early=rules.early,
                     commit_after=rules.commit_wait,
                     committed=place.committed,
@@ -281,7 +289,7 @@ async def serve_stream(
     for clients that would read a clean end as a complete answer). The first ``preamble`` events
     come before the first token (Llama Stack's ``start`` event), so heartbeats go on past them."""
     gen = sub.gen
-    pacing = Pacing(rules, start > preamble, time.monotonic(), sub.patience)
+    pacing = Pacing(rules, start > preamble, time.monotonic(), sub.patience, sub.last_attempt)
     cursor = start
     headers = [
         (b"content-type", b"text/event-stream; charset=utf-8"),
