@@ -1,6 +1,7 @@
 """What the relay does with each network read of an upstream stream, in the connection's read
 callback (see :mod:`streamsafe.gateway.event_stream`): check the payloads, append them to the
-generation's log and wake its subscribers, with no task switch per chunk.
+generation's log and publish them (written at once to the subscribers that keep up, see
+:mod:`streamsafe.gateway.fanout`), with no task switch per chunk.
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ class StreamSink:
                 ready.set_result(None)
             return
         gen.length = append_now(payloads)
-        self._appended(len(payloads))
+        self._appended(payloads)
 
     def ready(self) -> asyncio.Future[None]:
         """A future resolved once payloads are pending for :meth:`flush`."""
@@ -154,12 +155,13 @@ class StreamSink:
         if self._pending:
             payloads, self._pending = self._pending, []
             self.gen.length = await self.gen.log.append(payloads)
-            self._appended(len(payloads))
+            self._appended(payloads)
 
-    def _appended(self, n: int) -> None:
+    def _appended(self, payloads: list[bytes]) -> None:
         gen = self.gen
+        n = len(payloads)
         self._counters.events_relayed += n
-        gen.wake()
+        gen.publish(payloads, gen.length - n)
         watch = self._watch
         if not watch.flowing and gen.length > self._preamble:
             watch.first_event()
