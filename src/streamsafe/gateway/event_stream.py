@@ -189,12 +189,12 @@ class EventStream(asyncio.Protocol):
                 self._transport.pause_reading()
             return
         try:
-            events = decoder.feed(body)
+            payloads = decoder.payloads(body)
         except SSEError as exc:
             self._fail(f"upstream sent a broken event stream: {exc}")
             return
-        if events and self._sink is not None:
-            self._sink([ev.raw for ev in events])
+        if payloads and self._sink is not None:
+            self._sink(payloads)
 
     def on_message_complete(self) -> None:
         self._complete = True

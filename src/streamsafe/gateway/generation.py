@@ -53,9 +53,6 @@ class State(enum.Enum):
     ABORTED = "aborted"
 
 
-_FINISHED = frozenset((State.DONE, State.FAILED, State.ABORTED))
-
-
 @dataclass(slots=True)
 class GenerationRequest:
     """What the registry needs to know about one incoming request."""
@@ -162,7 +159,9 @@ class Generation:
     @property
     def finished(self) -> bool:
         """Done, failed or aborted: no event will be appended any more."""
-        return self.state in _FINISHED
+        # Identity tests: an Enum member's hash is a Python-level call, and this runs per read.
+        state = self.state
+        return state is not State.RUNNING and state is not State.QUEUED
 
     @property
     def live(self) -> bool:
@@ -187,7 +186,10 @@ class Generation:
         """Events ``first, first + 1, ...`` were appended: write them to the fan-out's members,
         wake the subscribers waiting."""
         self.fanout.publish(payloads, first, self.multiline)
-        self._wake_waiters()
+        if self._waiters:
+            self._wake_waiters()
+        else:  # the usual case once its subscribers are in the fan-out
+            self.version += 1
 
     def _wake_waiters(self) -> None:
         self.version += 1

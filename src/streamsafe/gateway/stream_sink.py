@@ -20,6 +20,8 @@ from streamsafe.sse import DONE
 
 __all__ = ["StreamSink"]
 
+_RUNNING, _QUEUED = State.RUNNING, State.QUEUED
+
 
 class StreamSink:
     """What the relay does with each network read of a stream, called from the connection's
@@ -93,7 +95,8 @@ class StreamSink:
 
     def events(self, payloads: list[bytes]) -> None:
         gen = self.gen
-        if self.done or self.malformed or gen.finished:
+        state = gen.state  # not gen.finished: a property call, once per read
+        if self.done or self.malformed or (state is not _RUNNING and state is not _QUEUED):
             return
         if self.skip_role:
             self.skip_role = False
