@@ -227,6 +227,27 @@ class SSEDecoder:
                 self._field(line)
         return events
 
+    def one_payload(self, chunk: bytes) -> bytes | None:
+        """The payload of ``chunk`` where it is exactly one ``data: ...`` event and nothing is
+        held from earlier reads (the usual read of a token stream), else ``None``, with the
+        decoder untouched: the caller then feeds the chunk as usual. The gateway's relay takes
+        this shortcut on every read before anything else."""
+        end = len(chunk) - 2
+        if (
+            chunk.startswith(b"data: ")
+            and chunk.find(b"\n") == end
+            and chunk.endswith(b"\n\n")
+            and not self._at_start
+            and not self._partial
+            and not self._data
+            and self._event is None
+            and self._retry_field is None
+            and b"\r" not in chunk
+        ):
+            self._skip_lf = False
+            return chunk[6:end]
+        return None
+
     def payloads(self, chunk: bytes) -> list[bytes]:
         """:meth:`feed`, for a reader that needs only each event's payload (the gateway's relay,
         once per upstream read): the usual reads, one or more whole ``data: ...`` events with

@@ -64,21 +64,11 @@ class MemoryEventLog:
     def append_nowait(self, payloads: Sequence[bytes]) -> int:
         """:meth:`append` without a coroutine: the relay's per-chunk fast path for a log that
         lives in this process (a networked log has only the awaitable form)."""
+        if len(payloads) == 1:
+            length = self.append_one(payloads[0])
+            if length:
+                return length
         ends = self._ends
-        if len(payloads) == 1 and self._last_fits and len(ends) % _KEYFRAME:
-            # The usual read: one chunk, the same JSON around its content as the last one.
-            p = payloads[0]
-            head, tail = self._template
-            a, b, n = len(head), len(tail), len(p)
-            if 0 < a + b <= n and p.startswith(head) and p.endswith(tail):
-                buf = self._buf
-                buf += p[a : n - b]
-                ends.append(len(buf))
-                self._pre.append(a)
-                self._suf.append(b)
-                self._last = p
-                self._recent.append(p)
-                return len(ends)
         buf, pre, suf = self._buf, self._pre, self._suf
         prev = self._last
         head, tail = self._template
@@ -114,6 +104,25 @@ class MemoryEventLog:
         self._last_fits = fits
         self._recent.extend(payloads)
         return len(ends)
+
+    def append_one(self, p: bytes) -> int:
+        """Append ``p`` if it is the usual chunk (the same JSON around its content as the last
+        one, not due to be stored whole) and return the new length; else change nothing and
+        return 0 (:meth:`append_nowait` takes any payload). The relay's per-read fast path."""
+        ends = self._ends
+        if self._last_fits and len(ends) % _KEYFRAME:
+            head, tail = self._template
+            a, b, n = len(head), len(tail), len(p)
+            if 0 < a + b <= n and p.startswith(head) and p.endswith(tail):
+                buf = self._buf
+                buf += p[a : n - b]
+                ends.append(len(buf))
+                self._pre.append(a)
+                self._suf.append(b)
+                self._last = p
+                self._recent.append(p)
+                return len(ends)
+        return 0
 
     def read_nowait(self, start: int) -> list[bytes]:
         """:meth:`read` without a coroutine (see :meth:`append_nowait`)."""

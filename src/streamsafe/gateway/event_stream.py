@@ -67,6 +67,7 @@ class EventStream(asyncio.Protocol):
         self._release_on_complete = False
         self._closed = False
         self._on_read: Callable[[], None] | None = None
+        self._one: Callable[[bytes], bool] | None = None
         self.idle_since = 0.0
 
     # -- the exchange ---------------------------------------------------------------------------
@@ -81,6 +82,7 @@ class EventStream(asyncio.Protocol):
         self._decoder = None
         self._sink = None
         self._on_read = None
+        self._one = None
         self._complete = self._keep_alive = self._release_on_complete = False
         self._head = self._loop.create_future()
         self._end = self._loop.create_future()
@@ -113,16 +115,23 @@ class EventStream(asyncio.Protocol):
         return body[:limit]
 
     def stream_events(
-        self, sink: EventSink, *, on_read: Callable[[], None] | None = None
+        self,
+        sink: EventSink,
+        *,
+        on_read: Callable[[], None] | None = None,
+        one: Callable[[bytes], bool] | None = None,
     ) -> asyncio.Future[str | None]:
         """Decode the body as an event stream from now on, handing each read's completed event
         payloads to ``sink`` from the event loop's read callback (it must not block), and
         calling ``on_read`` for every read (the upstream timeouts' sign of life). The future
         returned resolves when the stream ends: ``None`` once the response completed, else why
-        it broke."""
+        it broke. ``one``, where given, is offered first the payload of a read that is exactly
+        one plain event (the usual read of a token stream), and takes it or answers ``False``
+        for ``sink`` to have it."""
         assert self._end is not None
         self._decoder = SSEDecoder()
         self._sink = sink
+        self._one = one
         self._on_read = on_read
         if self._body:  # read with the head, before the stream was asked for
             self._deliver()
@@ -149,6 +158,7 @@ class EventStream(asyncio.Protocol):
             self._to_pool()
         elif finished and not self._closed:
             self._sink = None
+            self._one = None
             self._release_on_complete = True
             self._loop.call_later(_KEEP_IDLE_S, self._give_up)
         else:
@@ -215,7 +225,14 @@ class EventStream(asyncio.Protocol):
                 self._deliver()  # what came whole before the broken bytes
             self._fail(f"upstream sent broken HTTP: {exc}")
             return
-        if self._decoder is not None and self._body:
+        chunks = self._body
+        if chunks and self._decoder is not None:
+            one = self._one
+            if len(chunks) == 1 and one is not None:
+                payload = self._decoder.one_payload(chunks[0])
+                if payload is not None and one(payload):
+                    chunks.clear()
+                    return
             self._deliver()
 
     def _deliver(self) -> None:

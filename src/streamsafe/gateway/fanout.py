@@ -15,6 +15,7 @@ loop then goes on exactly as before, from the log.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from streamsafe._asgi import BodyWriter
 from streamsafe.sse import DONE, encode_events
@@ -59,7 +60,7 @@ class Fanout:
             raise
         return member.cursor
 
-    def publish(self, payloads: list[bytes], first: int, multiline: bool) -> None:
+    def publish(self, payloads: Sequence[bytes], first: int, multiline: bool) -> None:
         """Write ``payloads`` (the log's events ``first, first + 1, ...``, just appended) to
         every member; release the members that cannot take them."""
         members = self._members

@@ -15,6 +15,7 @@ import contextlib
 import enum
 import itertools
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from streamsafe.gateway.admission import Waiter
@@ -182,7 +183,7 @@ class Generation:
         self.fanout.release_all()
         self._wake_waiters()
 
-    def publish(self, payloads: list[bytes], first: int) -> None:
+    def publish(self, payloads: Sequence[bytes], first: int) -> None:
         """Events ``first, first + 1, ...`` were appended: write them to the fan-out's members,
         wake the subscribers waiting."""
         self.fanout.publish(payloads, first, self.multiline)

@@ -47,6 +47,13 @@ class EventLog(Protocol):
         ...
 
     @property
+    def append_one(self) -> Callable[[bytes], int] | None:
+        """Where the log lives in this process: append one payload if that is cheap (the usual
+        chunk of a stream) and return the new length, else change nothing and return 0 (the
+        relay then uses :attr:`append_nowait`); ``None`` for a log that needs I/O."""
+        ...
+
+    @property
     def read_nowait(self) -> Callable[[int], list[bytes]] | None:
         """:meth:`read` without a coroutine where the log lives in this process (a subscriber's
         per-chunk fast path); ``None`` for a log that needs I/O."""

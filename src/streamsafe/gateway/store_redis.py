@@ -124,6 +124,7 @@ class RedisEventLog:
 
     #: Every read and append is a round trip: no coroutine-free fast path.
     append_nowait = None
+    append_one = None
     read_nowait = None
 
     def __init__(
@@ -197,6 +198,7 @@ class ReplicatedLog:
 
     #: Writes need a round trip to Redis.
     append_nowait = None
+    append_one = None
 
     def __init__(self, remote: RedisEventLog) -> None:
         self.remote = remote

@@ -37,6 +37,7 @@ class StreamSink:
 
     __slots__ = (
         "_append_now",
+        "_append_one",
         "_attempts",
         "_counters",
         "_finish",
@@ -75,6 +76,7 @@ class StreamSink:
         self.skip_role = continuing
         self.tokens_before = gen.tokens_before if continuing else 0
         self._append_now = gen.log.append_nowait
+        self._append_one = gen.log.append_one
         self._pending: list[bytes] = []
         self._ready: asyncio.Future[None] | None = None
         # Events before the engine's first token (Llama Stack's start event) do not end the
@@ -144,6 +146,36 @@ class StreamSink:
             return
         gen.length = append_now(payloads)
         self._appended(payloads)
+
+    def one(self, payload: bytes) -> bool:
+        """Take the usual read, one plain chunk of an answer already flowing (what
+        :meth:`~streamsafe.sse.SSEDecoder.one_payload` found), with only the checks it needs:
+        not an error event, a JSON object, nothing to mend (a continuation's role chunk or
+        usage), the log cheap to append to (:attr:`~streamsafe.gateway.store.EventLog.append_one`).
+        Return ``False``, having done nothing, where :meth:`events` must take it instead."""
+        gen = self.gen
+        append_one = self._append_one
+        if (
+            append_one is None
+            or self.done
+            or self.malformed
+            or self.skip_role
+            or self.tokens_before
+            or not self._watch.flowing
+            or gen.state is not _RUNNING
+            or payload[:1] != b"{"
+            or payload[-1:] != b"}"
+            or payload.startswith(ERROR_PREFIXES)
+        ):
+            return False
+        length = append_one(payload)
+        if not length:
+            return False
+        gen.length = length
+        self.last = payload
+        self._counters.events_relayed += 1
+        gen.publish((payload,), length - 1)
+        return True
 
     def ready(self) -> asyncio.Future[None]:
         """A future resolved once payloads are pending for :meth:`flush`."""
