@@ -15,8 +15,8 @@ import itertools
 import os
 from dataclasses import dataclass
 
-from streamsafe.gateway.admission import Waiter
 from streamsafe.gateway.errors import Failure
+from streamsafe.gateway.fair_queue import Waiter
 from streamsafe.gateway.store import EventLog
 from streamsafe.gateway.upstream_kinds import CompletionRoute
 
