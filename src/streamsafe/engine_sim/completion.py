@@ -71,13 +71,6 @@ class Completion:
         if self.gen is not None:
             self.engine.client_gone(self.gen)
 
-    async def _stall(self) -> None:
-        faults = self.faults
-        if faults.stall_s > 0:
-            self.engine.count("faults_stall")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.gone_event.wait(), faults.stall_s)
-
     def _encoder(self) -> ChunkEncoder:
         job = self.job
         prefix = "chatcmpl-" if job.chat else "cmpl-"
@@ -88,8 +81,16 @@ class Completion:
             model=self.config.model,
         )
 
-    def _admit(self) -> Generation:
-        job = self.job
+    async def _admit(self) -> Generation | None:
+        """The job's generation, submitted after the stall fault (if any); ``None`` where the
+        client left during the stall. Raises :class:`EngineDeadError`."""
+        job, faults = self.job, self.faults
+        if faults.stall_s > 0:
+            self.engine.count("faults_stall")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.gone_event.wait(), faults.stall_s)
+        if self.gone:
+            return None
         gen = self.engine.submit(
             job.prompt_tokens,
             job.max_tokens,
@@ -102,13 +103,12 @@ class Completion:
 
     async def _unary(self, send: Send) -> None:
         job = self.job
-        await self._stall()
-        if self.gone:
-            return
         try:
-            gen = self._admit()
+            gen = await self._admit()
         except EngineDeadError as exc:
             await respond(send, 500, error_body(str(exc), 500))
+            return
+        if gen is None:
             return
         await gen.wait_end()
         if gen.state == GenState.FAILED:
@@ -128,16 +128,15 @@ class Completion:
         if not cfg.headers_after_first_token:
             await send({"type": "http.response.start", "status": 200, "headers": _SSE})
             started = True
-        await self._stall()
-        if self.gone:
-            return
         try:
-            gen = self._admit()
+            gen = await self._admit()
         except EngineDeadError as exc:
             if started:
                 await _finish(send, error_event(str(exc)) + DONE_EVENT)
             else:
                 await respond(send, 500, error_body(str(exc), 500))
+            return
+        if gen is None:
             return
         enc = self._encoder()
         text = TextStream(job.body, cfg.seed)
