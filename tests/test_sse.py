@@ -211,3 +211,44 @@ def test_whole_event_reads_with_an_id_line_take_the_id():
     assert dec.last_event_id == " 1"
     # two data lines are not the single-event shape: the general path joins them
     assert dec.feed(b"id: 2\ndata: d\ndata: e\n\n") == [ServerSentEvent(b"d\ne", None, "2")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    reads=st.lists(
+        st.lists(
+            st.sampled_from(
+                [
+                    b"data: {}",
+                    b"data: a",
+                    b"data:b",
+                    b"data:  c",
+                    b"id: 1",
+                    b": c",
+                    b"event: e",
+                    b"",
+                    b"retry: 5",
+                    b"data: [DONE]",
+                    b"\xef\xbb\xbfdata: x",
+                ]
+            ),
+            max_size=6,
+        ).map(lambda lines: b"".join(line + b"\n" for line in lines)),
+        max_size=8,
+    ),
+    eol=st.sampled_from([b"\n", b"\r\n"]),
+)
+def test_payloads_are_exactly_the_raw_data_of_what_feed_dispatches(reads, eol):
+    # The relay's shortcut must give, read by read, what the full decoder gives.
+    reads = [r.replace(b"\n", eol) for r in reads] + [b"data: z\n\ndata: y\n\n"]
+    fast, full = SSEDecoder(), SSEDecoder()
+    for read in reads:
+        assert fast.payloads(read) == [ev.raw for ev in full.feed(read)]
+        assert fast.pending == full.pending and fast.last_event_id == full.last_event_id
+
+
+def test_payloads_split_several_whole_events_of_one_read():
+    dec = SSEDecoder()
+    assert dec.payloads(b"data: {}\n\ndata: [DONE]\n\n") == [b"{}", b"[DONE]"]
+    assert dec.payloads(b"data: a\n\n\ndata: b\n\n") == [b"a", b"b"]  # a stray blank line
+    assert dec.payloads(b"data: a\ndata: b\n\n") == [b"a\nb"]

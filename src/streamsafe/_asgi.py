@@ -11,13 +11,16 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 __all__ = [
+    "BODY_WRITER_EXTENSION",
     "RESET_EXTENSION",
     "BodyTooLarge",
+    "BodyWriter",
     "Disconnected",
     "Message",
     "Receive",
     "Scope",
     "Send",
+    "body_writer",
     "header",
     "read_body",
     "reset_connection",
@@ -36,6 +39,25 @@ _JSON = b"application/json"
 #: (TCP RST, no answer): offered by :mod:`streamsafe.serving`'s servers, used to inject a reset
 #: and to end a stream that must not read as complete.
 RESET_EXTENSION = "streamsafe.reset"
+
+
+#: ``scope["extensions"]`` key of a callable ``write(body: bytes) -> bool`` that writes one piece
+#: of a started streaming response straight to the connection, without a coroutine: offered by
+#: :mod:`streamsafe.serving`'s servers, so a subscriber that keeps up is written to from the
+#: upstream's read callback. It answers ``False`` and writes nothing where :data:`Send` must be
+#: used instead: the response has not started or has ended, the client left, or the connection's
+#: write buffer is full (``send`` waits for it to drain).
+BODY_WRITER_EXTENSION = "streamsafe.body_writer"
+
+#: See :data:`BODY_WRITER_EXTENSION`.
+BodyWriter = Callable[[bytes], bool]
+
+
+def body_writer(scope: Scope) -> BodyWriter | None:
+    """The server's direct body writer for this request, where it offers one."""
+    extensions = scope.get("extensions")
+    writer = extensions.get(BODY_WRITER_EXTENSION) if isinstance(extensions, dict) else None
+    return writer if callable(writer) else None
 
 
 def reset_connection(scope: Scope) -> Callable[[], None] | None:

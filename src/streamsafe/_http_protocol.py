@@ -15,8 +15,10 @@ protocol adds, per connection and before the app sees anything:
 
 Every such answer is an OpenAI-style JSON error, like the app's own.
 
-It also offers the app one ASGI extension, :data:`streamsafe._asgi.RESET_EXTENSION`: a callable
-that resets the connection (TCP RST, no response).
+It also offers the app two ASGI extensions: :data:`streamsafe._asgi.RESET_EXTENSION`, a
+callable that resets the connection (TCP RST, no response), and
+:data:`streamsafe._asgi.BODY_WRITER_EXTENSION`, which writes a piece of a started streaming
+response without a coroutine (the gateway's per-chunk path, see :class:`_BodyWriter`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from streamsafe._asgi import RESET_EXTENSION
+from streamsafe._asgi import BODY_WRITER_EXTENSION, RESET_EXTENSION
 
 __all__ = ["ServerLimits", "limited_protocol"]
 
@@ -109,6 +111,41 @@ def _error_response(status: int, message: str, retry_after: int | None = None) -
     return b"".join(head) + b"\r\n" + body
 
 
+class _BodyWriter:
+    """``write(body) -> bool`` for one request (see :data:`BODY_WRITER_EXTENSION`).
+
+    uvicorn's ``send`` costs a coroutine, a message dict, three checks and a join per chunk; a
+    subscriber that keeps up is instead written to from the upstream's read callback, one
+    ``transport.write`` of the chunk in HTTP/1.1 chunked framing. uvicorn's cycle still owns the
+    response: it sent the headers (and chose chunked framing) and sends the end, so the writer
+    only ever writes between the two, and declines (``False``) whenever ``send`` must decide:
+    before the start, after the end, once the client left, or while the connection's write
+    buffer is over its high-water mark (``send`` waits for it to drain).
+    """
+
+    __slots__ = ("cycle", "protocol")
+
+    def __init__(self, protocol: HttpToolsProtocol) -> None:
+        self.protocol = protocol
+        self.cycle: Any = None  # the request's RequestResponseCycle, once its headers are in
+
+    def __call__(self, body: bytes) -> bool:
+        cycle = self.cycle
+        if (
+            cycle is None
+            or not cycle.chunked_encoding  # not started, a HEAD, or a fixed length
+            or cycle.response_complete
+            or cycle.disconnected
+            or self.protocol.flow.write_paused
+        ):
+            return False
+        transport = self.protocol.transport
+        if transport.is_closing():
+            return False
+        transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        return True
+
+
 class _LimitedProtocol(HttpToolsProtocol):
     """See the module docstring; ``limits`` is set on the subclass :func:`limited_protocol`
     makes."""
@@ -126,6 +163,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._completed = 0  # requests whose last byte was parsed on this connection
         self._lingering = False  # answered an error; reading only to drop what still comes
         self._timer: asyncio.TimerHandle | None = None
+        self._writer: _BodyWriter | None = None  # the current request's
 
     # -- connection ------------------------------------------------------------------------------
 
@@ -173,8 +211,12 @@ class _LimitedProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        # ASGI types extensions as dicts; this one is a callable, as the app expects.
-        self.scope["extensions"] = {RESET_EXTENSION: self._reset}  # type: ignore[dict-item]
+        # ASGI types extensions as dicts; these are callables, as the app expects.
+        self._writer = _BodyWriter(self)
+        self.scope["extensions"] = {
+            RESET_EXTENSION: self._reset,  # type: ignore[dict-item]
+            BODY_WRITER_EXTENSION: self._writer,  # type: ignore[dict-item]
+        }
         self._in_headers = True
         self._got_bytes = True
         self._raw_header_bytes = 0
@@ -211,6 +253,8 @@ class _LimitedProtocol(HttpToolsProtocol):
         if self._too_large is not None:
             return  # answered by data_received once the parser returns
         super().on_headers_complete()
+        if self._writer is not None:
+            self._writer.cycle = self.cycle
 
     def on_body(self, body: bytes) -> None:
         if self._too_large is None:

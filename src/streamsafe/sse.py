@@ -227,6 +227,32 @@ class SSEDecoder:
                 self._field(line)
         return events
 
+    def payloads(self, chunk: bytes) -> list[bytes]:
+        """:meth:`feed`, for a reader that needs only each event's payload (the gateway's relay,
+        once per upstream read): the usual reads, one or more whole ``data: ...`` events with
+        nothing held over, are split in C with no event object per payload."""
+        if (
+            chunk.endswith(b"\n\n")
+            and not self._partial
+            and not self._data
+            and self._event is None
+            and self._retry_field is None
+            and chunk.startswith(b"data: ")
+            and b"\r" not in chunk
+        ):
+            end = len(chunk) - 2
+            if chunk.find(b"\n") == end:  # one event: vLLM flushes one per token
+                self._at_start = self._skip_lf = False
+                return [chunk[6:end]]
+            parts = chunk[:end].split(b"\n\n")
+            for part in parts:
+                if not part.startswith(b"data: ") or b"\n" in part:
+                    break
+            else:
+                self._at_start = self._skip_lf = False
+                return [part[6:] for part in parts]
+        return [event.raw for event in self.feed(chunk)]
+
     def _field(self, line: bytes) -> None:
         name, colon, value = line.partition(b":")
         if colon and value[:1] == b" ":

@@ -117,3 +117,38 @@ def test_an_abandoned_stream_closes_its_connection() -> None:
         server.close()
 
     asyncio.run(run())
+
+
+def test_the_events_of_one_read_reach_the_sink_in_one_call() -> None:
+    # Three events in three HTTP chunks, written at once: one read, so one sink call (one log
+    # append and one write to each subscriber downstream), not one per chunk.
+    async def run() -> None:
+        go = asyncio.Event()
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+            await writer.drain()
+            await go.wait()
+            events = [b'data: {"n": %d}\n\n' % i for i in range(3)] + [b"data: [DONE]\n\n"]
+            writer.write(b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n")
+            await writer.drain()
+            await reader.read()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        pool = EventStreamPool(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        conn = await pool.request(b"POST", "/v1/chat/completions", b"{}")
+        await conn.head()
+        calls: list[list[bytes]] = []
+        reads: list[int] = []
+        end = conn.stream_events(calls.append, on_read=functools.partial(reads.append, 1))
+        go.set()
+        assert await asyncio.wait_for(end, 5) is None
+        assert calls == [[b'{"n": 0}', b'{"n": 1}', b'{"n": 2}', b"[DONE]"]]
+        assert reads == [1]
+        conn.release(finished=True)
+        pool.close()
+        server.close()
+
+    asyncio.run(run())

@@ -23,6 +23,7 @@ from streamsafe._asgi import (
     Receive,
     Scope,
     Send,
+    body_writer,
     header,
     reset_connection,
     respond,
@@ -356,6 +357,7 @@ class Gateway:
                     self.admission,
                     reset,
                     route.preamble,
+                    body_writer(scope),
                 )
             else:
                 await serve_json(sub, send, self._rules, self.admission)

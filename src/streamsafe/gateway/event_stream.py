@@ -4,8 +4,9 @@ Through httpx2, httpcore2 and h11, each chunk of a relayed stream is parsed in p
 several layers of async iterators: a third of the gateway's CPU per chunk, measured with
 ``streamsafe bench peers``. Here httptools (C) parses the response inside the protocol's
 ``data_received``; the body, chunked framing already undone, goes straight into the SSE decoder,
-and each read's completed event payloads are handed to a sink in the same call, so a log that
-lives in this process is appended to, and its subscribers woken, with no task switch per chunk.
+and each read's completed event payloads are handed to a sink in the same call (once per read,
+however many chunks it held), so a log that lives in this process is appended to, and its
+subscribers written to, with no task switch per chunk.
 
 Only streaming completions come this way; everything else (models, health, non-streaming calls)
 keeps httpx2. Connections are kept alive and reused, and a stream that is abandoned closes its
@@ -123,9 +124,8 @@ class EventStream(asyncio.Protocol):
         self._decoder = SSEDecoder()
         self._sink = sink
         self._on_read = on_read
-        held, self._body = self._body, []
-        for chunk in held:
-            self.on_body(chunk)
+        if self._body:  # read with the head, before the stream was asked for
+            self._deliver()
         self._resume()
         return self._end
 
@@ -181,20 +181,12 @@ class EventStream(asyncio.Protocol):
             self._head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
-        decoder = self._decoder
-        if decoder is None:
-            self._body.append(body)
+        self._body.append(body)
+        if self._decoder is None:
             self._body_size += len(body)
             if self._body_size > _READ_HIGH_WATER and self._transport is not None:
                 self._transport.pause_reading()
-            return
-        try:
-            events = decoder.feed(body)
-        except SSEError as exc:
-            self._fail(f"upstream sent a broken event stream: {exc}")
-            return
-        if events and self._sink is not None:
-            self._sink([ev.raw for ev in events])
+        # A stream's body is decoded once the whole read is parsed (see data_received).
 
     def on_message_complete(self) -> None:
         self._complete = True
@@ -219,7 +211,28 @@ class EventStream(asyncio.Protocol):
         try:
             parser.feed_data(data)
         except httptools.HttpParserError as exc:
+            if self._decoder is not None and self._body:
+                self._deliver()  # what came whole before the broken bytes
             self._fail(f"upstream sent broken HTTP: {exc}")
+            return
+        if self._decoder is not None and self._body:
+            self._deliver()
+
+    def _deliver(self) -> None:
+        """Hand the events of what was read to the sink, in one call however many chunks of
+        the response the read held: one log append and one write to each subscriber per read
+        (under load a read often carries several events)."""
+        chunks = self._body
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        assert self._decoder is not None
+        try:
+            payloads = self._decoder.payloads(body)
+        except SSEError as exc:
+            self._fail(f"upstream sent a broken event stream: {exc}")
+            return
+        if payloads and self._sink is not None:
+            self._sink(payloads)
 
     def eof_received(self) -> bool:
         return False  # close the transport; connection_lost follows

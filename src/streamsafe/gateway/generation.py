@@ -2,8 +2,10 @@
 
 A :class:`Generation` is what every request with the same ``(tenant, Idempotency-Key)`` (or, for
 an unkeyed retry, the same body) shares: the upstream reader appends to its log and calls
-:meth:`Generation.wake`; each subscriber keeps its own cursor and waits on
-:meth:`Generation.next_change`, so a slow one never holds up the reader or another subscriber.
+:meth:`Generation.publish` (new events) or :meth:`Generation.wake` (anything else); each
+subscriber keeps its own cursor and waits on :meth:`Generation.next_change`, so a slow one never
+holds up the reader or another subscriber. Subscribers that keep up are written to directly
+instead (its :class:`~streamsafe.gateway.fanout.Fanout`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 from streamsafe.gateway.errors import Failure
 from streamsafe.gateway.fair_queue import Waiter
+from streamsafe.gateway.fanout import Fanout
 from streamsafe.gateway.store import EventLog
 from streamsafe.gateway.upstream_kinds import CompletionRoute
 
@@ -48,9 +51,6 @@ class State(enum.Enum):
     FAILED = "failed"
     #: Stopped because nobody read it past the grace period, or at shutdown.
     ABORTED = "aborted"
-
-
-_FINISHED = frozenset((State.DONE, State.FAILED, State.ABORTED))
 
 
 @dataclass(slots=True)
@@ -89,6 +89,7 @@ class Generation:
         "cost",
         "created_at",
         "failure",
+        "fanout",
         "fingerprint",
         "finished_at",
         "id",
@@ -135,6 +136,8 @@ class Generation:
         self.subscribers = 0
         self.version = 0
         self._waiters: list[asyncio.Future[None]] = []
+        #: Subscribers that keep up, written to as events are published.
+        self.fanout = Fanout()
         #: The upstream reader.
         self.task: asyncio.Task[None] | None = None
         #: While live: the grace timer that aborts it; once finished: its retention timer.
@@ -156,7 +159,9 @@ class Generation:
     @property
     def finished(self) -> bool:
         """Done, failed or aborted: no event will be appended any more."""
-        return self.state in _FINISHED
+        # Identity tests: an Enum member's hash is a Python-level call, and this runs per read.
+        state = self.state
+        return state is not State.RUNNING and state is not State.QUEUED
 
     @property
     def live(self) -> bool:
@@ -172,7 +177,21 @@ class Generation:
         return self.log.nbytes + GENERATION_OVERHEAD_BYTES + key
 
     def wake(self) -> None:
-        """Wake every subscriber waiting on this generation."""
+        """Wake every subscriber waiting on this generation, and hand the fan-out's members
+        back to their own loops: something besides new events happened."""
+        self.fanout.release_all()
+        self._wake_waiters()
+
+    def publish(self, payloads: list[bytes], first: int) -> None:
+        """Events ``first, first + 1, ...`` were appended: write them to the fan-out's members,
+        wake the subscribers waiting."""
+        self.fanout.publish(payloads, first, self.multiline)
+        if self._waiters:
+            self._wake_waiters()
+        else:  # the usual case once its subscribers are in the fan-out
+            self.version += 1
+
+    def _wake_waiters(self) -> None:
         self.version += 1
         waiters = self._waiters
         if waiters:

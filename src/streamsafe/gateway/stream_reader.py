@@ -125,9 +125,9 @@ class StreamReader:
             try:
                 async for chunk in response.aiter_raw():
                     watch.chunk()
-                    events = decoder.feed(chunk)
-                    if events:
-                        sink.events([ev.raw for ev in events])
+                    payloads = decoder.payloads(chunk)
+                    if payloads:
+                        sink.events(payloads)
                         await sink.flush()
                         if sink.done or sink.malformed or gen.finished:
                             break

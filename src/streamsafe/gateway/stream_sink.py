@@ -1,6 +1,7 @@
 """What the relay does with each network read of an upstream stream, in the connection's read
 callback (see :mod:`streamsafe.gateway.event_stream`): check the payloads, append them to the
-generation's log and wake its subscribers, with no task switch per chunk.
+generation's log and publish them (written at once to the subscribers that keep up, see
+:mod:`streamsafe.gateway.fanout`), with no task switch per chunk.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from streamsafe.gateway.upstream_kinds import parse_error_event
 from streamsafe.sse import DONE
 
 __all__ = ["StreamSink"]
+
+_RUNNING, _QUEUED = State.RUNNING, State.QUEUED
 
 
 class StreamSink:
@@ -92,7 +95,8 @@ class StreamSink:
 
     def events(self, payloads: list[bytes]) -> None:
         gen = self.gen
-        if self.done or self.malformed or gen.finished:
+        state = gen.state  # not gen.finished: a property call, once per read
+        if self.done or self.malformed or (state is not _RUNNING and state is not _QUEUED):
             return
         if self.skip_role:
             self.skip_role = False
@@ -139,7 +143,7 @@ class StreamSink:
                 ready.set_result(None)
             return
         gen.length = append_now(payloads)
-        self._appended(len(payloads))
+        self._appended(payloads)
 
     def ready(self) -> asyncio.Future[None]:
         """A future resolved once payloads are pending for :meth:`flush`."""
@@ -154,12 +158,13 @@ class StreamSink:
         if self._pending:
             payloads, self._pending = self._pending, []
             self.gen.length = await self.gen.log.append(payloads)
-            self._appended(len(payloads))
+            self._appended(payloads)
 
-    def _appended(self, n: int) -> None:
+    def _appended(self, payloads: list[bytes]) -> None:
         gen = self.gen
+        n = len(payloads)
         self._counters.events_relayed += n
-        gen.wake()
+        gen.publish(payloads, gen.length - n)
         watch = self._watch
         if not watch.flowing and gen.length > self._preamble:
             watch.first_event()

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from streamsafe._asgi import Message, Receive, Send, respond
+from streamsafe._asgi import BodyWriter, Message, Receive, Send, respond
 from streamsafe.gateway.admission import QUEUED, Admission, plan_wait, retry_after_seconds
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.errors import error_body, send_failure
@@ -281,13 +281,16 @@ async def serve_stream(
     admission: Admission,
     reset_on_failure: Callable[[], None] | None = None,
     preamble: int = 0,
+    writer: BodyWriter | None = None,
 ) -> None:
     """Relay ``sub``'s generation from event ``start`` on, as SSE with ids. ``drop_done`` leaves
     out ``data: [DONE]`` (Llama Stack's streams end without it). ``admission`` predicts a queued
     generation's wait, and is told of a commit or a refusal before it. ``reset_on_failure``: how
     to end a stream whose generation failed after commit instead of closing it cleanly (a reset,
     for clients that would read a clean end as a complete answer). The first ``preamble`` events
-    come before the first token (Llama Stack's ``start`` event), so heartbeats go on past them."""
+    come before the first token (Llama Stack's ``start`` event), so heartbeats go on past them.
+    ``writer``: the server's direct body writer, with which a subscriber that keeps up is served
+    from the relay's read callback (:mod:`streamsafe.gateway.fanout`)."""
     gen = sub.gen
     pacing = Pacing(rules, start > preamble, time.monotonic(), sub.patience, sub.last_attempt)
     cursor = start
@@ -340,6 +343,17 @@ async def serve_stream(
         if step == HEARTBEAT:
             await send(_HEARTBEAT_MSG)
         if gen.version != version:  # changed while a heartbeat or the headers went out
+            continue
+        if (
+            timeout is None
+            and pacing.committed
+            and pacing.flowing
+            and writer is not None
+            and read_now is not None
+        ):
+            # Caught up on a flowing stream: the relay writes what comes next itself, until
+            # something else happens (see streamsafe.gateway.fanout).
+            cursor = await gen.fanout.serve(writer, cursor, drop_done)
             continue
         await wait_for_change(gen, timeout)
 

@@ -1,0 +1,103 @@
+"""Subscribers that keep up, written to from the upstream's read callback.
+
+A subscriber's own loop (:func:`streamsafe.gateway.subscriber.serve_stream`) reads the log from
+its cursor and sends through the server, then waits for the next change: per chunk a future, a
+task switch, a log read and a coroutine send. Once its stream is committed and flowing and it has
+sent everything, it instead joins its generation's :class:`Fanout` and sleeps. From then on the
+relay, right after appending a read's events to the log, encodes them once and writes them to
+every member through the server's body writer (:data:`streamsafe._asgi.BODY_WRITER_EXTENSION`):
+no task runs per chunk. A member is released back to its loop, cursor intact, whenever anything
+but new events happens (:meth:`Fanout.release_all`: a state change, a disconnect, the end) or its
+writer declines (the client's socket is backed up, so ``send`` must wait for it to drain); the
+loop then goes on exactly as before, from the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from streamsafe._asgi import BodyWriter
+from streamsafe.sse import DONE, encode_events
+
+__all__ = ["Fanout"]
+
+
+class _Member:
+    __slots__ = ("cursor", "drop_done", "released", "writer")
+
+    def __init__(
+        self, writer: BodyWriter, cursor: int, drop_done: bool, released: asyncio.Future[None]
+    ) -> None:
+        self.writer = writer
+        self.cursor = cursor
+        self.drop_done = drop_done
+        self.released = released
+
+
+class Fanout:
+    """The members of one generation (see the module docstring)."""
+
+    __slots__ = ("_members",)
+
+    def __init__(self) -> None:
+        self._members: list[_Member] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._members)
+
+    async def serve(self, writer: BodyWriter, cursor: int, drop_done: bool) -> int:
+        """Join at ``cursor`` (the log's length: everything before went out) and return the
+        cursor once released. ``drop_done`` leaves ``data: [DONE]`` out, as the subscriber's own
+        framing does."""
+        released = asyncio.get_running_loop().create_future()
+        member = _Member(writer, cursor, drop_done, released)
+        self._members.append(member)
+        try:
+            await released
+        except asyncio.CancelledError:
+            self._remove(member)
+            raise
+        return member.cursor
+
+    def publish(self, payloads: list[bytes], first: int, multiline: bool) -> None:
+        """Write ``payloads`` (the log's events ``first, first + 1, ...``, just appended) to
+        every member; release the members that cannot take them."""
+        members = self._members
+        if not members:
+            return
+        after = first + len(payloads)
+        whole: bytes | None = None
+        trimmed: bytes | None = None
+        declined: list[_Member] | None = None
+        for member in members:
+            if member.cursor == first:
+                if member.drop_done and payloads[-1] == DONE:
+                    if trimmed is None:
+                        trimmed = encode_events(payloads[:-1], first, multiline)
+                    body = trimmed
+                else:
+                    if whole is None:
+                        whole = encode_events(payloads, first, multiline)
+                    body = whole
+                if not body or member.writer(body):
+                    member.cursor = after
+                    continue
+            if declined is None:
+                declined = []
+            declined.append(member)
+        if declined is not None:
+            for member in declined:
+                self._remove(member)
+                member.released.set_result(None)
+
+    def release_all(self) -> None:
+        """Hand every member back to its own loop."""
+        members = self._members
+        if members:
+            self._members = []
+            for member in members:
+                if not member.released.done():
+                    member.released.set_result(None)
+
+    def _remove(self, member: _Member) -> None:
+        self._members = [m for m in self._members if m is not member]
