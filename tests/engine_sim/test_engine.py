@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamsafe.engine_sim import EngineDeadError, SimConfig
-from streamsafe.engine_sim.engine import Engine, GenState
+from streamsafe.engine_sim.engine import Engine
+from streamsafe.engine_sim.generation import GenState
 
 
 def _engine(**kw) -> Engine:

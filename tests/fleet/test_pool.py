@@ -7,16 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamsafe.gateway.breaker import BreakerState, EngineBreaker
+from streamsafe.gateway.failover import Failover, failover_step
 from streamsafe.gateway.pool import (
-    BreakerState,
-    EngineBreaker,
     EngineSpec,
-    Failover,
     Full,
     Pick,
     Pool,
     Unavailable,
-    failover_step,
     parse_engine,
     parse_fallback,
 )

@@ -12,8 +12,9 @@ import pytest
 from fleet_helpers import RedisProcess
 from redis.exceptions import RedisError
 
+from streamsafe.gateway.redis_log import LogConflict, LogLost
 from streamsafe.gateway.store import LeaseLost
-from streamsafe.gateway.store_redis import LogConflict, LogLost, RedisStore
+from streamsafe.gateway.store_redis import RedisStore
 
 pytestmark = pytest.mark.timeout(30)
 

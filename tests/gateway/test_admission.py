@@ -10,18 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamsafe.gateway.admission import (
-    ADMITTED,
-    ANSWER_FRACTION,
-    QUEUED,
-    SHED,
-    Admission,
-    AdmissionCore,
-    Shed,
-    Waiter,
-    plan_wait,
-    request_cost,
-)
+from streamsafe.gateway.admission import Admission, Shed, request_cost
+from streamsafe.gateway.fair_queue import ADMITTED, QUEUED, SHED, AdmissionCore, Waiter
+from streamsafe.gateway.wait_plan import ANSWER_FRACTION, plan_wait
 
 TENANTS = ("a", "b", "c")
 

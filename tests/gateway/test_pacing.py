@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamsafe.gateway.admission import AdmissionCore
 from streamsafe.gateway.config import GatewayConfig
+from streamsafe.gateway.fair_queue import AdmissionCore
 from streamsafe.gateway.generation import Generation, GenerationRequest, State
 from streamsafe.gateway.store import MemoryEventLog
 from streamsafe.gateway.subscriber import (

@@ -1,5 +1,5 @@
 """One real Llama Stack server for the whole session, in front of an engine slot; each test
-installs a fresh simulator in the slot (see streamsafe.bench.llamastack)."""
+installs a fresh simulator in the slot (see streamsafe.bench.llamastack_deployment)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from streamsafe.bench.llamastack import Deployment, llama_stack_deployment
+from streamsafe.bench.llamastack_deployment import Deployment, llama_stack_deployment
 from streamsafe.engine_sim import SimConfig, Simulator
 
 sys.path.insert(0, os.path.dirname(__file__))

@@ -111,10 +111,10 @@ _TIER_COLUMNS = (
 
 def _llama_stack_rows(console: Any, quick: bool, only: list[int] | None) -> list[dict[str, Any]]:
     """The middle-tier rows: the report's deployment with the real Llama Stack server, without
-    and with streamsafe in front of it (see streamsafe.bench.middle_tier)."""
+    and with streamsafe in front of it (see streamsafe.bench.middle_tier_demo)."""
     from rich.table import Table
 
-    from streamsafe.bench.middle_tier import demo_load, run_demo_rows
+    from streamsafe.bench.middle_tier_demo import demo_load, run_demo_rows
 
     load = demo_load(quick)
     console.print(

@@ -34,6 +34,7 @@ __all__ = [
     "launched",
     "process_tree",
     "rss_bytes",
+    "stop_process",
 ]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -89,12 +90,17 @@ def launched(
                 time.sleep(0.1)
             yield proc
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    """Terminate ``proc`` and wait for it; kill it if it is still there after ``grace`` s."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def process_tree(pid: int) -> list[int]:

@@ -4,18 +4,15 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming and n
 ``GET /v1/models``, ``GET /health`` (503 once dead), ``GET /metrics`` (Prometheus text with vLLM's
 names), ``GET /stats`` (JSON counters), ``POST /admin/restart``.
 
-Every completion request gets a watcher task that reads ASGI ``receive()`` until
-``http.disconnect``, so a client that vanishes is noticed wherever its request is: stalled, queued,
-prefilling or streaming.
+A completion request is read, validated and checked for the faults that refuse it outright (a
+status, a reset) here; :class:`~streamsafe.engine_sim.completion.Completion` answers the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -33,37 +30,17 @@ from streamsafe._asgi import (
     respond,
     serve_lifespan,
 )
+from streamsafe.engine_sim.completion import Completion
 from streamsafe.engine_sim.config import SimConfig
-from streamsafe.engine_sim.engine import Engine, EngineDeadError, Generation, GenState
-from streamsafe.engine_sim.faults import Drawn, FaultDraw, StreamCut
-from streamsafe.engine_sim.text import TextStream, split_continuation
-from streamsafe.engine_sim.validation import BadRequest, Job, validate
-from streamsafe.engine_sim.wire import DONE_EVENT, ChunkEncoder, error_body, error_event
+from streamsafe.engine_sim.engine import Engine
+from streamsafe.engine_sim.faults import FaultDraw, StreamCut
+from streamsafe.engine_sim.text import split_continuation
+from streamsafe.engine_sim.validation import BadRequest, validate
+from streamsafe.engine_sim.wire import DONE_EVENT, error_body
 
 __all__ = ["Simulator"]
 
-_SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
-#: The malformed fault's event: a chunk cut off in the middle of its JSON.
-_MALFORMED_EVENT = b'data: {"id":"chatcmpl-broken","object":"chat.completion.chunk","choi\n\n'
-
-
-def _tokens_in(parts: list[bytes]) -> int:
-    """Token events among ``parts`` (neither the role event nor a malformed one)."""
-    return sum(1 for p in parts if b'"delta":{"role"' not in p and p != _MALFORMED_EVENT)
-
-
 _METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
-
-
-class _Client:
-    """The disconnect watcher's view of one request."""
-
-    __slots__ = ("gen", "gone", "gone_event")
-
-    def __init__(self) -> None:
-        self.gen: Generation | None = None
-        self.gone = False
-        self.gone_event = asyncio.Event()
 
 
 class Simulator:
@@ -244,183 +221,7 @@ class Simulator:
             msg = f"injected fault: status {fault.status}"
             await respond(send, fault.status, error_body(msg, fault.status), headers=headers)
             return
-
-        client = _Client()
-        watcher = asyncio.create_task(self._watch(receive, client))
-        try:
-            if job.stream:
-                await self._stream(send, job, faults, client)
-            else:
-                await self._unary(send, job, faults, client)
-        finally:
-            watcher.cancel()
-
-    async def _watch(self, receive: Receive, client: _Client) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                break
-        client.gone = True
-        client.gone_event.set()
-        if client.gen is not None:
-            self.engine.client_gone(client.gen)
-
-    async def _stall(self, faults: Drawn, client: _Client) -> None:
-        if faults.stall_s > 0:
-            self.engine.count("faults_stall")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(client.gone_event.wait(), faults.stall_s)
-
-    def _encoder(self, job: Job) -> ChunkEncoder:
-        prefix = "chatcmpl-" if job.chat else "cmpl-"
-        return ChunkEncoder(
-            chat=job.chat,
-            request_id=prefix + uuid.uuid4().hex,
-            created=int(time.time()),
-            model=self.config.model,
-        )
-
-    def _admit(self, job: Job, client: _Client) -> Generation:
-        gen = self.engine.submit(
-            job.prompt_tokens,
-            job.max_tokens,
-            continuation=job.body.get("continue_final_message") is True,
-        )
-        client.gen = gen
-        if client.gone:  # vanished between the watcher's check and admission
-            self.engine.client_gone(gen)
-        return gen
-
-    async def _unary(self, send: Send, job: Job, faults: Drawn, client: _Client) -> None:
-        await self._stall(faults, client)
-        if client.gone:
-            return
-        try:
-            gen = self._admit(job, client)
-        except EngineDeadError as exc:
-            await respond(send, 500, error_body(str(exc), 500))
-            return
-        await gen.wait_end()
-        if gen.state == GenState.FAILED:
-            if not client.gone:
-                await respond(send, 500, error_body(gen.error, 500))
-            return
-        if gen.state != GenState.DONE or client.gone:
-            return
-        text = TextStream(job.body, self.config.seed).text(gen.generated)
-        body = self._encoder(job).complete(text, job.prompt_tokens, gen.generated)
-        await respond(send, 200, body)
-        gen.sent = gen.generated
-
-    async def _stream(self, send: Send, job: Job, faults: Drawn, client: _Client) -> None:
-        cfg = self.config
-        started = False
-        if not cfg.headers_after_first_token:
-            await send({"type": "http.response.start", "status": 200, "headers": _SSE})
-            started = True
-        await self._stall(faults, client)
-        if client.gone:
-            return
-        try:
-            gen = self._admit(job, client)
-        except EngineDeadError as exc:
-            if started:
-                await _finish(send, error_event(str(exc)) + DONE_EVENT)
-            else:
-                await respond(send, 500, error_body(str(exc), 500))
-            return
-        enc = self._encoder(job)
-        text = TextStream(job.body, cfg.seed)
-        last_index = gen.max_tokens - 1
-        budget = faults.cut_after  # data events left before a cut
-        events_out = 0  # data events sent (for the hang and malformed faults)
-        role_pending = job.chat
-        while True:
-            await gen.wait()
-            state = gen.state
-            if client.gone or state == GenState.ABORTED:
-                return
-            n = gen.generated
-            parts: list[bytes] = []
-            if n > gen.sent and role_pending:
-                parts.append(enc.role())
-                role_pending = False
-            for i in range(gen.sent, n):
-                parts.append(enc.token(text.token(i), i == last_index))
-            end: bytes | None = None
-            if state == GenState.DONE:
-                end = (enc.usage(job.prompt_tokens, n) if job.include_usage else b"") + DONE_EVENT
-                parts.append(end)
-            elif state == GenState.FAILED:
-                end = error_event(gen.error) + DONE_EVENT
-                if not started and not parts:
-                    await respond(send, 500, error_body(gen.error, 500))
-                    return
-                parts.append(end)
-            if end is not None and faults.nodone and end.endswith(DONE_EVENT):
-                self.engine.count("faults_nodone")
-                parts[-1] = end = end[: -len(DONE_EVENT)]
-            if faults.malformed_after is not None:
-                at = faults.malformed_after - events_out
-                if 0 <= at <= len(parts) - (end is not None):
-                    self.engine.count("faults_malformed")
-                    parts.insert(at, _MALFORMED_EVENT)
-                    faults.malformed_after = None
-            if faults.hang_after is not None:
-                at = faults.hang_after - events_out
-                if at < len(parts) - (end is not None) or end is not None:
-                    await self._hang(send, gen, parts[: max(0, at)], n, started, client)
-                    return
-            events_out += len(parts)
-            if budget is not None and len(parts) - (end is not None) >= budget:
-                await self._cut(send, gen, parts[:budget], n, started)
-                return
-            if budget is not None:
-                budget -= len(parts) - (end is not None)
-            if not started:
-                await send({"type": "http.response.start", "status": 200, "headers": _SSE})
-                started = True
-            if end is not None:
-                await _finish(send, b"".join(parts))
-                gen.sent = n
-                return
-            await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
-            gen.sent = n
-
-    async def _hang(
-        self,
-        send: Send,
-        gen: Generation,
-        parts: list[bytes],
-        n: int,
-        started: bool,
-        client: _Client,
-    ) -> None:
-        """Send ``parts``, then nothing more with the connection open, as a frozen engine does;
-        the request is dropped once the client leaves."""
-        self.engine.count("faults_hang")
-        await _send_last(send, gen, parts, n, started)
-        await client.gone_event.wait()
-        self.engine.client_gone(gen)
-
-    async def _cut(
-        self, send: Send, gen: Generation, parts: list[bytes], n: int, started: bool
-    ) -> None:
-        self.engine.count("faults_cut")
-        await _send_last(send, gen, parts, n, started)
-        self.engine.client_gone(gen)
-        raise StreamCut("injected fault: connection cut")
-
-
-async def _send_last(
-    send: Send, gen: Generation, parts: list[bytes], n: int, started: bool
-) -> None:
-    """Send ``parts``, the last a faulty stream sends, and note the tokens among them as sent."""
-    if not started:
-        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
-    if parts:
-        await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
-    gen.sent = min(n, gen.sent + _tokens_in(parts))
+        await Completion(engine, self.config, job, faults).serve(receive, send)
 
 
 _LLAMA_STACK_PREFIX = "/v1/openai/v1/"
@@ -436,7 +237,3 @@ def _without_done(send: Send) -> Send:
         await send(message)
 
     return wrapped
-
-
-async def _finish(send: Send, body: bytes) -> None:
-    await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -8,17 +8,16 @@ Memory: a waiting generation holds its prompt tokens, a running one its prompt p
 tokens. When the memory held would pass capacity (on admission or on a step) the engine dies: every
 live generation fails and every later submission is refused until :meth:`Engine.restart`.
 
-Handlers never poll: each generation has at most one waiter future, resolved by the step that gives
-it a token or by its end, so a stream costs one wake-up per step however many tokens it is behind.
-All mutation happens on the event loop; a lock makes :meth:`Engine.stats` and
-:meth:`Engine.memory_series` safe from other threads (taken once per step, never per token).
+Handlers never poll: each generation (:mod:`~.generation`) has at most one waiter future, resolved
+by the step that gives it a token or by its end, so a stream costs one wake-up per step however
+many tokens it is behind. All mutation happens on the event loop; a lock makes :meth:`Engine.stats`
+and :meth:`Engine.memory_series` safe from other threads (taken once per step, never per token).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import itertools
 import threading
 import time
@@ -26,87 +25,13 @@ from collections import deque
 from typing import Any
 
 from streamsafe.engine_sim.config import SimConfig
+from streamsafe.engine_sim.generation import TERMINAL, Generation, GenState
 
-__all__ = ["Engine", "EngineDeadError", "GenState", "Generation"]
-
-
-class GenState(enum.IntEnum):
-    """Where a generation is in its life."""
-
-    WAITING = 0
-    RUNNING = 1
-    DONE = 2
-    ABORTED = 3
-    FAILED = 4
-
-
-_TERMINAL = (GenState.DONE, GenState.ABORTED, GenState.FAILED)
+__all__ = ["Engine", "EngineDeadError"]
 
 
 class EngineDeadError(RuntimeError):
     """The engine is dead (it ran out of memory); the message is the one vLLM reports."""
-
-
-class Generation:
-    """One request inside the engine. ``sent`` is advanced by the handler that writes tokens
-    out; ``detached`` means its client is gone but it keeps generating (no abort on disconnect)."""
-
-    __slots__ = (
-        "detached",
-        "error",
-        "generated",
-        "id",
-        "max_tokens",
-        "prompt_tokens",
-        "sent",
-        "state",
-        "waiter",
-    )
-
-    def __init__(self, gen_id: int, prompt_tokens: int, max_tokens: int) -> None:
-        self.id = gen_id
-        self.prompt_tokens = prompt_tokens
-        self.max_tokens = max_tokens
-        self.generated = 0
-        self.sent = 0
-        self.state = GenState.WAITING
-        self.detached = False
-        self.error = ""
-        self.waiter: asyncio.Future[None] | None = None
-
-    @property
-    def finished(self) -> bool:
-        """Done, aborted or failed: no more tokens will come."""
-        return self.state in _TERMINAL
-
-    async def wait(self) -> None:
-        """Until the next token or the end (returns at once if there is news already)."""
-        if self.generated > self.sent or self.state in _TERMINAL:
-            return
-        fut = asyncio.get_running_loop().create_future()
-        self.waiter = fut
-        try:
-            await fut
-        finally:
-            self.waiter = None
-
-    async def wait_end(self) -> None:
-        """Until the generation is done, aborted or failed."""
-        loop = asyncio.get_running_loop()
-        while self.state not in _TERMINAL:
-            fut = loop.create_future()
-            self.waiter = fut
-            try:
-                await fut
-            finally:
-                self.waiter = None
-
-    def _wake(self) -> None:
-        fut = self.waiter
-        if fut is not None:
-            self.waiter = None
-            if not fut.done():
-                fut.set_result(None)
 
 
 def _dead_message(needed: int, capacity: int) -> str:
@@ -231,7 +156,7 @@ class Engine:
         """The client of ``gen`` vanished: abort it (freeing its memory) or, without
         abort-on-disconnect, let it run on for nobody."""
         with self._lock:
-            if gen.state in _TERMINAL or gen.detached:
+            if gen.state in TERMINAL or gen.detached:
                 return
             self._c["tokens_unread"] += gen.generated - gen.sent
             if self.config.abort_on_disconnect:
@@ -243,7 +168,7 @@ class Engine:
                 self._note_memory()
             else:
                 gen.detached = True
-        gen._wake()
+        gen.wake()
 
     def restart(self) -> None:
         """Revive the engine (call on its loop): live generations fail, memory empties."""
@@ -317,7 +242,7 @@ class Engine:
                 gen.state = GenState.FAILED
                 gen.error = message
                 self._c["generations_failed"] += 1
-                gen._wake()
+                gen.wake()
             table.clear()
 
     def _die(self, needed: int) -> None:

@@ -6,9 +6,10 @@
 
 from __future__ import annotations
 
-from streamsafe.gateway.admission import Admission, AdmissionCore, Shed, request_cost
+from streamsafe.gateway.admission import Admission, Shed, request_cost
 from streamsafe.gateway.app import Gateway
 from streamsafe.gateway.config import CommitMode, GatewayConfig
+from streamsafe.gateway.fair_queue import AdmissionCore
 from streamsafe.gateway.store import EventLog, MemoryEventLog, MemoryStore, Store
 
 __all__ = [

@@ -9,11 +9,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from streamsafe.gateway.engines import Attempts
+from streamsafe.gateway.attempt_watch import UpstreamStalled
+from streamsafe.gateway.attempts import Attempts
 from streamsafe.gateway.errors import Failure, error_body
 from streamsafe.gateway.generation import Generation, State
 from streamsafe.gateway.metrics import Counters
-from streamsafe.gateway.upstream import UpstreamStalled, is_engine_death, parse_retry_after
+from streamsafe.gateway.upstream import is_engine_death, parse_retry_after
 from streamsafe.sse import DONE
 
 __all__ = ["BrokenAttempt", "Endings", "Finish", "dropped"]

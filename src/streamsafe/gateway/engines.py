@@ -11,6 +11,9 @@ relay sees a 200 or the answer to pass on. Once the relay has the first token it
 (:meth:`EngineAttempts.served`, the engine's breaker closes); when a stream is cut
 (:meth:`EngineAttempts.cut`), the continuation goes to another engine of the model where there
 is one.
+
+What the relay calls is the :class:`~.attempts.Attempts` interface; the pool's decisions are
+:mod:`~.pool` (which engine) and :mod:`~.failover` (what after a failed attempt).
 """
 
 from __future__ import annotations
@@ -18,68 +21,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 import httpx2
 import orjson
 
+from streamsafe.gateway.attempts import Attempts, OneEngine, answer_response
+from streamsafe.gateway.breaker import PoolBreaker
 from streamsafe.gateway.errors import error_body
-from streamsafe.gateway.pool import (
-    Counts,
-    Engine,
-    EngineSpec,
-    Failover,
-    Full,
-    Pick,
-    Pool,
-    Unavailable,
-    failover_step,
-)
-from streamsafe.gateway.upstream import Upstream, is_engine_death, read_bounded
+from streamsafe.gateway.failover import Failover, failover_step
+from streamsafe.gateway.pool import Counts, Engine, EngineSpec, Full, Pick, Pool, Unavailable
+from streamsafe.gateway.upstream import Upstream, is_engine_death, read_bounded, retry_after_value
 from streamsafe.retry import RetryBudget
 
+# Attempts and OneEngine are re-exported for the modules that import them from here.
 __all__ = ["Attempts", "EngineAttempts", "Engines", "OneEngine"]
 
 log = logging.getLogger("streamsafe.gateway")
-
-
-class _Answer(httpx2.AsyncByteStream):
-    """The body of an answer the gateway passes on after reading it (a 4xx, the last 5xx)."""
-
-    def __init__(self, body: bytes) -> None:
-        self._body = body
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        yield self._body
-
-
-def _answer(status: int, body: bytes, retry_after: float | None = None) -> httpx2.Response:
-    headers = {"content-type": "application/json"}
-    if retry_after is not None:
-        headers["retry-after"] = str(max(1, int(retry_after + 0.999)))
-    return httpx2.Response(status, headers=headers, stream=_Answer(body))
-
-
-class _AllDown:
-    """The relay's fail-fast check over the pool: "open" only while no engine takes traffic."""
-
-    def __init__(self, engines: Engines) -> None:
-        self._engines = engines
-
-    @property
-    def is_open(self) -> bool:
-        now = self._engines.clock()
-        return all(e.breaker.retry_after(now) > 0 for e in self._engines.pool.engines)
-
-    @property
-    def trips(self) -> int:
-        return sum(e.breaker.trips for e in self._engines.pool.engines)
-
-    def retry_after(self) -> int:
-        now = self._engines.clock()
-        wait = min(e.breaker.retry_after(now) for e in self._engines.pool.engines)
-        return max(1, int(wait + 0.999))
 
 
 class Engines:
@@ -127,7 +86,7 @@ class Engines:
         self.budget = budget or RetryBudget()
         self.clock = clock
         self.sleep = sleep
-        self.breaker = _AllDown(self)
+        self.breaker = PoolBreaker([e.breaker for e in self.pool.engines], clock)
         self.queue_timeout = queue_timeout
         self._room: list[asyncio.Future[None]] = []
         #: Attempts sent to another engine (or model) before a first token.
@@ -198,102 +157,6 @@ class Engines:
         ]
 
 
-class Attempts(Protocol):
-    """What the relay calls for one generation's upstream requests: one engine
-    (:class:`OneEngine`) or the pool (:class:`EngineAttempts`)."""
-
-    async def open(
-        self,
-        method: str,
-        path: str,
-        *,
-        content: bytes | None = None,
-        headers: Mapping[str, str] | None = None,
-        retry_connect: bool = True,
-    ) -> httpx2.Response:
-        """Send a request; the response with its body unread."""
-        ...
-
-    def served(self) -> None:
-        """The first token arrived."""
-        ...
-
-    def cut(self) -> None:
-        """The stream broke (a continuation follows)."""
-        ...
-
-    def engine_died(self, why: str) -> None:
-        """The engine said it died."""
-        ...
-
-    def failed(self, why: str) -> None:
-        """The engine failed this attempt (a 5xx, a reset before the answer, a stall, an error
-        event standing for a 5xx)."""
-        ...
-
-    def succeeded(self) -> None:
-        """The engine answered a whole request."""
-        ...
-
-    def release(self) -> None:
-        """The generation ended."""
-        ...
-
-    @property
-    def upstream(self) -> Upstream:
-        """The engine of the latest attempt (its kind reads its answers)."""
-        ...
-
-
-class OneEngine:
-    """:class:`Attempts` on the one upstream of a gateway without a pool."""
-
-    __slots__ = ("_upstream",)
-
-    def __init__(self, upstream: Upstream) -> None:
-        self._upstream = upstream
-
-    async def open(
-        self,
-        method: str,
-        path: str,
-        *,
-        content: bytes | None = None,
-        headers: Mapping[str, str] | None = None,
-        retry_connect: bool = True,
-    ) -> httpx2.Response:
-        """:meth:`Upstream.open`."""
-        return await self._upstream.open(
-            method, path, content=content, headers=headers, retry_connect=retry_connect
-        )
-
-    def served(self) -> None:
-        """Nothing to learn: the breaker follows the engine's own word."""
-
-    def cut(self) -> None:
-        """Nothing to learn (see :meth:`served`)."""
-
-    def engine_died(self, why: str) -> None:
-        """:meth:`Upstream.engine_died`."""
-        self._upstream.engine_died(why)
-
-    def failed(self, why: str) -> None:
-        """:meth:`Upstream.failed`."""
-        self._upstream.failed(why)
-
-    def succeeded(self) -> None:
-        """:meth:`Upstream.succeeded`."""
-        self._upstream.succeeded()
-
-    def release(self) -> None:
-        """Nothing held."""
-
-    @property
-    def upstream(self) -> Upstream:
-        """The one upstream."""
-        return self._upstream
-
-
 class EngineAttempts:
     """One generation's attempts across the pool (see the module)."""
 
@@ -349,10 +212,10 @@ class EngineAttempts:
                         f"request needs about {self._cost} tokens of engine memory, more than "
                         f"any engine of {model!r} holds; lower max_tokens"
                     )
-                    return _answer(400, error_body(msg, "invalid_request_error", 400))
+                    return answer_response(400, error_body(msg, "invalid_request_error", 400))
                 if not await engines.room_freed(self._started + engines.queue_timeout):
                     msg = f"every engine of {model!r} is full; retry later"
-                    return _answer(429, error_body(msg, "rate_limit_error", 429), 1.0)
+                    return answer_response(429, error_body(msg, "rate_limit_error", 429), 1.0)
                 pick = None
                 continue
             if isinstance(pick, Unavailable):
@@ -360,9 +223,9 @@ class EngineAttempts:
                     raise last_error
                 if not pick.known:
                     msg = f"no engine serves model {model!r}"
-                    return _answer(404, error_body(msg, "not_found_error", 404))
+                    return answer_response(404, error_body(msg, "not_found_error", 404))
                 msg = f"every engine of {model!r} is down; retry after {pick.retry_after:.0f} s"
-                return _answer(
+                return answer_response(
                     503, error_body(msg, "service_unavailable", 503), max(1.0, pick.retry_after)
                 )
             engine = pick.engine
@@ -391,7 +254,7 @@ class EngineAttempts:
                 status = response.status_code
                 answer = await read_bounded(response)
                 await response.aclose()
-                retry_after = _retry_after(response.headers.get("retry-after"))
+                retry_after = retry_after_value(response.headers.get("retry-after"))
                 if status >= 500 or status == 429:
                     engine.breaker.on_failure(now, dead=is_engine_death(answer))
                     engines.budget.record_failure()
@@ -414,7 +277,7 @@ class EngineAttempts:
                 if status is None:
                     assert last_error is not None
                     raise last_error
-                return _answer(status, answer, retry_after)
+                return answer_response(status, answer, retry_after)
             log.info(
                 "engine %s answered %s before the first token; %s",
                 engine.spec.url,
@@ -501,13 +364,3 @@ def _with_model(content: bytes | None, model: str) -> bytes | None:
     body = orjson.loads(content)
     body["model"] = model
     return orjson.dumps(body)
-
-
-def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return seconds if seconds >= 0 else None

@@ -18,8 +18,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from streamsafe.gateway.admission import Waiter
 from streamsafe.gateway.errors import Failure
+from streamsafe.gateway.fair_queue import Waiter
 from streamsafe.gateway.fanout import Fanout
 from streamsafe.gateway.store import EventLog
 from streamsafe.gateway.upstream_kinds import CompletionRoute

@@ -1,57 +1,42 @@
-"""The engine pool: which engine serves an attempt, and what to do when an attempt fails.
+"""The engine pool: which engine serves an attempt.
 
-Sans-I/O, like :mod:`streamsafe.gateway.admission`: every decision takes the clock reading as an
+Sans-I/O, like :mod:`streamsafe.gateway.fair_queue`: every decision takes the clock reading as an
 argument and nothing here sleeps, connects or logs.
 
 - **Routing**: an engine serves the models it lists (none listed: any model). Among the engines
   of a model whose breaker lets traffic through, the least loaded wins: estimated memory in
   flight per unit of weight, then queued requests per unit of weight, then the one picked least
   recently (so equal engines take turns).
-- **Breaker** per engine (:class:`EngineBreaker`): closed; open after consecutive failures or at
-  once when the engine reports itself dead; half-open after a cool-down, letting one probe
-  attempt through; the probe's success closes it (traffic returns to a recovered engine), its
-  failure reopens it with a doubled cool-down.
+- **Breaker** per engine (:class:`~streamsafe.gateway.breaker.EngineBreaker`): an engine whose
+  breaker is open takes no attempt; a half-open one takes one probe at a time.
 - **Fallback models**: when no engine of a model can take traffic, the model's configured
   fallback (and its fallback, without cycles) is tried; the pick names the model that will answer.
-- **Failover** (:func:`failover_step`): before the first token, a failed attempt cannot have
-  produced anything a subscriber saw, so the gateway may retry it: once on the same engine where
-  the status says "try again" (429/503 with a short ``Retry-After``, a 500), otherwise on another
-  engine, and a 400 that says the context is too long on the configured larger model. Other 4xx
-  are the caller's answer and are passed through.
+
+What to do when an attempt fails is :mod:`streamsafe.gateway.failover`; the I/O shell around the
+pool is :mod:`streamsafe.gateway.engines`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
+from streamsafe.gateway.breaker import EngineBreaker
+
 __all__ = [
-    "BreakerState",
+    "Counts",
     "Engine",
-    "EngineBreaker",
     "EngineLoad",
     "EngineSpec",
-    "Failover",
-    "FailoverStep",
     "Full",
     "Pick",
     "Pool",
     "Unavailable",
-    "failover_step",
     "parse_engine",
     "parse_fallback",
 ]
-
-#: Statuses that say "this engine cannot take it now" before any token: another engine may.
-RETRYABLE_STATUSES = frozenset((429, 500, 502, 503, 504))
-#: Statuses worth one more attempt on the same engine (transient by their meaning).
-SAME_ENGINE_STATUSES = frozenset((429, 500, 503))
-#: Markers of vLLM's and OpenAI's "prompt plus max_tokens exceed the context" 400s.
-_CONTEXT_MARKERS = (b"context length", b"context_length", b"maximum context", b"too long")
-
 
 # -- configuration ------------------------------------------------------------------------------
 
@@ -133,89 +118,6 @@ def parse_fallback(text: str) -> tuple[str, str]:
     if not sep or not model or not fallback or model == fallback:
         raise ValueError(f"fallback must be MODEL=OTHER_MODEL, not {text!r}")
     return model, fallback
-
-
-# -- the breaker --------------------------------------------------------------------------------
-
-
-class BreakerState(enum.Enum):
-    """Where an engine's breaker stands."""
-
-    CLOSED = "closed"
-    OPEN = "open"
-    HALF_OPEN = "half-open"
-
-
-@dataclasses.dataclass(slots=True)
-class EngineBreaker:
-    """A per-engine breaker with half-open probes (see the module). Times are clock readings
-    passed in by the caller."""
-
-    #: Consecutive failed attempts that open it (default 3: one unlucky reset is not an outage).
-    failure_threshold: int = 3
-    #: Seconds it stays open before the first probe (default 1, doubled after each failed
-    #: probe up to ``max_cooldown``).
-    cooldown: float = 1.0
-    #: Longest cool-down (default 30 s: a recovered engine is back within half a minute).
-    max_cooldown: float = 30.0
-    state: BreakerState = BreakerState.CLOSED
-    failures: int = 0
-    open_until: float = 0.0
-    trips: int = 0
-    probing: bool = False
-    _current_cooldown: float = 0.0
-
-    def allows(self, now: float) -> bool:
-        """True if an attempt may go to this engine now (a half-open breaker admits one probe
-        at a time)."""
-        if self.state is BreakerState.CLOSED:
-            return True
-        if self.state is BreakerState.OPEN:
-            if now < self.open_until:
-                return False
-            self.state = BreakerState.HALF_OPEN
-            self.probing = False
-        return not self.probing
-
-    def on_attempt(self, now: float) -> None:
-        """An attempt was sent; in half-open it is the probe."""
-        if self.allows(now) and self.state is BreakerState.HALF_OPEN:
-            self.probing = True
-
-    def on_abandon(self) -> None:
-        """An attempt ended with no verdict on the engine (its caller left): a half-open
-        breaker may send the next probe."""
-        self.probing = False
-
-    def on_success(self) -> None:
-        """An attempt got its first token (or a complete answer): the engine works."""
-        self.state = BreakerState.CLOSED
-        self.failures = 0
-        self.probing = False
-        self._current_cooldown = 0.0
-
-    def on_failure(self, now: float, *, dead: bool = False) -> None:
-        """An attempt failed on the engine's side; ``dead`` when the engine said it died."""
-        self.failures += 1
-        if self.state is BreakerState.HALF_OPEN:
-            self._open(now, min(self.max_cooldown, max(self.cooldown, self._current_cooldown * 2)))
-        elif self.state is BreakerState.CLOSED and (
-            dead or self.failures >= self.failure_threshold
-        ):
-            self._open(now, self.cooldown)
-
-    def _open(self, now: float, cooldown: float) -> None:
-        self.state = BreakerState.OPEN
-        self.open_until = now + cooldown
-        self._current_cooldown = cooldown
-        self.probing = False
-        self.trips += 1
-
-    def retry_after(self, now: float) -> float:
-        """Seconds until this engine takes traffic again (0 if it does now)."""
-        if self.state is BreakerState.OPEN:
-            return max(0.0, self.open_until - now)
-        return 0.0
 
 
 # -- load and picking ---------------------------------------------------------------------------
@@ -369,70 +271,3 @@ class Pool:
     def models(self) -> list[str]:
         """Models some engine lists (engines that serve any model add nothing)."""
         return sorted({m for e in self.engines for m in e.spec.models})
-
-
-# -- failover before the first token ------------------------------------------------------------
-
-
-class Failover(enum.Enum):
-    """What to do with a request whose attempt failed before its first token."""
-
-    SAME_ENGINE = "same-engine"
-    OTHER_ENGINE = "other-engine"
-    LARGER_MODEL = "larger-model"
-    PASS_THROUGH = "pass-through"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class FailoverStep:
-    """The decision and, for :attr:`Failover.SAME_ENGINE`, the seconds to wait first."""
-
-    action: Failover
-    delay: float = 0.0
-
-
-def failover_step(
-    status: int | None,
-    body: bytes,
-    *,
-    retry_after: float | None,
-    same_engine_tries: int,
-    attempts: int,
-    max_attempts: int,
-    now: float,
-    deadline: float | None,
-    budget_allows: bool,
-    larger_model: bool,
-    max_same_engine_wait: float = 2.0,
-) -> FailoverStep:
-    """The next step for an attempt that failed before any token reached the log.
-
-    ``status`` is the upstream status, ``None`` for a transport failure (connect error, reset
-    before the headers, first-token timeout). ``same_engine_tries`` counts retries already spent
-    on this engine, ``attempts`` the attempts so far (``max_attempts`` bounds them, and
-    ``budget_allows`` is the gateway's retry budget). ``larger_model`` says whether a fallback
-    is configured for a context-length 400. ``max_same_engine_wait`` (default 2 s) is the longest
-    ``Retry-After`` honoured on the same engine; a longer one sends the retry elsewhere.
-    """
-    if status is not None and 400 <= status < 500 and status != 429:
-        too_long = status == 400 and larger_model and _says_context_too_long(body)
-        if too_long and attempts < max_attempts:
-            return FailoverStep(Failover.LARGER_MODEL)
-        return FailoverStep(Failover.PASS_THROUGH)
-    if status is not None and status not in RETRYABLE_STATUSES:
-        return FailoverStep(Failover.PASS_THROUGH)
-    if attempts >= max_attempts or not budget_allows:
-        return FailoverStep(Failover.PASS_THROUGH)
-    remaining = math.inf if deadline is None else deadline - now
-    if remaining <= 0:
-        return FailoverStep(Failover.PASS_THROUGH)
-    if status in SAME_ENGINE_STATUSES and same_engine_tries == 0:
-        delay = 0.0 if retry_after is None else retry_after
-        if delay <= max_same_engine_wait and delay < remaining:
-            return FailoverStep(Failover.SAME_ENGINE, delay)
-    return FailoverStep(Failover.OTHER_ENGINE)
-
-
-def _says_context_too_long(body: bytes) -> bool:
-    lowered = body[:4096].lower()
-    return any(marker in lowered for marker in _CONTEXT_MARKERS)

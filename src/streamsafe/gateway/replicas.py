@@ -2,11 +2,11 @@
 Replicas).
 
 The replica that starts a generation *owns* it: it runs it upstream, writes its log to Redis
-(:class:`~.store_redis.ReplicatedLog`) and holds a lease on it that it renews every third of the
+(:class:`~.redis_log.ReplicatedLog`) and holds a lease on it that it renews every third of the
 lease. Any other replica that gets a request for it (a retry, a ``Last-Event-ID`` resume, a
-replay) *mirrors* it: one follower task per generation copies the log as it grows (woken by
-``XREAD BLOCK``) and its subscribers read the copy. Mirrors say in Redis that they have
-subscribers, so the owner does not abort a generation nobody reads *on the owner*.
+replay) *mirrors* it (:mod:`~.mirrors`): one follower task per generation copies the log as it
+grows (woken by ``XREAD BLOCK``) and its subscribers read the copy. Mirrors say in Redis that
+they have subscribers, so the owner does not abort a generation nobody reads *on the owner*.
 
 When an owner dies (kill -9, a lost host), its lease lapses; the first follower that notices
 takes the lease (``SET NX``), and with it the generation: it continues it upstream from the log,
@@ -32,28 +32,21 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import orjson
-from redis.exceptions import RedisError
-
-from streamsafe.gateway.errors import Failure, error_body
-from streamsafe.gateway.generation import Generation, GenerationRequest, State
+from streamsafe.gateway.generation import Generation, State
+from streamsafe.gateway.generation_record import record_of
+from streamsafe.gateway.mirrors import Mirrors, OnEnd, OnTakeover
+from streamsafe.gateway.redis_log import ReplicatedLog
 from streamsafe.gateway.store import LeaseLost
-from streamsafe.gateway.store_redis import RedisStore, ReplicatedLog
-from streamsafe.gateway.upstream_kinds import CompletionRoute, Wire
-from streamsafe.sse import DONE
+from streamsafe.gateway.store_redis import REDIS_ERRORS, RedisStore
 
+# REDIS_ERRORS is re-exported for the modules that import it from here.
 __all__ = ["REDIS_ERRORS", "ReplicaCounters", "Replicas"]
 
 log = logging.getLogger("streamsafe.gateway")
 
-#: What a lost Redis raises (connection errors are RedisError; a closed socket may be OSError).
-REDIS_ERRORS = (RedisError, OSError)
 #: Seconds a generation's record lives in Redis while it runs (renewed with the lease): bounds
 #: what a fleet that lost every replica leaves behind.
 _RECORD_TTL = 3600.0
-#: Least seconds a mirror waits for a generation that vanished from Redis to be written back by
-#: its owner (Redis restarted empty) before it ends it with an error.
-_WRITE_BACK_WAIT = 5.0
 
 
 @dataclass(slots=True)
@@ -64,12 +57,6 @@ class ReplicaCounters:
     taken_over: int = 0
     leases_lost: int = 0
     redis_errors: int = 0
-
-
-#: Told that a mirrored generation ended (state as recorded by its owner).
-OnEnd = Callable[[Generation, State], None]
-#: Told that this replica took a generation over; starts running it.
-OnTakeover = Callable[[Generation], Awaitable[None]]
 
 
 class Replicas:
@@ -99,10 +86,9 @@ class Replicas:
         self.fleet_replicas = 0
         #: Bytes Redis used, as last seen (``INFO memory``).
         self.redis_used_memory = 0
-        self._clock = clock
         self._owned: dict[str, Generation] = {}
-        self._mirrors: dict[str, Generation] = {}
-        self._followers: dict[str, asyncio.Task[None]] = {}
+        #: The generations other replicas run that this one copies.
+        self.mirrors = Mirrors(store, lease=lease, failed=self.failed, clock=clock)
         self._renewer: asyncio.Task[None] | None = None
         self._probe: asyncio.Task[None] | None = None
         self._presence: set[asyncio.Task[None]] = set()
@@ -157,7 +143,7 @@ class Replicas:
                 log_.detached = False  # its next append meets the lease taken meanwhile
                 self._unsynced.pop(gen.id, None)
                 continue  # another replica took it over while Redis was away: it writes now
-            await store.put_generation(gen.id, _record(gen), _RECORD_TTL)
+            await store.put_generation(gen.id, record_of(gen), _RECORD_TTL)
             if gen.key is not None:
                 await store.redis.set(store.claim_key(gen.key), gen.id, nx=True)
             await store.index_fingerprint(gen.tenant, gen.fingerprint, gen.id, _RECORD_TTL)
@@ -181,7 +167,7 @@ class Replicas:
     async def publish(self, gen: Generation) -> None:
         """Make ``gen`` findable by every replica and take its lease (one round trip each)."""
         store = self.store
-        await store.put_generation(gen.id, _record(gen), _RECORD_TTL)
+        await store.put_generation(gen.id, record_of(gen), _RECORD_TTL)
         if not await store.take_lease(gen.id, self.lease):
             raise LeaseLost(gen.id)  # ids are unique per process: only a bug gets here
         await store.index_fingerprint(gen.tenant, gen.fingerprint, gen.id, _RECORD_TTL)
@@ -190,7 +176,7 @@ class Replicas:
     def own(self, gen: Generation) -> None:
         """This replica runs ``gen`` now: renew its lease until it ends."""
         self._owned[gen.id] = gen
-        self._mirrors.pop(gen.id, None)
+        self.mirrors.forget(gen)
         self.start()
 
     def disown(self, gen: Generation) -> None:
@@ -271,8 +257,7 @@ class Replicas:
                 continue
             try:
                 lost = await self.store.renew_leases(list(self._owned), self.lease)
-                followed = [g.id for g in self._mirrors.values() if g.subscribers > 0]
-                await self.store.set_presence(followed, self.lease * 2)
+                await self.store.set_presence(self.mirrors.followed(), self.lease * 2)
                 self.fleet_replicas = await self.store.heartbeat(self.lease * 2)
                 self.redis_used_memory = await self.store.used_memory() or 0
             except REDIS_ERRORS as exc:
@@ -283,35 +268,12 @@ class Replicas:
                     self.counters.leases_lost += 1
                     log.warning("%s: lease lost to another replica", gen_id)
 
-    # -- mirroring ------------------------------------------------------------------------------
+    # -- mirroring (see :mod:`streamsafe.gateway.mirrors`) -----------------------------------------
 
     async def find(self, gen_id: str, key: str | None, created_at: float) -> Generation | None:
         """A mirror of another replica's generation ``gen_id`` (not yet followed), or ``None``
         where Redis no longer holds it."""
-        record = await self.store.generation(gen_id)
-        if record is None or "body" not in record:
-            return None
-        request = GenerationRequest(
-            tenant=record["tenant"].decode(),
-            path=record["path"].decode(),
-            body=record["body"],
-            fingerprint=record["fingerprint"],
-            cost=int(record["cost"]),
-            stream=record["stream"] == b"1",
-            route=_route(record.get("route", b"")),
-        )
-        log_ = self.store.replicated_log(gen_id, writer=False, lease=self.lease)
-        log_.on_detach = self.failed
-        stored_key = record.get("key", b"").decode() or None
-        gen = Generation(gen_id, request, log_, key or stored_key, created_at)
-        await log_.pull()
-        gen.length = log_.length
-        ended = _apply(gen, record, log_)
-        if ended is not None:
-            gen.state = ended
-        if gen.length:
-            gen.upstream_status = 200
-        return gen
+        return await self.mirrors.find(gen_id, key, created_at)
 
     async def find_fingerprint(self, tenant: str, fingerprint: bytes) -> str | None:
         """The newest generation with this body for ``tenant``, on any replica."""
@@ -321,21 +283,22 @@ class Replicas:
         """Start copying ``gen``'s log as its owner writes it; ``on_end`` is told when it ends,
         ``on_takeover`` when this replica takes it over from a dead owner."""
         self.counters.mirrored += 1
-        self._mirrors[gen.id] = gen
-        task = asyncio.get_running_loop().create_task(
-            self._follow(gen, on_end, on_takeover), name=f"follow-{gen.id}"
-        )
-        self._followers[gen.id] = task
-        task.add_done_callback(lambda _: self._followers.pop(gen.id, None))
+
+        async def taken_over(gen: Generation) -> None:
+            self.counters.taken_over += 1
+            self.own(gen)
+            await on_takeover(gen)
+
+        self.mirrors.follow(gen, on_end, taken_over)
         self.start()
 
     def is_mirror(self, gen: Generation) -> bool:
         """True if another replica runs ``gen`` and this one copies it."""
-        return gen.id in self._mirrors
+        return gen in self.mirrors
 
     def subscribers_changed(self, gen: Generation) -> None:
         """A mirror's subscriber count changed: tell its owner now, not at the next renewal."""
-        if self.degraded or gen.id not in self._mirrors:
+        if self.degraded or gen not in self.mirrors:
             return
         coro = (
             self.store.set_presence([gen.id], self.lease * 2)
@@ -348,73 +311,13 @@ class Replicas:
 
     def unfollow(self, gen: Generation) -> None:
         """Stop copying ``gen`` (forgotten here)."""
-        self._mirrors.pop(gen.id, None)
-        task = self._followers.pop(gen.id, None)
-        if task is not None:
-            task.cancel()
-
-    async def _follow(self, gen: Generation, on_end: OnEnd, on_takeover: OnTakeover) -> None:
-        log_ = gen.log
-        assert isinstance(log_, ReplicatedLog)
-        store = self.store
-        states = 0
-        delay = 0.05
-        missing_since: float | None = None
-        while gen.id in self._mirrors:
-            try:
-                new = await log_.pull()
-                if new:
-                    gen.length = log_.length
-                    gen.upstream_status = 200
-                    if any(b"\n" in p for p in new):
-                        gen.multiline = True
-                    gen.wake()
-                seen = await store.state_changes(gen.id)
-                if seen != states or _ends(new) or missing_since is not None:
-                    states = seen
-                    record = await store.generation(gen.id)
-                    if record is None:
-                        # Gone from Redis: give its owner time to write it back (a restarted,
-                        # empty Redis) before calling it lost.
-                        now = self._clock()
-                        missing_since = missing_since or now
-                        if now - missing_since > max(_WRITE_BACK_WAIT, 2 * self.lease):
-                            on_end(gen, _lost(gen, log_))
-                            return
-                        await asyncio.sleep(self.lease / 4)
-                        continue
-                    missing_since = None
-                    ended = _apply(gen, record, log_)
-                    if ended is not None:
-                        on_end(gen, ended)
-                        return
-                if await store.wait(gen.id, log_.length, states, self.lease / 2):
-                    delay = 0.05
-                    continue
-                # Quiet for half a lease: is the owner still there? SET NX decides who takes
-                # over when it is not.
-                orphaned = gen.live and await store.lease_holder(gen.id) is None
-                # Only with its record there: an empty, restarted Redis is no proof of a
-                # dead owner (the owner writes it back).
-                orphaned = orphaned and await store.generation(gen.id) is not None
-                if orphaned and await store.take_lease(gen.id, self.lease):
-                    await log_.take_over(self.replica_id)
-                    gen.length = log_.length
-                    self.counters.taken_over += 1
-                    log.warning("%s: owner replica gone; taking the generation over", gen.id)
-                    self.own(gen)
-                    await on_takeover(gen)
-                    return
-            except REDIS_ERRORS as exc:
-                self.failed(exc)
-                await asyncio.sleep(delay)
-                delay = min(1.0, delay * 2)
+        self.mirrors.unfollow(gen)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def close(self) -> None:
         """Stop following and renewing; give up the leases this replica holds."""
-        tasks = [t for t in (self._renewer, self._probe, *self._followers.values()) if t]
+        tasks = [t for t in (self._renewer, self._probe, *self.mirrors.followers()) if t]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -424,80 +327,6 @@ class Replicas:
             with contextlib.suppress(*REDIS_ERRORS):
                 await self.store.release_lease(gen_id)
         await self.store.close()
-
-
-def _record(gen: Generation) -> dict[str, bytes | str | int]:
-    """What another replica needs to mirror ``gen`` or take it over."""
-    req = gen.request
-    route = req.route
-    return {
-        "route": b""
-        if route is None
-        else orjson.dumps(
-            [
-                route.path,
-                route.upstream_path,
-                route.wire.value,
-                route.upstream_done,
-                route.client_done,
-                route.preamble,
-            ]
-        ),
-        "tenant": gen.tenant,
-        "path": req.path,
-        "body": req.body,
-        "fingerprint": gen.fingerprint,
-        "cost": gen.cost,
-        "stream": "1" if gen.stream else "0",
-        "key": gen.key or "",
-        "state": gen.state.value,
-    }
-
-
-def _route(raw: bytes) -> CompletionRoute | None:
-    """The route a record names (see :func:`_record`); ``None`` for vLLM's own."""
-    if not raw:
-        return None
-    path, upstream_path, wire, upstream_done, client_done, preamble = orjson.loads(raw)
-    return CompletionRoute(path, upstream_path, Wire(wire), upstream_done, client_done, preamble)
-
-
-def _ends(new: list[bytes]) -> bool:
-    return bool(new) and new[-1] == DONE
-
-
-def _apply(gen: Generation, record: dict[str, bytes], log_: ReplicatedLog) -> State | None:
-    """Bring a mirror's state up to its record; the final state once it has ended."""
-    state = State(record.get("state", b"queued").decode())
-    if state is State.RUNNING and gen.state is State.QUEUED:
-        gen.state = State.RUNNING
-        gen.wake()
-    if state in (State.QUEUED, State.RUNNING):
-        return None
-    if "status" in record and not log_.length:
-        retry_after = record.get("retry_after")
-        gen.failure = Failure(
-            int(record["status"]),
-            record.get("error", b""),
-            int(retry_after) if retry_after is not None else None,
-        )
-    complete = not log_.length or log_.read_nowait(log_.length - 1) == [DONE]
-    if state is not State.ABORTED and gen.stream and not complete:
-        return None  # the record is ahead of the log copy: pull the rest first
-    return state
-
-
-def _lost(gen: Generation, log_: ReplicatedLog) -> State:
-    """Redis no longer holds a mirrored generation (it expired, or Redis restarted empty and
-    the owner is gone): end it with an error rather than wait forever."""
-    msg = "the generation was lost by the shared store; retry the request"
-    if log_.length and gen.stream:
-        if log_.read_nowait(log_.length - 1) != [DONE]:
-            log_.local.append_nowait([error_body(msg, "upstream_error", 502), DONE])
-            gen.length = log_.length
-    else:
-        gen.failure = Failure(502, error_body(msg, "upstream_error", 502))
-    return State.FAILED
 
 
 async def _quietly(coro: Awaitable[object], replicas: Replicas) -> None:

@@ -21,13 +21,14 @@ from collections.abc import Callable
 
 import httpx2
 
+from streamsafe.gateway.attempt_watch import AttemptWatch
+from streamsafe.gateway.attempts import Attempts, OneEngine
 from streamsafe.gateway.endings import BrokenAttempt, Endings, Finish, dropped
-from streamsafe.gateway.engines import Attempts, OneEngine
 from streamsafe.gateway.event_stream import UpstreamClosed
 from streamsafe.gateway.generation import Generation, State
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.stream_sink import StreamSink
-from streamsafe.gateway.upstream import MAX_ERROR_BODY, AttemptWatch, read_bounded
+from streamsafe.gateway.upstream import MAX_ERROR_BODY, read_bounded
 from streamsafe.gateway.upstream_kinds import ends_answer
 from streamsafe.sse import DONE, SSEDecoder, SSEError
 

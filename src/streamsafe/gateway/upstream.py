@@ -1,21 +1,20 @@
-"""The one connection to the engine: a pooled HTTP client, connect retries, and the breaker.
+"""The one connection to the engine: a pooled HTTP client, connect retries, and health.
 
 Retries here are only those that cannot duplicate work: the connection was never made
 (``ConnectError``: refused, unreachable), so the engine never saw the request. They are spent from
 a :class:`~streamsafe.retry.RetryBudget` shared by all requests, so a dead upstream is not hit
 three times per request. Nothing is retried once a response started.
 
-The breaker opens when the engine says it is dead (a 500 whose body names ``EngineDeadError``, an
-error event naming it, or ``/health`` answering 5xx) and when it cannot be reached at all (the
-connection refused after the connect retries, or ``/health`` unanswered after a reset or a stall:
-a killed or frozen engine says nothing): new work then fails fast with 503 and ``Retry-After``
-instead of piling onto a broken engine, while one task probes ``/health`` and closes the breaker
-when it answers. Where the upstream's health path does not cover the engine (Llama Stack's
-``/v1/health``), :data:`FAILURES_TO_TRIP` upstream failures in a row open it too.
+The breaker (:class:`~streamsafe.gateway.breaker.Breaker`) opens when the engine says it is dead (a
+500 whose body names ``EngineDeadError``, an error event naming it, or ``/health`` answering 5xx)
+and when it cannot be reached at all (the connection refused after the connect retries, or
+``/health`` unanswered after a reset or a stall: a killed or frozen engine says nothing): new work
+then fails fast with 503 and ``Retry-After`` instead of piling onto a broken engine, while one task
+probes ``/health`` and closes the breaker when it answers. Where the upstream's health path does
+not cover the engine (Llama Stack's ``/v1/health``), :data:`FAILURES_TO_TRIP` upstream failures in
+a row open it too.
 
-:class:`AttemptWatch` keeps an attempt's upstream timeouts (first token, idle between chunks,
-total) without a timer per chunk: the reader notes the time of each chunk and one timer checks the
-deadline when it falls due.
+An attempt's upstream timeouts are :mod:`streamsafe.gateway.attempt_watch`.
 """
 
 from __future__ import annotations
@@ -25,27 +24,29 @@ import contextlib
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
 
 import httpcore2
 import httpx2
 
 from streamsafe.gateway.asyncio_backend import AsyncioBackend
+from streamsafe.gateway.attempt_watch import AttemptWatch, UpstreamStalled, UpstreamTimeouts
+from streamsafe.gateway.breaker import Breaker
 from streamsafe.gateway.event_stream import EventStream, EventStreamPool, header_lines
 from streamsafe.gateway.upstream_kinds import KINDS, UpstreamKind, probe_kind
 from streamsafe.retry import RetryBudget
 
+# AttemptWatch, UpstreamStalled and UpstreamTimeouts are re-exported for the modules that import
+# them from here.
 __all__ = [
     "MAX_ERROR_BODY",
     "AttemptWatch",
-    "Breaker",
     "Upstream",
     "UpstreamStalled",
     "UpstreamTimeouts",
     "is_engine_death",
     "parse_retry_after",
     "read_bounded",
+    "retry_after_value",
 ]
 
 log = logging.getLogger("streamsafe.gateway")
@@ -65,159 +66,10 @@ _JSON_LINE = header_lines({"content-type": "application/json"})
 FAILURES_TO_TRIP = 3
 
 
-@dataclass(frozen=True, slots=True)
-class UpstreamTimeouts:
-    """Bounds on one upstream request; ``None`` disables one. See
-    :class:`~streamsafe.gateway.GatewayConfig` for the defaults and their reasons."""
-
-    #: From sending the request to its first event (response headers included).
-    first_token: float | None = 60.0
-    #: Between two chunks once events flow.
-    idle: float | None = 30.0
-    #: For the whole generation, every attempt and wait included.
-    total: float | None = 600.0
-
-
-class UpstreamStalled(Exception):
-    """An attempt passed a deadline: ``phase`` is ``first_token``, ``idle`` or ``total``."""
-
-    def __init__(self, phase: str, seconds: float) -> None:
-        super().__init__(f"upstream {phase.replace('_', ' ')} timeout ({seconds:g} s)")
-        self.phase = phase
-        self.seconds = seconds
-
-
-class AttemptWatch:
-    """The deadlines of one upstream attempt, as an async context manager around it.
-
-    >>> async with AttemptWatch(timeouts, total_deadline) as watch:
-    ...     response = await upstream.open(...)
-    ...     async for chunk in response.aiter_raw():
-    ...         watch.chunk()
-
-    Past a deadline the attempt's task is cancelled and :class:`UpstreamStalled` leaves the
-    block instead (a real cancellation of the task still propagates). Per chunk the reader
-    only stores the loop's time; the one timer reschedules itself to the current deadline.
-    """
-
-    __slots__ = (
-        "_cancelling",
-        "_handle",
-        "_last",
-        "_loop",
-        "_task",
-        "_total_deadline",
-        "expired",
-        "flowing",
-        "timeouts",
-    )
-
-    def __init__(self, timeouts: UpstreamTimeouts, total_deadline: float | None) -> None:
-        self.timeouts = timeouts
-        self._total_deadline = total_deadline
-        self._loop = asyncio.get_running_loop()
-        self._last = self._loop.time()
-        self._handle: asyncio.TimerHandle | None = None
-        self._task: asyncio.Task[Any] | None = None
-        self._cancelling = 0
-        #: The phase whose deadline passed (``None`` while none did).
-        self.expired: str | None = None
-        #: Whether the first event came.
-        self.flowing = False
-
-    def chunk(self) -> None:
-        """A chunk arrived (call for every chunk read)."""
-        self._last = self._loop.time()
-
-    def first_event(self) -> None:
-        """The first event arrived: from now on the idle bound applies (re-armed once, since it
-        may fall before the first-token deadline)."""
-        self.flowing = True
-        self._last = self._loop.time()
-        if self._handle is not None:
-            self._handle.cancel()
-            self._arm()
-
-    def _deadline(self) -> tuple[float, str, float] | None:
-        t = self.timeouts
-        phase, limit = ("idle", t.idle) if self.flowing else ("first_token", t.first_token)
-        best: tuple[float, str, float] | None = None
-        if limit is not None:
-            best = (self._last + limit, phase, limit)
-        total = self._total_deadline
-        if total is not None and t.total is not None and (best is None or total < best[0]):
-            best = (total, "total", t.total)
-        return best
-
-    def _arm(self) -> None:
-        due = self._deadline()
-        self._handle = None if due is None else self._loop.call_at(due[0], self._fire)
-
-    def _fire(self) -> None:
-        due = self._deadline()
-        if due is None:
-            self._handle = None
-            return
-        if self._loop.time() < due[0]:  # a chunk moved the deadline: wait for the new one
-            self._handle = self._loop.call_at(due[0], self._fire)
-            return
-        self._handle = None
-        self.expired = due[1]
-        if self._task is not None:
-            self._task.cancel()
-
-    async def __aenter__(self) -> AttemptWatch:
-        self._task = asyncio.current_task()
-        assert self._task is not None
-        self._cancelling = self._task.cancelling()
-        self._last = self._loop.time()
-        self._arm()
-        return self
-
-    async def __aexit__(self, kind: type[BaseException] | None, exc: Any, tb: Any) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-        phase = self.expired
-        if phase is None or kind is not asyncio.CancelledError:
-            return
-        assert self._task is not None
-        if self._task.uncancel() <= self._cancelling:
-            t = self.timeouts
-            seconds = {"first_token": t.first_token, "idle": t.idle, "total": t.total}[phase]
-            raise UpstreamStalled(phase, seconds or 0.0) from None
-
-
 def is_engine_death(body: bytes) -> bool:
     """True if an error body says the engine loop died (vLLM's ``EngineDeadError``,
     ``MQEngineDeadError``)."""
     return any(m in body for m in _ENGINE_DEATH_MARKERS)
-
-
-class Breaker:
-    """Open while the engine is known dead; ``probe_interval`` is the seconds between
-    ``/health`` probes while open."""
-
-    def __init__(self, probe_interval: float) -> None:
-        self.probe_interval = probe_interval
-        self.is_open = False
-        self.trips = 0
-
-    def trip(self) -> bool:
-        """Open the breaker; True if it was closed."""
-        if self.is_open:
-            return False
-        self.is_open = True
-        self.trips += 1
-        return True
-
-    def close(self) -> None:
-        """The engine answered healthy again."""
-        self.is_open = False
-
-    def retry_after(self) -> int:
-        """Seconds a client should wait: the next probe, rounded up, at least 1."""
-        return max(1, math.ceil(self.probe_interval))
 
 
 class Upstream:
@@ -494,13 +346,20 @@ async def read_bounded(response: httpx2.Response) -> bytes:
     return b"".join(parts)[:MAX_ERROR_BODY]
 
 
-def parse_retry_after(value: str | None) -> int | None:
-    """Whole seconds (rounded up, at least 1) from a ``Retry-After`` in seconds; ``None`` for
-    none or an HTTP date."""
+def retry_after_value(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` in seconds; ``None`` for none, a negative value or an
+    HTTP date."""
     if not value:
         return None
     try:
         seconds = float(value)
     except ValueError:
         return None
-    return max(1, int(seconds + 0.999)) if seconds >= 0 else None
+    return seconds if seconds >= 0 else None
+
+
+def parse_retry_after(value: str | None) -> int | None:
+    """Whole seconds (rounded up, at least 1) from a ``Retry-After`` in seconds; ``None`` for
+    none or an HTTP date."""
+    seconds = retry_after_value(value)
+    return None if seconds is None else max(1, int(seconds + 0.999))

@@ -1,0 +1,118 @@
+"""The Lua scripts of the Redis store, and the conversions of what goes to Redis and comes back.
+
+Each script is one round trip that compares before it writes, so a replica never drops, extends
+or appends to what another one owns. :class:`Scripts` registers them on one client and calls
+them with named arguments instead of ``KEYS``/``ARGV`` lists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+
+__all__ = ["APPEND", "EXPIRE", "RELEASE", "SET_STATE", "Scripts", "entry_offset", "ms", "text"]
+
+# KEYS[1] key; ARGV[1] expected value. Compare-and-delete: a replica releases only its own claim.
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+# KEYS[1] key; ARGV[1] expected value, ARGV[2] ttl in ms. Compare-and-expire (lease renewal).
+EXPIRE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+# KEYS[1] log stream, KEYS[2] lease; ARGV[1] expected length, ARGV[2] lease holder ('' for an
+# unleased log), ARGV[3] lease ms, ARGV[4..] payloads. Returns the new length; -1 if another
+# replica holds the lease; -2 if nobody does and the log is not where the writer left it (Redis
+# lost it); -100 - length if the log is not at the expected offset. A lease that lapsed with nobody
+# taking it over is taken back (the writer was only slow).
+APPEND = """
+local n = redis.call('XLEN', KEYS[1])
+if ARGV[2] ~= '' then
+  local holder = redis.call('GET', KEYS[2])
+  if holder ~= ARGV[2] then
+    if holder then return -1 end
+    if n ~= tonumber(ARGV[1]) then return -2 end
+    redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+  end
+end
+if n ~= tonumber(ARGV[1]) then return -100 - n end
+for i = 4, #ARGV do
+  n = n + 1
+  redis.call('XADD', KEYS[1], '0-' .. n, 'd', ARGV[i])
+end
+return n
+"""
+# KEYS[1] state stream, KEYS[2] meta hash; ARGV[1] state, ARGV[2..] field, value pairs for the
+# meta hash. Records the state and announces it on the state stream; returns the stream length.
+SET_STATE = """
+local fields = {'state', ARGV[1]}
+for i = 2, #ARGV do fields[#fields + 1] = ARGV[i] end
+redis.call('HSET', KEYS[2], unpack(fields))
+local n = redis.call('XLEN', KEYS[1]) + 1
+redis.call('XADD', KEYS[1], '0-' .. n, 'state', ARGV[1])
+return n
+"""
+
+
+def ms(seconds: float) -> int:
+    """``seconds`` as whole milliseconds, at least 1 (Redis refuses a ``PX`` of 0)."""
+    return max(1, int(seconds * 1000))
+
+
+def text(value: Any) -> str | None:
+    """A reply as text (the client returns bytes; ``None`` stays ``None``)."""
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def entry_offset(entry_id: bytes | str) -> int:
+    """The sequence part of a ``0-n`` stream id."""
+    raw = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(raw.rpartition("-")[2])
+
+
+class Scripts:
+    """The scripts above, registered on ``redis`` (each call one round trip, or one command of
+    the pipeline given as ``client``)."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self._release = redis.register_script(RELEASE)
+        self._expire = redis.register_script(EXPIRE)
+        self._append = redis.register_script(APPEND)
+        self._set_state = redis.register_script(SET_STATE)
+
+    async def release(self, key: str, value: str) -> int:
+        """Delete ``key`` if it holds ``value``; 1 if it did."""
+        return int(await self._release(keys=[key], args=[value]))
+
+    async def expire(self, key: str, value: str, ttl: float, client: Any = None) -> Any:
+        """Let ``key`` lapse ``ttl`` seconds from now if it holds ``value``; 1 if it did (the
+        pipeline itself where ``client`` is one: its result comes with the others)."""
+        return await self._expire(keys=[key], args=[value, ms(ttl)], client=client)
+
+    async def append(
+        self,
+        log_key: str,
+        lease_key: str,
+        expected: int,
+        lease_holder: str,
+        lease_ms: int,
+        payloads: Sequence[bytes],
+    ) -> int:
+        """:data:`APPEND`: the new length, or the negative code it returns."""
+        args: list[bytes | str | int] = [expected, lease_holder, lease_ms, *payloads]
+        return int(await self._append(keys=[log_key, lease_key], args=args))
+
+    async def set_state(
+        self, state_key: str, meta_key: str, state: str, fields: Mapping[str, bytes | str | int]
+    ) -> int:
+        """:data:`SET_STATE`: the state stream's new length."""
+        args: list[bytes | str | int] = [state]
+        for name, value in fields.items():
+            args += [name, value]
+        return int(await self._set_state(keys=[state_key, meta_key], args=args))
