@@ -19,19 +19,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from streamsafe.gateway.fair_queue import ADMITTED, QUEUED, SHED, AdmissionCore, Waiter
-from streamsafe.gateway.wait_plan import plan_wait
 from streamsafe.tokens import estimate_prompt_tokens
 
-# QUEUED, Waiter and plan_wait are re-exported for the modules that import them from here.
-__all__ = [
-    "QUEUED",
-    "Admission",
-    "Shed",
-    "Waiter",
-    "plan_wait",
-    "request_cost",
-    "retry_after_seconds",
-]
+__all__ = ["Admission", "Shed", "request_cost", "retry_after_seconds"]
 
 #: Bounds of Retry-After: at least 1 s (clients treat 0 as "now"), at most 60 s (Stainless
 #: clients ignore anything longer and fall back to their own backoff).

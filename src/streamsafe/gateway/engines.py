@@ -27,7 +27,7 @@ from typing import Any
 import httpx2
 import orjson
 
-from streamsafe.gateway.attempts import Attempts, OneEngine, answer_response
+from streamsafe.gateway.attempts import answer_response
 from streamsafe.gateway.breaker import PoolBreaker
 from streamsafe.gateway.errors import error_body
 from streamsafe.gateway.failover import Failover, failover_step
@@ -35,8 +35,7 @@ from streamsafe.gateway.pool import Counts, Engine, EngineSpec, Full, Pick, Pool
 from streamsafe.gateway.upstream import Upstream, is_engine_death, read_bounded, retry_after_value
 from streamsafe.retry import RetryBudget
 
-# Attempts and OneEngine are re-exported for the modules that import them from here.
-__all__ = ["Attempts", "EngineAttempts", "Engines", "OneEngine"]
+__all__ = ["EngineAttempts", "Engines"]
 
 log = logging.getLogger("streamsafe.gateway")
 

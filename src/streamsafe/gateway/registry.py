@@ -28,10 +28,11 @@ from streamsafe.gateway.generation import (
     new_generation_id,
 )
 from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.redis_log import ReplicatedLog
 from streamsafe.gateway.relay import Relay
-from streamsafe.gateway.replicas import REDIS_ERRORS, Replicas
+from streamsafe.gateway.replicas import Replicas
 from streamsafe.gateway.store import LeaseLost, MemoryStore, Store
-from streamsafe.gateway.store_redis import ReplicatedLog
+from streamsafe.gateway.store_redis import REDIS_ERRORS
 from streamsafe.gateway.upstream import Upstream
 
 __all__ = ["Registry"]

@@ -1,7 +1,7 @@
 """The upstream reader: one task per generation that waits for admission, sends the request
 upstream and appends what comes back to the generation's log.
 
-Every attempt goes through the generation's :class:`~streamsafe.gateway.engines.Attempts` (one
+Every attempt goes through the generation's :class:`~streamsafe.gateway.attempts.Attempts` (one
 engine, or the pool's failover before the first token), which is told what each engine did. A
 stream is read on the hot path (:mod:`streamsafe.gateway.stream_reader`): payloads are relayed
 as the bytes upstream sent, never re-encoded (but for a continued stream's usage chunk, made to
@@ -19,25 +19,23 @@ from collections.abc import Callable
 
 import httpx2
 
-from streamsafe.gateway.admission import Admission, Shed, Waiter
+from streamsafe.gateway.admission import Admission, Shed
+from streamsafe.gateway.attempt_watch import AttemptWatch, UpstreamStalled, UpstreamTimeouts
+from streamsafe.gateway.attempts import Attempts, OneEngine
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.continuation import (
     continuation_body,
     read_partial,
 )
 from streamsafe.gateway.endings import BrokenAttempt, Endings, Finish
-from streamsafe.gateway.engines import Attempts, Engines, OneEngine
+from streamsafe.gateway.engines import Engines
 from streamsafe.gateway.errors import Failure, error_body
+from streamsafe.gateway.fair_queue import Waiter
 from streamsafe.gateway.generation import Generation, State
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.store import LeaseLost
 from streamsafe.gateway.stream_reader import StreamReader
-from streamsafe.gateway.upstream import (
-    AttemptWatch,
-    Upstream,
-    UpstreamStalled,
-    UpstreamTimeouts,
-)
+from streamsafe.gateway.upstream import Upstream
 from streamsafe.sse import DONE
 
 __all__ = ["BrokenAttempt", "Finish", "Relay"]

@@ -39,8 +39,7 @@ from streamsafe.gateway.redis_log import ReplicatedLog
 from streamsafe.gateway.store import LeaseLost
 from streamsafe.gateway.store_redis import REDIS_ERRORS, RedisStore
 
-# REDIS_ERRORS is re-exported for the modules that import it from here.
-__all__ = ["REDIS_ERRORS", "ReplicaCounters", "Replicas"]
+__all__ = ["ReplicaCounters", "Replicas"]
 
 log = logging.getLogger("streamsafe.gateway")
 

@@ -37,8 +37,7 @@ from streamsafe.gateway.redis_log import RedisEventLog, ReplicatedLog
 from streamsafe.gateway.redis_scripts import Scripts, ms, text
 from streamsafe.gateway.redis_tail import RedisTail
 
-# ReplicatedLog is re-exported for the modules that import it from here.
-__all__ = ["REDIS_ERRORS", "RedisStore", "ReplicatedLog"]
+__all__ = ["REDIS_ERRORS", "RedisStore"]
 
 #: What a lost Redis raises (connection errors are RedisError; a closed socket may be OSError).
 REDIS_ERRORS = (RedisError, OSError)

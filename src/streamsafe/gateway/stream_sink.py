@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from streamsafe.gateway.attempt_watch import AttemptWatch
+from streamsafe.gateway.attempts import Attempts
 from streamsafe.gateway.continuation import is_role_chunk, whole_usage
-from streamsafe.gateway.engines import Attempts
 from streamsafe.gateway.errors import ERROR_PREFIXES
 from streamsafe.gateway.generation import Generation, State
 from streamsafe.gateway.metrics import Counters
-from streamsafe.gateway.upstream import AttemptWatch, is_engine_death
+from streamsafe.gateway.upstream import is_engine_death
 from streamsafe.gateway.upstream_kinds import parse_error_event
 from streamsafe.sse import DONE
 

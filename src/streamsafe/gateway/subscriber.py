@@ -20,10 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from streamsafe._asgi import BodyWriter, Message, Receive, Send, respond
-from streamsafe.gateway.admission import QUEUED, Admission, plan_wait, retry_after_seconds
+from streamsafe.gateway.admission import Admission, retry_after_seconds
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.errors import error_body, send_failure
+from streamsafe.gateway.fair_queue import QUEUED
 from streamsafe.gateway.generation import Generation, State
+from streamsafe.gateway.wait_plan import plan_wait
 from streamsafe.sse import DONE, DONE_EVENT, encode_event, encode_events
 
 __all__ = [
@@ -120,7 +122,7 @@ class Pacing:
     """The commit and heartbeat rules of one streaming subscriber, fed the clock's reading.
 
     Headers go out with the first event. While the generation waits in the admission queue,
-    :func:`~streamsafe.gateway.admission.plan_wait` decides from the predicted wait: commit
+    :func:`~streamsafe.gateway.wait_plan.plan_wait` decides from the predicted wait: commit
     early only when the wait may reach the client's read timeout (or, where the client did not
     say, ``commit_wait`` after it arrived), answer a real 429 before any commit where the wait
     will not fit, and under first-token commit tell a client that would time out to come back

@@ -29,20 +29,14 @@ import httpcore2
 import httpx2
 
 from streamsafe.gateway.asyncio_backend import AsyncioBackend
-from streamsafe.gateway.attempt_watch import AttemptWatch, UpstreamStalled, UpstreamTimeouts
 from streamsafe.gateway.breaker import Breaker
 from streamsafe.gateway.event_stream import EventStream, EventStreamPool, header_lines
 from streamsafe.gateway.upstream_kinds import KINDS, UpstreamKind, probe_kind
 from streamsafe.retry import RetryBudget
 
-# AttemptWatch, UpstreamStalled and UpstreamTimeouts are re-exported for the modules that import
-# them from here.
 __all__ = [
     "MAX_ERROR_BODY",
-    "AttemptWatch",
     "Upstream",
-    "UpstreamStalled",
-    "UpstreamTimeouts",
     "is_engine_death",
     "parse_retry_after",
     "read_bounded",
