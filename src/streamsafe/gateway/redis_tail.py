@@ -133,6 +133,10 @@ class RedisTail:
         self._wake_all()
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
+            # redis-py can let a cancellation go by while it reconnects (the loop then sat in a
+            # 7 s read after a Redis restart, one in three runs): ask again until it has ended.
+            while not task.done():
+                task.cancel()
+                await asyncio.wait((task,), timeout=0.1)
             with contextlib.suppress(asyncio.CancelledError):
                 await task
