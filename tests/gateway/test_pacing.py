@@ -12,17 +12,9 @@ from hypothesis import strategies as st
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.fair_queue import AdmissionCore
 from streamsafe.gateway.generation import Generation, GenerationRequest, State
+from streamsafe.gateway.pacing import COMMIT, HEARTBEAT, SHED, STEP_BACK, WAIT, Pacing, StreamRules
 from streamsafe.gateway.store import MemoryEventLog
-from streamsafe.gateway.subscriber import (
-    COMMIT,
-    HEARTBEAT,
-    SHED,
-    STEP_BACK,
-    WAIT,
-    Pacing,
-    StreamRules,
-    wait_for_change,
-)
+from streamsafe.gateway.subscriber import wait_for_change
 
 
 def _generation(created_at: float = 100.0, *, queued: bool = False) -> Generation:

@@ -42,6 +42,7 @@ from streamsafe.gateway.errors import (
     send_internal_error,
 )
 from streamsafe.gateway.metrics import CONTENT_TYPE, Metrics, Readings, stats_document
+from streamsafe.gateway.pacing import StreamRules
 from streamsafe.gateway.passthrough import pass_through
 from streamsafe.gateway.pool import parse_engine, parse_fallback
 from streamsafe.gateway.registry import Registry
@@ -55,7 +56,7 @@ from streamsafe.gateway.requests import (
 )
 from streamsafe.gateway.store import MemoryStore, Store
 from streamsafe.gateway.store_redis import RedisStore
-from streamsafe.gateway.subscriber import StreamRules, Subscriber, serve_json, serve_stream
+from streamsafe.gateway.subscriber import Subscriber, serve_json, serve_stream
 from streamsafe.gateway.upstream import Upstream
 from streamsafe.gateway.upstream_kinds import CompletionRoute
 

@@ -11,12 +11,12 @@ it tells the registry how each generation ended.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from streamsafe.gateway.abandonment import MIRROR_KEPT, Abandonment
 from streamsafe.gateway.admission import Admission
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.engines import Engines
@@ -31,6 +31,7 @@ from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.redis_log import ReplicatedLog
 from streamsafe.gateway.relay import Relay
 from streamsafe.gateway.replicas import Replicas
+from streamsafe.gateway.retention import Retention
 from streamsafe.gateway.store import LeaseLost, MemoryStore, Store
 from streamsafe.gateway.store_redis import REDIS_ERRORS
 from streamsafe.gateway.upstream import Upstream
@@ -41,9 +42,6 @@ log = logging.getLogger("streamsafe.gateway")
 
 #: Rounds of claim and release that settle a race on one Idempotency-Key.
 _CLAIM_ROUNDS = 3
-#: Seconds a finished mirror stays here after its last subscriber (a reconnect within it reads
-#: the copy; later ones read Redis again).
-_MIRROR_KEPT = 5.0
 
 
 class Registry:
@@ -77,9 +75,17 @@ class Registry:
         )
         self._gens: dict[str, Generation] = {}
         self._by_fingerprint: dict[tuple[str, bytes], Generation] = {}
-        self._finished: collections.OrderedDict[str, Generation] = collections.OrderedDict()
-        self._kept_bytes = 0
+        self._kept = Retention(config.max_kept_bytes, config.max_kept_generations)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._abandonment = Abandonment(
+            config,
+            admission,
+            self.counters,
+            replicas,
+            finish=self._finish,
+            forget=self._forget,
+            spawn=self._spawn,
+        )
         #: Generations queued or running.
         self.live_generations = 0
         #: Subscribers connected to any generation.
@@ -224,14 +230,14 @@ class Registry:
         if gen.timer is not None:
             gen.timer.cancel()
         gen.timer = asyncio.get_running_loop().call_later(
-            _MIRROR_KEPT, lambda: self._spawn(self._forget(gen))
+            MIRROR_KEPT, lambda: self._spawn(self._forget(gen))
         )
 
     async def _take_over(self, gen: Generation) -> None:
         """This replica took over ``gen`` from a dead owner: run it from its log."""
         self.live_generations += 1
         if gen.subscribers == 0 and gen.timer is None:
-            self.leave_grace(gen)
+            self._abandonment.grace(gen)
         gen.task = asyncio.get_running_loop().create_task(
             self._run(gen, "the replica that ran it is gone"), name=gen.id
         )
@@ -257,59 +263,8 @@ class Registry:
         nobody waits for keeps its place but is passed over (docs/design.md, Admission)."""
         gen.subscribers -= 1
         self.subscribers -= 1
-        if gen.subscribers > 0 or gen.finished:
-            return
-        if gen.waiter is not None:
-            # Told to come back (hold): it may run ahead of an idle engine; else it waits.
-            self._admission.set_active(gen.waiter, False, expected=hold > 0)
-        self.leave_grace(gen, hold)
-
-    def leave_grace(self, gen: Generation, hold: float = 0.0) -> None:
-        """``gen`` has no subscriber here: start its grace period, ``hold`` seconds later where
-        the subscriber was told to come back then (for a mirror: forget the copy after it; its
-        owner decides about the upstream request)."""
-        replicas = self.replicas
-        if replicas is not None and replicas.is_mirror(gen):
-            replicas.subscribers_changed(gen)
-            gen.timer = asyncio.get_running_loop().call_later(
-                max(self.config.grace + hold, _MIRROR_KEPT), lambda: self._spawn(self._forget(gen))
-            )
-            return
-        grace = self.config.grace + hold
-        if grace <= 0:
-            self._abort(gen)
-        else:
-            gen.timer = asyncio.get_running_loop().call_later(grace, self._abort, gen)
-
-    def _abort(self, gen: Generation) -> None:
-        gen.timer = None
-        if gen.subscribers > 0 or gen.finished:
-            return
-        replicas = self.replicas
-        if replicas is not None and replicas.owns(gen):
-            self._spawn(self._abort_unless_followed(replicas, gen))
-            return
-        self._abort_now(gen)
-
-    async def _abort_unless_followed(self, replicas: Replicas, gen: Generation) -> None:
-        """Abort ``gen`` unless subscribers on another replica read it; then ask again after
-        another grace period."""
-        if await replicas.followed_elsewhere(gen):
-            if gen.subscribers == 0 and not gen.finished and gen.timer is None:
-                gen.timer = asyncio.get_running_loop().call_later(
-                    max(self.config.grace, replicas.lease), self._abort, gen
-                )
-            return
-        self._abort_now(gen)
-
-    def _abort_now(self, gen: Generation) -> None:
-        if gen.subscribers > 0 or gen.finished:
-            return
-        log.info("%s: no subscriber left after the grace period; aborting upstream", gen.id)
-        self.counters.generations_aborted += 1
-        self._finish(gen, State.ABORTED)
-        if gen.task is not None:
-            gen.task.cancel()  # closes the upstream response: the engine aborts the request
+        if gen.subscribers == 0 and not gen.finished:
+            self._abandonment.left(gen, hold)
 
     # -- endings and retention ------------------------------------------------------------------
 
@@ -344,22 +299,14 @@ class Registry:
         # limit) nor the reader task: let them go, so what is kept is what is counted.
         gen.request.body = b""
         gen.task = None
-        self._finished[gen.id] = gen
-        self._kept_bytes += gen.kept_nbytes
+        for oldest in self._kept.keep(gen):
+            counters.evicted += 1
+            self._spawn(self._forget(oldest))
         if gen.key is not None:
             self._spawn(self._expire_key(gen, gen.key))
         gen.timer = asyncio.get_running_loop().call_later(
             self.config.keep_finished, lambda: self._spawn(self._forget(gen))
         )
-        config = self.config
-        while self._finished and (
-            self._kept_bytes > config.max_kept_bytes
-            or len(self._finished) > config.max_kept_generations
-        ):
-            oldest = next(iter(self._finished.values()))
-            counters.evicted += 1
-            self._spawn(self._forget(oldest))
-            self._unkeep(oldest)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run store bookkeeping in the background; owned here and awaited by :meth:`close`."""
@@ -367,16 +314,12 @@ class Registry:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _unkeep(self, gen: Generation) -> None:
-        if self._finished.pop(gen.id, None) is not None:
-            self._kept_bytes -= gen.kept_nbytes
-
     async def _forget(self, gen: Generation) -> None:
         """Nobody can find ``gen`` any more; subscribers holding it read on undisturbed."""
         if gen.finished and gen.timer is not None:
             gen.timer.cancel()
             gen.timer = None
-        self._unkeep(gen)
+        self._kept.drop(gen)
         if self._gens.get(gen.id) is gen:
             del self._gens[gen.id]
         fp_key = (gen.tenant, gen.fingerprint)
@@ -413,12 +356,12 @@ class Registry:
     @property
     def kept_bytes(self) -> int:
         """Bytes held by finished generations kept for replay."""
-        return self._kept_bytes
+        return self._kept.bytes
 
     @property
     def kept_generations(self) -> int:
         """Finished generations kept for replay."""
-        return len(self._finished)
+        return len(self._kept)
 
     async def close(self) -> None:
         """Cancel every reader (shutdown). With replicas, what this one runs is handed over:

@@ -7,40 +7,26 @@ while its generation is quiet.
 
 When the headers go out, when a ``: keep-alive`` comment is due, and what a subscriber whose
 generation is still queued is told (commit, a real 429 before any commit, or come back later) is
-decided by :class:`Pacing` (see docs/design.md, Commit and Admission); the loop in
-:func:`serve_stream` only relays.
+decided by :class:`~streamsafe.gateway.pacing.Pacing` (see docs/design.md, Commit and
+Admission); the loop in :func:`serve_stream` only relays. A subscriber that keeps up is served
+from the relay's read callback instead (:mod:`streamsafe.gateway.fanout`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from streamsafe._asgi import BodyWriter, Message, Receive, Send, respond
 from streamsafe.gateway.admission import Admission, retry_after_seconds
-from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.errors import error_body, send_failure
 from streamsafe.gateway.fair_queue import QUEUED
 from streamsafe.gateway.generation import Generation, State
-from streamsafe.gateway.wait_plan import plan_wait
+from streamsafe.gateway.pacing import COMMIT, HEARTBEAT, SHED, STEP_BACK, Pacing, StreamRules
 from streamsafe.sse import DONE, DONE_EVENT, encode_event, encode_events
 
-__all__ = [
-    "COMMIT",
-    "HEARTBEAT",
-    "SHED",
-    "STEP_BACK",
-    "WAIT",
-    "Pacing",
-    "StreamRules",
-    "Subscriber",
-    "serve_json",
-    "serve_stream",
-    "wait_for_change",
-]
+__all__ = ["Subscriber", "serve_json", "serve_stream", "wait_for_change"]
 
 # One comment line with no blank line after it: a blank line would end an event, and the
 # Stainless clients' decoders (llama-stack-client, openai) dispatch an empty event there once an
@@ -50,11 +36,6 @@ _HEARTBEAT = b": keep-alive\n"
 _HEARTBEAT_MSG: Message = {"type": "http.response.body", "body": _HEARTBEAT, "more_body": True}
 _JSON_HEARTBEAT_MSG: Message = {"type": "http.response.body", "body": b" ", "more_body": True}
 _SSE_END: Message = {"type": "http.response.body", "body": b"", "more_body": False}
-
-#: What :meth:`Pacing.step` asks for before the subscriber waits: nothing, the headers, a
-#: heartbeat, refusing the queued generation (429 to all not yet answered), or a 429 to this
-#: subscriber only while its generation keeps its place.
-WAIT, COMMIT, HEARTBEAT, SHED, STEP_BACK = 0, 1, 2, 3, 4
 
 
 class Subscriber:
@@ -82,135 +63,6 @@ class Subscriber:
                 self.gone = True
                 self.gen.wake()
                 return
-
-
-@dataclass(frozen=True, slots=True)
-class StreamRules:
-    """The gateway-wide settings of every streaming subscriber."""
-
-    #: Commit before the first event (``commit="early"``).
-    early: bool
-    #: Seconds between heartbeats before the first event (0: none).
-    heartbeat: float
-    #: Seconds an early commit waits for upstream to accept before committing anyway: one
-    #: heartbeat interval, at most 1 s, so the headers and then the heartbeats reach a client
-    #: whose request waits in the queue long before its read timeout.
-    commit_wait: float
-    #: The ``x-stream-resumable`` header value.
-    resumable: bytes
-    #: Seconds a generation may wait for admission before it is shed, unless committed.
-    queue_timeout: float = 20.0
-    #: Keep a waiting non-streaming call's connection alive with whitespace (see
-    #: :func:`serve_json`).
-    json_keepalive: bool = False
-
-    @classmethod
-    def from_config(cls, config: GatewayConfig) -> StreamRules:
-        """The rules ``config`` sets."""
-        heartbeat = config.heartbeat
-        return cls(
-            early=config.commit == "early",
-            heartbeat=heartbeat,
-            commit_wait=min(heartbeat, 1.0) if heartbeat > 0 else 1.0,
-            resumable=b"true" if config.keep_finished > 0 else b"false",
-            queue_timeout=config.queue_timeout,
-            json_keepalive=config.json_keepalive,
-        )
-
-
-class Pacing:
-    """The commit and heartbeat rules of one streaming subscriber, fed the clock's reading.
-
-    Headers go out with the first event. While the generation waits in the admission queue,
-    :func:`~streamsafe.gateway.wait_plan.plan_wait` decides from the predicted wait: commit
-    early only when the wait may reach the client's read timeout (or, where the client did not
-    say, ``commit_wait`` after it arrived), answer a real 429 before any commit where the wait
-    will not fit, and under first-token commit tell a client that would time out to come back
-    when its place comes. Once admitted, under early commit, the headers go when upstream
-    accepted the request or ``commit_wait`` after admission, so heartbeats cover the first token
-    (a slow but healthy request must never trip a client's read timeout). A generation about to
-    ask for a place, or being refused, is never committed, so a refusal keeps its real status.
-    Heartbeats stop once events flow.
-    """
-
-    __slots__ = (
-        "_arrived",
-        "_last_attempt",
-        "_next_beat",
-        "_patience",
-        "_rules",
-        "committed",
-        "flowing",
-        "retry_after",
-    )
-
-    def __init__(
-        self,
-        rules: StreamRules,
-        flowing: bool,
-        arrived: float = 0.0,
-        patience: float | None = None,
-        last_attempt: bool = False,
-    ) -> None:
-        self._rules = rules
-        self._next_beat = 0.0
-        self._arrived = arrived
-        self._patience = patience
-        self._last_attempt = last_attempt
-        #: The response headers went out.
-        self.committed = False
-        #: Events went out (or the stream resumes past some): no more heartbeats.
-        self.flowing = flowing
-        #: After :data:`SHED` or :data:`STEP_BACK`: seconds until the client should come back.
-        self.retry_after = 0.0
-
-    def step(
-        self, gen: Generation, now: float, predicted: float | None = None
-    ) -> tuple[int, float | None]:
-        """What to do before waiting (:data:`WAIT`: nothing, :data:`COMMIT`: send the headers,
-        :data:`HEARTBEAT`, :data:`SHED`, :data:`STEP_BACK`) and the most seconds to wait for
-        ``gen`` to change (``None``: no limit). ``predicted``: the predicted seconds until a
-        queued ``gen`` is admitted. After :data:`COMMIT`, ask again before waiting."""
-        rules = self._rules
-        if not self.committed:
-            place = gen.waiter
-            if place is not None and place.state == QUEUED:
-                plan = plan_wait(
-                    predicted=predicted,
-                    waited=now - self._arrived,
-                    hold_left=place.since + rules.queue_timeout - now,
-                    patience=self._patience,
-                    last_attempt=self._last_attempt,
-                    early=rules.early,
-                    commit_after=rules.commit_wait,
-                    committed=place.committed,
-                )
-                if plan.action == "commit":
-                    return self._commit(now)
-                if plan.action == "shed":
-                    self.retry_after = plan.retry_after
-                    return SHED, None
-                if plan.action == "step-back":
-                    self.retry_after = plan.retry_after
-                    return STEP_BACK, None
-                return WAIT, None if plan.until == math.inf else plan.until
-            if rules.early and gen.state is State.RUNNING and gen.admitted_at is not None:
-                deadline = gen.admitted_at + rules.commit_wait
-                if gen.upstream_status == 200 or now >= deadline:
-                    return self._commit(now)
-                return WAIT, deadline - now
-            return WAIT, None
-        if not self.flowing and rules.heartbeat > 0:
-            if now >= self._next_beat:
-                self._next_beat = now + rules.heartbeat
-                return HEARTBEAT, rules.heartbeat
-            return WAIT, self._next_beat - now
-        return WAIT, None
-
-    def _commit(self, now: float) -> tuple[int, float | None]:
-        self.committed = True
-        self._next_beat = now + self._rules.heartbeat
-        return COMMIT, None
 
 
 async def serve_json(

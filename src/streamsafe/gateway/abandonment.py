@@ -1,0 +1,111 @@
+"""What nobody reads is stopped: a live generation's grace period after its last subscriber
+left, and the abort of its upstream request once the grace is over (see docs/design.md,
+Abandonment and grace).
+
+A subscriber told to come back later (a step-back 429) holds the generation that much longer.
+A mirror (another replica runs it) is only forgotten here after the grace; its owner decides
+about the upstream request, and does not abort one whose subscribers moved to another replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from streamsafe.gateway.admission import Admission
+from streamsafe.gateway.config import GatewayConfig
+from streamsafe.gateway.generation import Generation, State
+from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.replicas import Replicas
+
+__all__ = ["Abandonment"]
+
+log = logging.getLogger("streamsafe.gateway")
+
+#: Seconds a finished mirror stays here after its last subscriber (a reconnect within it reads
+#: the copy; later ones read Redis again).
+MIRROR_KEPT = 5.0
+
+
+class Abandonment:
+    """The grace periods of one registry's generations. ``finish`` ends a generation (the
+    registry's), ``forget`` drops one from the registry, ``spawn`` runs bookkeeping in the
+    background (owned by the registry)."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        admission: Admission,
+        counters: Counters,
+        replicas: Replicas | None,
+        *,
+        finish: Callable[[Generation, State], None],
+        forget: Callable[[Generation], Coroutine[Any, Any, None]],
+        spawn: Callable[[Coroutine[Any, Any, None]], None],
+    ) -> None:
+        self._config = config
+        self._admission = admission
+        self._counters = counters
+        self._replicas = replicas
+        self._finish = finish
+        self._forget = forget
+        self._spawn = spawn
+
+    def left(self, gen: Generation, hold: float = 0.0) -> None:
+        """The last subscriber left live ``gen``: a queued one keeps its place but is passed
+        over (docs/design.md, Admission); the grace period starts, ``hold`` seconds later where
+        the subscriber was told to come back then."""
+        if gen.waiter is not None:
+            # Told to come back (hold): it may run ahead of an idle engine; else it waits.
+            self._admission.set_active(gen.waiter, False, expected=hold > 0)
+        self.grace(gen, hold)
+
+    def grace(self, gen: Generation, hold: float = 0.0) -> None:
+        """``gen`` has no subscriber here: start its grace period, ``hold`` seconds later where
+        the subscriber was told to come back then (for a mirror: forget the copy after it)."""
+        replicas = self._replicas
+        loop = asyncio.get_running_loop()
+        if replicas is not None and replicas.is_mirror(gen):
+            replicas.subscribers_changed(gen)
+            gen.timer = loop.call_later(
+                max(self._config.grace + hold, MIRROR_KEPT),
+                lambda: self._spawn(self._forget(gen)),
+            )
+            return
+        grace = self._config.grace + hold
+        if grace <= 0:
+            self._over(gen)
+        else:
+            gen.timer = loop.call_later(grace, self._over, gen)
+
+    def _over(self, gen: Generation) -> None:
+        gen.timer = None
+        if gen.subscribers > 0 or gen.finished:
+            return
+        replicas = self._replicas
+        if replicas is not None and replicas.owns(gen):
+            self._spawn(self._abort_unless_followed(replicas, gen))
+            return
+        self._abort(gen)
+
+    async def _abort_unless_followed(self, replicas: Replicas, gen: Generation) -> None:
+        """Abort ``gen`` unless subscribers on another replica read it; then ask again after
+        another grace period."""
+        if await replicas.followed_elsewhere(gen):
+            if gen.subscribers == 0 and not gen.finished and gen.timer is None:
+                gen.timer = asyncio.get_running_loop().call_later(
+                    max(self._config.grace, replicas.lease), self._over, gen
+                )
+            return
+        self._abort(gen)
+
+    def _abort(self, gen: Generation) -> None:
+        if gen.subscribers > 0 or gen.finished:
+            return
+        log.info("%s: no subscriber left after the grace period; aborting upstream", gen.id)
+        self._counters.generations_aborted += 1
+        self._finish(gen, State.ABORTED)
+        if gen.task is not None:
+            gen.task.cancel()  # closes the upstream response: the engine aborts the request
