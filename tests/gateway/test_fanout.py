@@ -36,8 +36,8 @@ class _Writer:
         return True
 
 
-async def _joined(fanout: Fanout, writer: _Writer, cursor: int, drop_done: bool = False) -> Any:
-    task = asyncio.get_running_loop().create_task(fanout.serve(writer, cursor, drop_done))
+async def _joined(fanout: Fanout, writer: _Writer, cursor: int) -> Any:
+    task = asyncio.get_running_loop().create_task(fanout.serve(writer, cursor))
     await asyncio.sleep(0)  # let it join
     assert fanout
     return task
@@ -74,16 +74,15 @@ async def test_a_member_behind_the_published_events_is_released() -> None:
     assert writer.bodies == []
 
 
-async def test_drop_done_member_gets_no_done_event_but_its_cursor_passes_it() -> None:
-    fanout, plain, llama = Fanout(), _Writer(), _Writer()
-    t1 = await _joined(fanout, plain, 0)
-    t2 = await _joined(fanout, llama, 0, drop_done=True)
-    fanout.publish([b'{"x":1}', DONE], 0, False)
-    fanout.publish([DONE], 2, False)  # nothing to write for the Llama Stack framing
-    assert plain.bodies == [encode_events([b'{"x":1}', DONE], 0, False), encode_events([DONE], 2)]
-    assert llama.bodies == [encode_events([b'{"x":1}'], 0, False)]
-    fanout.release_all()
-    assert (await t1, await t2) == (3, 3)
+async def test_the_events_that_end_the_stream_are_left_to_the_members_loops() -> None:
+    # [DONE] comes last: each loop sends it (framed as its route wants) with the end, one write.
+    fanout, writer = Fanout(), _Writer()
+    task = await _joined(fanout, writer, 0)
+    fanout.publish([b'{"x":1}'], 0, False)
+    fanout.publish([b'{"y":2}', DONE], 1, False)
+    assert writer.bodies == [encode_events([b'{"x":1}'], 0, False)]
+    assert await task == 1
+    assert not fanout
 
 
 async def test_cancelled_member_leaves_the_fanout() -> None:
@@ -132,6 +131,7 @@ class _Connection:
     def __init__(self, decline_every: int) -> None:
         self.wire = b""
         self.started = self.ended = False
+        self.final = b""  # what went out with the end
         self.writes = self.declined = 0
         self._every = decline_every
 
@@ -143,6 +143,8 @@ class _Connection:
         assert self.started and not self.ended
         self.wire += message.get("body", b"")
         self.ended = not message.get("more_body", False)
+        if self.ended:
+            self.final = message.get("body", b"")
 
     def write(self, body: bytes) -> bool:
         if not self.started or self.ended:
@@ -203,6 +205,7 @@ async def test_a_subscriber_whose_writes_are_declined_falls_back_and_loses_nothi
         finally:
             await gw.shutdown()
     assert live.ended
+    assert live.final.endswith(b"data: [DONE]\n\n")  # the last events and the end: one write
     assert live.writes > 50  # the fan-out carried the stream
     assert (live.declined > 0) == (decline_every < 10**9)
     events = SSEDecoder().feed(live.wire)

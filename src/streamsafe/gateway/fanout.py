@@ -24,14 +24,11 @@ __all__ = ["Fanout"]
 
 
 class _Member:
-    __slots__ = ("cursor", "drop_done", "released", "writer")
+    __slots__ = ("cursor", "released", "writer")
 
-    def __init__(
-        self, writer: BodyWriter, cursor: int, drop_done: bool, released: asyncio.Future[None]
-    ) -> None:
+    def __init__(self, writer: BodyWriter, cursor: int, released: asyncio.Future[None]) -> None:
         self.writer = writer
         self.cursor = cursor
-        self.drop_done = drop_done
         self.released = released
 
 
@@ -46,12 +43,11 @@ class Fanout:
     def __bool__(self) -> bool:
         return bool(self._members)
 
-    async def serve(self, writer: BodyWriter, cursor: int, drop_done: bool) -> int:
+    async def serve(self, writer: BodyWriter, cursor: int) -> int:
         """Join at ``cursor`` (the log's length: everything before went out) and return the
-        cursor once released. ``drop_done`` leaves ``data: [DONE]`` out, as the subscriber's own
-        framing does."""
+        cursor once released."""
         released = asyncio.get_running_loop().create_future()
-        member = _Member(writer, cursor, drop_done, released)
+        member = _Member(writer, cursor, released)
         self._members.append(member)
         try:
             await released
@@ -62,27 +58,23 @@ class Fanout:
 
     def publish(self, payloads: Sequence[bytes], first: int, multiline: bool) -> None:
         """Write ``payloads`` (the log's events ``first, first + 1, ...``, just appended) to
-        every member; release the members that cannot take them."""
+        every member; release the members that cannot take them. The events that end the
+        stream (``[DONE]`` last) are left to the members' own loops, which send them with the
+        end in one write (and frame ``[DONE]`` as the route wants)."""
         members = self._members
         if not members:
             return
+        if payloads[-1] == DONE:
+            # The end follows at once: each loop sends these events and the end in one write.
+            self.release_all()
+            return
         after = first + len(payloads)
-        whole: bytes | None = None
-        trimmed: bytes | None = None
+        body = encode_events(payloads, first, multiline)
         declined: list[_Member] | None = None
         for member in members:
-            if member.cursor == first:
-                if member.drop_done and payloads[-1] == DONE:
-                    if trimmed is None:
-                        trimmed = encode_events(payloads[:-1], first, multiline)
-                    body = trimmed
-                else:
-                    if whole is None:
-                        whole = encode_events(payloads, first, multiline)
-                    body = whole
-                if not body or member.writer(body):
-                    member.cursor = after
-                    continue
+            if member.cursor == first and member.writer(body):
+                member.cursor = after
+                continue
             if declined is None:
                 declined = []
             declined.append(member)

@@ -35,7 +35,6 @@ __all__ = ["Subscriber", "serve_json", "serve_stream", "wait_for_change"]
 _HEARTBEAT = b": keep-alive\n"
 _HEARTBEAT_MSG: Message = {"type": "http.response.body", "body": _HEARTBEAT, "more_body": True}
 _JSON_HEARTBEAT_MSG: Message = {"type": "http.response.body", "body": b" ", "more_body": True}
-_SSE_END: Message = {"type": "http.response.body", "body": b"", "more_body": False}
 
 
 class Subscriber:
@@ -172,6 +171,9 @@ async def serve_stream(
             body = encode_events(batch, cursor, gen.multiline)
             cursor += n
             pacing.flowing = cursor > preamble
+            if gen.finished and cursor >= gen.length:  # the last events and the end: one write
+                await _end(gen, send, start_msg, True, drop_done, reset_on_failure, body)
+                return
             await send({"type": "http.response.body", "body": body, "more_body": True})
             continue
         if gen.finished:
@@ -207,7 +209,7 @@ async def serve_stream(
         ):
             # Caught up on a flowing stream: the relay writes what comes next itself, until
             # something else happens (see streamsafe.gateway.fanout).
-            cursor = await gen.fanout.serve(writer, cursor, drop_done)
+            cursor = await gen.fanout.serve(writer, cursor)
             continue
         await wait_for_change(gen, timeout)
 
@@ -265,10 +267,12 @@ async def _end(
     committed: bool,
     drop_done: bool,
     reset_on_failure: Callable[[], None] | None,
+    last: bytes = b"",
 ) -> None:
-    """Every event went out and ``gen`` finished: close the stream. A failure before anything
-    was committed keeps its real status; after commit it becomes an error event (vLLM's way),
-    and the stream ends with ``reset_on_failure`` where one is given."""
+    """Every event went out (but ``last``, the framed final events, sent with the end) and
+    ``gen`` finished: close the stream. A failure before anything was committed keeps its real
+    status; after commit it becomes an error event (vLLM's way), and the stream ends with
+    ``reset_on_failure`` where one is given."""
     failure = gen.failure
     if not committed:
         if failure is not None:
@@ -276,12 +280,14 @@ async def _end(
             return
         await send(start_msg)
     reset = reset_on_failure if gen.state is State.FAILED else None
+    tail = last
     if failure is not None:
-        tail = encode_event(failure.as_event())
+        tail += encode_event(failure.as_event())
         if not drop_done:
             tail += DONE_EVENT
-        await send({"type": "http.response.body", "body": tail, "more_body": reset is not None})
-    elif reset is None:
-        await send(_SSE_END)
-    if reset is not None:
-        reset()
+    if reset is None:
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+        return
+    if tail:
+        await send({"type": "http.response.body", "body": tail, "more_body": True})
+    reset()
