@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def test_bench_peers_counts_add_up_and_missing_peers_are_reported(tmp_path):
-    wanted = ["direct", "streamsafe", "litellm"]
+    wanted = ["direct", "python-floor", "streamsafe", "litellm"]
     if shutil.which("nginx") or os.access("/usr/sbin/nginx", os.X_OK):
         wanted.insert(1, "nginx")
     report = peers.run(
@@ -45,6 +45,8 @@ def test_bench_peers_counts_add_up_and_missing_peers_are_reported(tmp_path):
         if name != "direct":
             assert summary["cpu_s_per_100k_chunks"] > 0
             assert "added_latency_ms_p99" in summary and "saturated" in summary
+        if name == "streamsafe":  # the gateway against the floor of a Python relay
+            assert summary["cpu_vs_floor"] > 0
     table = peers.markdown_table(report)
     assert "| litellm | missing:" in table
     assert all(f"| {name} " in table for name in report["peers"])

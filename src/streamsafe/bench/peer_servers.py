@@ -1,6 +1,8 @@
 """The proxies ``bench peers`` puts between the load and the simulator, each as a real process on
-a free loopback port: nginx (Debian's package), the LiteLLM proxy (in its own virtualenv), and
-streamsafe's gateway (defaults, and ``--commit first-token``).
+a free loopback port: nginx (Debian's package), the leanest relay Python allows
+(:mod:`streamsafe.bench.floor_relay`, the floor for any Python proxy measured in the same run),
+the LiteLLM proxy (in its own virtualenv), and streamsafe's gateway (defaults, and ``--commit
+first-token``).
 
 A peer that cannot be started is reported as missing with the reason, never dropped in silence.
 """
@@ -29,7 +31,7 @@ __all__ = [
     "start_peer",
 ]
 
-PEERS = ("direct", "nginx", "litellm", "streamsafe", "streamsafe-first-token")
+PEERS = ("direct", "nginx", "python-floor", "litellm", "streamsafe", "streamsafe-first-token")
 """Every peer, in the order the table shows them."""
 
 LITELLM_VERSION = "1.108.5"
@@ -168,12 +170,26 @@ def _streamsafe(upstream: str, commit: str) -> Iterator[Peer]:
 
 
 @contextlib.contextmanager
+def _python_floor(upstream: str) -> Iterator[Peer]:
+    port = free_port()
+    hostport = upstream.removeprefix("http://").rstrip("/")
+    cmd = [sys.executable, "-m", "streamsafe.bench.floor_relay", hostport, str(port)]
+    url = f"http://127.0.0.1:{port}"
+    with launched(cmd, name="python-floor", ready=http_ok(url + "/health")) as proc:
+        version = f"python {sys.version_info[0]}.{sys.version_info[1]}"
+        yield Peer("python-floor", url, proc.pid, version, " ".join(cmd))
+
+
+@contextlib.contextmanager
 def start_peer(name: str, upstream: str, *, litellm_python: str) -> Iterator[Peer]:
     """Start peer ``name`` in front of ``upstream``; raise :class:`Missing` if it cannot be."""
     if name == "direct":
         yield Peer("direct", upstream, None, "-", "-")
     elif name == "nginx":
         with _nginx(upstream) as peer:
+            yield peer
+    elif name == "python-floor":
+        with _python_floor(upstream) as peer:
             yield peer
     elif name == "litellm":
         with _litellm(upstream, litellm_python) as peer:

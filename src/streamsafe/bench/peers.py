@@ -3,11 +3,13 @@ side by side with nginx and the LiteLLM proxy, on the same upstream and the same
 
 One simulator (in this process, behind a tap noting when each event leaves it) is the upstream
 of every peer: direct (no proxy), nginx (an SSE reverse proxy, buffering off, one worker), the
-LiteLLM proxy (one worker, no database), streamsafe's gateway with its defaults and with
-``--commit first-token``. Each peer is its own process; the load is a separate raw-socket load
-generator (:mod:`streamsafe.bench.load`). Rounds interleave the peers (the order rotates each
-round) so that the machine's noise hits all alike; figures are medians over rounds, with the
-lowest and highest round as the spread. In each round and for each peer:
+leanest relay Python allows (``python-floor``, :mod:`streamsafe.bench.floor_relay`: what any
+Python proxy pays per chunk at the least, on this machine, in this run), the LiteLLM proxy (one
+worker, no database), streamsafe's gateway with its defaults and with ``--commit first-token``.
+Each peer is its own process; the load is a separate raw-socket load generator
+(:mod:`streamsafe.bench.load`). Rounds interleave the peers (the order rotates each round) so
+that the machine's noise hits all alike; figures are medians over rounds, with the lowest and
+highest round as the spread. In each round and for each peer:
 
 - **a streaming load**: N streams x M chunks at the simulator's ITL. The peer's CPU seconds per
   100,000 chunks (its whole process tree, user + system); the latency it adds per chunk, p50 and
@@ -99,6 +101,7 @@ def _summarise(per_peer: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str,
     out: dict[str, dict[str, Any]] = {}
     direct = per_peer.get("direct")
     nginx = per_peer.get("nginx")
+    floor = per_peer.get("python-floor")
     for name, rounds in per_peer.items():
         series: dict[str, list[float]] = {}
 
@@ -136,6 +139,10 @@ def _summarise(per_peer: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str,
                 for key in ("latency_ms_p50", "latency_ms_p99", "burst_ttft_ms_p50"):
                     if fig.get(key) is not None and ng.get(key) is not None:
                         add(key + "_over_nginx", fig[key] - ng[key])
+            if floor is not None and name not in ("direct", "python-floor"):
+                fl = floor[i]
+                if fl["cpu_s_per_100k_chunks"] > 0:
+                    add("cpu_vs_floor", fig["cpu_s_per_100k_chunks"] / fl["cpu_s_per_100k_chunks"])
         summary: dict[str, Any] = {key: median(vals) for key, vals in series.items()}
         summary["spread"] = {key: spread(vals) for key, vals in series.items()}
         if name != "direct":
@@ -233,10 +240,10 @@ def markdown_table(report: dict[str, Any]) -> str:
     lines = [
         head,
         "",
-        "| peer | CPU s / 100k chunks | vs nginx | added p50 / p99 ms per chunk "
+        "| peer | CPU s / 100k chunks | vs nginx | vs python-floor | added p50 / p99 ms per chunk "
         "| TTFT added at burst p50 / p99 ms | TTFT over nginx p50 ms | CPU ms / request "
         "| RSS KiB / stream | saturated |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, peer in report["peers"].items():
         s = peer["summary"]
@@ -244,12 +251,14 @@ def markdown_table(report: dict[str, Any]) -> str:
             lines.append(
                 f"| direct | - | - | ({_fmt(s.get('latency_ms_p50'))} / "
                 f"{_fmt(s.get('latency_ms_p99'))} absolute) | ({_fmt(s.get('burst_ttft_ms_p50'))}"
-                f" / {_fmt(s.get('burst_ttft_ms_p99'))} absolute) | - | - | - | - |"
+                f" / {_fmt(s.get('burst_ttft_ms_p99'))} absolute) | - | - | - | - | - |"
             )
             continue
         ratio = "1.00x" if name == "nginx" else _fmt(s.get("cpu_vs_nginx")) + "x"
+        to_floor = "1.00x" if name == "python-floor" else _fmt(s.get("cpu_vs_floor")) + "x"
         lines.append(
             f"| {name} {peer['version']} | {_fmt(s.get('cpu_s_per_100k_chunks'))} | {ratio} "
+            f"| {to_floor} "
             f"| {_fmt(s.get('added_latency_ms_p50'))} / {_fmt(s.get('added_latency_ms_p99'))} "
             f"| {_fmt(s.get('added_burst_ttft_ms_p50'), 1)} / "
             f"{_fmt(s.get('added_burst_ttft_ms_p99'), 1)} "
@@ -259,7 +268,7 @@ def markdown_table(report: dict[str, Any]) -> str:
         )
     for name, reason in report["missing"].items():
         first = reason.strip().splitlines()[0][:120] if reason.strip() else "unknown"
-        lines.append(f"| {name} | missing: {first} | | | | | | | |")
+        lines.append(f"| {name} | missing: {first} | | | | | | | | |")
     return "\n".join(lines) + "\n"
 
 
