@@ -29,8 +29,10 @@ format: $(STAMP) unasync
 unasync: $(STAMP)
 	$(BIN)/python scripts/unasync.py
 
+# Two processes (pytest-xdist), a file at a time; the files that run the real Llama Stack server
+# go to one process, first (tests/conftest.py). `.venv/bin/pytest -q` alone runs it all in one.
 test: lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadfile
 
 demo: $(STAMP)
 	mkdir -p reports
