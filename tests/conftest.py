@@ -1,6 +1,6 @@
 """Suite-wide: the servers tests hand to ``server_stops.stop_later`` are all stopped before the
-session ends; and how ``make test`` spreads the files over two processes (pytest-xdist,
-``-n 2 --dist loadfile``)."""
+session ends; and how ``make test TEST_PROCESSES=2`` spreads the files over two processes
+(pytest-xdist, ``-n 2 --dist loadfile``)."""
 
 from __future__ import annotations
 
