@@ -14,6 +14,7 @@ import httpx2
 import orjson
 import pytest
 
+from server_stops import stop_later
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.serving import ServerLimits, ServerThread
@@ -25,11 +26,20 @@ _BODY = orjson.dumps(
 
 @contextlib.contextmanager
 def _gateway(limits: ServerLimits) -> Iterator[ServerThread]:
+    """A gateway serving with ``limits`` in front of a simulator; both stop in the background
+    (see server_stops)."""
     sim = Simulator(SimConfig(itl_ms=0.5, itl_ms_per_seq=0.0, prefill_ms_per_token=0.0))
-    with ServerThread(sim) as sim_server:
-        gw = Gateway(GatewayConfig(upstream=sim_server.url))
-        with ServerThread(gw, limits=limits) as server:
-            yield server
+    sim_server = ServerThread(sim).start()
+    try:
+        server = ServerThread(Gateway(GatewayConfig(upstream=sim_server.url)), limits=limits)
+        server.start()
+    except BaseException:
+        sim_server.stop()
+        raise
+    try:
+        yield server
+    finally:
+        stop_later(server, sim_server)
 
 
 def _connect(server: ServerThread) -> socket.socket:

@@ -16,6 +16,7 @@ from typing import Any
 import httpx2
 import orjson
 
+from server_stops import stop_later
 from streamsafe.client import AsyncClient, Client
 from streamsafe.serving import ServerThread
 from streamsafe.sse import DONE_EVENT, SSEDecoder, encode_comment, encode_event
@@ -147,8 +148,15 @@ class FakeServer:
         return [r.headers.get("idempotency-key") for r in self.requests]
 
 
+class _TestServer(ServerThread):
+    """A server that, leaving its ``with`` block, stops in the background (see server_stops)."""
+
+    def __exit__(self, *exc: object) -> None:
+        stop_later(self)
+
+
 def serve(app: Any) -> ServerThread:
-    server = ServerThread(app)
+    server = _TestServer(app)
     # A Cut is a deliberate reset; keep uvicorn's traceback for it out of the test output.
     logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)
     return server  # use as `with serve(app) as server:`

@@ -31,6 +31,7 @@ from client_fakes import (
     words,
 )
 
+from server_stops import wait_stopped
 from streamsafe.client import (
     APIConnectionError,
     APIResponseError,
@@ -670,6 +671,9 @@ def test_stream_closed_early_by_the_caller_is_seen_as_a_disconnect(mode, caplog)
                             if i == 3:
                                 break
 
+            # Earlier tests' servers may still be stopping on other threads (server_stops):
+            # let them finish, so only this test's records are counted.
+            wait_stopped()
             with caplog.at_level(logging.ERROR, logger="asyncio"):
                 asyncio.run(go())
             # break then aclose (async with) close once: no failed closing task is logged

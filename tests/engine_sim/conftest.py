@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from server_stops import stop_later
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.serving import ServerThread
 
@@ -23,7 +24,8 @@ FAST: dict[str, Any] = {
 
 @pytest.fixture
 def serve() -> Iterator[Callable[..., tuple[Simulator, ServerThread]]]:
-    """serve(**config) -> (simulator, running server); stopped at the end of the test."""
+    """serve(**config) -> (simulator, running server); stopped in the background at the end of
+    the test (see server_stops)."""
     servers: list[ServerThread] = []
 
     def _serve(**overrides: Any) -> tuple[Simulator, ServerThread]:
@@ -33,8 +35,7 @@ def serve() -> Iterator[Callable[..., tuple[Simulator, ServerThread]]]:
         return sim, server
 
     yield _serve
-    for server in servers:
-        server.stop()
+    stop_later(*servers)
 
 
 def _wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:

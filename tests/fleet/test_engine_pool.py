@@ -14,6 +14,7 @@ import httpx2
 import pytest
 from fleet_helpers import Process
 
+from server_stops import stop_later
 from streamsafe.engine_sim import expected_text
 
 pytestmark = pytest.mark.timeout(60)
@@ -100,7 +101,8 @@ def test_engine_killed_mid_stream_every_stream_completes_exactly_on_the_other(
 
 @contextlib.contextmanager
 def servers(*sims: dict[str, Any]) -> Iterator[list[Any]]:
-    """In-process simulators (real loopback HTTP servers), stopped after."""
+    """In-process simulators (real loopback HTTP servers), stopped after in the background
+    (see server_stops)."""
     from streamsafe.engine_sim import Fault, SimConfig, Simulator
     from streamsafe.serving import ServerThread
 
@@ -113,19 +115,21 @@ def servers(*sims: dict[str, Any]) -> Iterator[list[Any]]:
             started.append(ServerThread(Simulator(config)).start())
         yield started
     finally:
-        for server in started:
-            server.stop()
+        stop_later(*started)
 
 
 @contextlib.contextmanager
 def gateway(*engines: str, **settings: Any) -> Iterator[Any]:
-    """An in-process gateway in front of ``engines``."""
+    """An in-process gateway in front of ``engines``, stopped after in the background."""
     from streamsafe.gateway import Gateway, GatewayConfig
     from streamsafe.serving import ServerThread
 
     first = engines[0].split()[0]
-    with ServerThread(Gateway(GatewayConfig(upstream=first, engines=engines, **settings))) as gw:
+    gw = ServerThread(Gateway(GatewayConfig(upstream=first, engines=engines, **settings))).start()
+    try:
         yield gw
+    finally:
+        stop_later(gw)
 
 
 def test_failover_before_the_first_token_and_the_breaker_keeps_traffic_away() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx2
 
+from server_stops import stop_later
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.serving import ServerThread
@@ -60,12 +61,21 @@ def fast_sim(**changes: Any) -> SimConfig:
 
 @contextlib.contextmanager
 def make_stack(sim_config: SimConfig | None = None, **gw_kwargs: Any) -> Iterator[Stack]:
+    """A simulator and a gateway in front of it, each on its own server; on exit both stop in
+    the background, the gateway first (see server_stops)."""
     sim = Simulator(sim_config or fast_sim())
-    with ServerThread(sim) as sim_server:
+    sim_server = ServerThread(sim).start()
+    try:
         gw_kwargs.setdefault("heartbeat", 0.05)
         gw = Gateway(GatewayConfig(upstream=sim_server.url, **gw_kwargs))
-        with ServerThread(gw) as gw_server:
-            yield Stack(sim, sim_server, gw, gw_server)
+        gw_server = ServerThread(gw).start()
+    except BaseException:
+        sim_server.stop()
+        raise
+    try:
+        yield Stack(sim, sim_server, gw, gw_server)
+    finally:
+        stop_later(gw_server, sim_server)
 
 
 def chat_body(
