@@ -9,7 +9,8 @@ every member through the server's body writer (:data:`streamsafe._asgi.BODY_WRIT
 no task runs per chunk. A member is released back to its loop, cursor intact, whenever anything
 but new events happens (:meth:`Fanout.release_all`: a state change, a disconnect, the end) or its
 writer declines (the client's socket is backed up, so ``send`` must wait for it to drain); the
-loop then goes on exactly as before, from the log.
+loop then goes on exactly as before, from the log. The events that end a stream (``[DONE]``
+last) are left to the loops too: each sends them with the end of its response in one write.
 """
 
 from __future__ import annotations
