@@ -225,3 +225,29 @@ def test_a_burst_of_pipelined_requests_is_not_taken_for_one_large_header() -> No
             data += chunk
             answered = data.count(b"HTTP/1.1 200 ")
             assert b"HTTP/1.1 431" not in data
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_every_accepted_connection_has_nagle_off(loop: str) -> None:
+    # A response goes out in several writes (head, body messages); with Nagle on, each write
+    # after the first waited for an ACK that a kept-alive client delays by 40 ms.
+    async def app(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+            await send({"type": "http.response.body", "body": b"ok"})  # type: ignore[operator]
+
+    async def nodelay(server: ServerThread) -> list[int]:
+        connections = server._server.server_state.connections  # uvicorn's open connections
+        return [
+            c.transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            for c in connections
+        ]
+
+    with ServerThread(app, loop=loop) as server:
+        sock = _connect(server)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0)  # the client's side is not it
+        sock.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        flags = server.call(nodelay(server))
+        sock.close()
+    assert flags and all(flags), flags
