@@ -12,8 +12,8 @@ from typing import Any
 import httpx2
 import orjson
 import pytest
-from conftest import MODEL, LlamaStackTier
 
+from conftest import MODEL, LlamaStackTier
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.serving import ServerThread

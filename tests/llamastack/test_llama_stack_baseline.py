@@ -11,8 +11,8 @@ import httpx
 import httpx2
 import orjson
 import pytest
-from conftest import MODEL, LlamaStackTier, wait_until
 
+from conftest import MODEL, LlamaStackTier, wait_until
 from streamsafe.engine_sim import Fault, expected_text
 from streamsafe.gateway.upstream_kinds import KINDS, Wire, ends_answer, parse_error_event
 from streamsafe.sse import SSEDecoder

@@ -6,8 +6,8 @@ times callers out mid-stream (streamed); see test_llama_stack_baseline and the d
 from __future__ import annotations
 
 import pytest
-from conftest import LlamaStackTier
 
+from conftest import LlamaStackTier
 from streamsafe.bench.middle_tier import Position, gateway_for, run_tier
 from streamsafe.bench.tier_load import Api, TierLoad
 

@@ -4,8 +4,8 @@ streamsafe gateway, and nothing at all."""
 from __future__ import annotations
 
 import httpx2
-from conftest import LlamaStackTier
 
+from conftest import LlamaStackTier
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.upstream_kinds import probe_kind
