@@ -1,159 +1,105 @@
-"""uvicorn's httptools protocol with the limits a server facing the network needs.
+"""The HTTP/1.1 connection every server here speaks: httptools parsing, ASGI, and the limits a
+server facing the network needs.
 
-uvicorn 0.55 with httptools buffers request headers without bound (an 8 MB header line is served),
-never times out a request whose headers or body stop half way, and counts connections only once a
-request's headers are complete (``limit_concurrency`` answers 503 then, after buffering them). This
-protocol adds, per connection and before the app sees anything:
+uvicorn's ``Server`` still owns the listening sockets, signals, lifespan and graceful shutdown;
+this protocol replaces its per-connection one (``Config(http=...)``), for two reasons:
 
-- header limits: bytes per line, bytes in all, number of lines; past them 431 (414 for the request
-  line) and the connection is closed. Bytes of an unfinished header section are counted as they
-  arrive, so memory stays bounded however slowly or hugely they come;
-- a deadline for the header section (from the connection's or the request's first byte) and an
-  idle timeout between body reads; past them 408 and the connection is closed (the app, if it is
-  reading the body, sees ``http.disconnect``);
-- a cap on open connections; past it 503 with ``Retry-After`` and the new connection is closed.
+- **Limits.** uvicorn 0.55 with httptools buffers request headers without bound (an 8 MB header
+  line is served), never times out a request whose headers or body stop half way, and counts
+  connections only once a request's headers are complete. Here, per connection and before the
+  app sees anything:
 
-Every such answer is an OpenAI-style JSON error, like the app's own.
+  - header limits: bytes per line, bytes in all, number of lines; past them 431 (414 for the
+    request line) and the connection is closed. Bytes of an unfinished header section are
+    counted as they arrive, so memory stays bounded however slowly or hugely they come;
+  - a deadline for the header section (from the connection's or the request's first byte) and
+    an idle timeout between body reads; past them 408 and the connection is closed (the app, if
+    it is reading the body, sees ``http.disconnect``);
+  - a cap on open connections; past it 503 with ``Retry-After`` and the new connection is
+    closed.
 
-It also offers the app two ASGI extensions: :data:`streamsafe._asgi.RESET_EXTENSION`, a
-callable that resets the connection (TCP RST, no response), and
+  Every such answer, and the 500 of an app that failed before answering, is an OpenAI-style
+  JSON error, like the apps' own (uvicorn answers those in plain text).
+- **Cost per request.** uvicorn's protocol and request cycle cost about 0.13 ms of CPU per
+  request on this project's machines (address lookups, flow-control events, a middleware, two
+  regular expressions per header, a write per message); this one keeps what a request needs
+  (:mod:`streamsafe._http_cycle`), which is what a burst of new streams waits on.
+
+It also offers the app two ASGI extensions: :data:`streamsafe._asgi.RESET_EXTENSION`, a callable
+that resets the connection (TCP RST, no response), and
 :data:`streamsafe._asgi.BODY_WRITER_EXTENSION`, which writes a piece of a started streaming
-response without a coroutine (the gateway's per-chunk path, see :class:`_BodyWriter`).
+response without a coroutine (the gateway's per-chunk path).
+
+Requests pipelined on one connection are answered in order; an ``Upgrade`` request is answered
+as plain HTTP (no protocol switch is offered); a kept-alive connection idle for
+``ServerLimits.keep_alive_timeout`` is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import socket
 import struct
+from collections import deque
+from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote
 
-import orjson
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+import httptools
 
 from streamsafe._asgi import BODY_WRITER_EXTENSION, RESET_EXTENSION
+from streamsafe._http_cycle import HIGH_WATER, RequestCycle
+from streamsafe._http_limits import LINGER_S, ServerLimits, error_response
 
-__all__ = ["ServerLimits", "limited_protocol"]
+__all__ = ["HttpProtocol", "ServerLimits", "limited_protocol"]
 
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ServerLimits:
-    """What one HTTP connection may cost the server before the app is involved.
-
-    Defaults suit an API server behind which requests are small JSON bodies and responses long
-    streams: generous for any real client (browsers send under 16 KiB of headers), tight enough
-    that a thousand hostile connections hold well under 100 MiB.
-    """
-
-    #: Largest header line (name, value and separator) or request line, in bytes (default
-    #: 16 KiB, room for a large bearer token). Past it: 431 (414 for the request line).
-    max_header_line_bytes: int = 16 * 1024
-    #: Largest header section (request line and every header line), in bytes (default 64 KiB).
-    #: Past it: 431.
-    max_header_bytes: int = 64 * 1024
-    #: Most header lines in one request (default 128). Past it: 431.
-    max_headers: int = 128
-    #: Seconds a request's header section may take to arrive in full, counted from the
-    #: connection's or the request's first byte (default 10; nginx allows 60, but a client that
-    #: needs more than a few seconds for a few KiB is broken or hostile). Past it: 408.
-    header_timeout: float = 10.0
-    #: Seconds between two reads of an unfinished request body (default 30, nginx's
-    #: ``client_body_timeout`` is 60). Not counted while the app holds the body back. Past it:
-    #: 408.
-    body_timeout: float = 30.0
-    #: Open connections at once (default 4096). The one past it gets 503 and is closed. ``None``
-    #: for no cap.
-    max_connections: int | None = 4096
-
-    def __post_init__(self) -> None:
-        for name in ("max_header_line_bytes", "max_header_bytes", "max_headers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1")
-        if self.header_timeout <= 0 or self.body_timeout <= 0:
-            raise ValueError("header_timeout and body_timeout must be > 0")
-        if self.max_connections is not None and self.max_connections < 1:
-            raise ValueError("max_connections must be >= 1 or None")
+_ASGI_VERSION = {"version": "3.0", "spec_version": "2.3"}
+_default_head_cache: tuple[object, bytes] = ((), b"")
 
 
-_REASONS = {
-    400: b"Bad Request",
-    408: b"Request Timeout",
-    414: b"URI Too Long",
-    431: b"Request Header Fields Too Large",
-    503: b"Service Unavailable",
-}
-_TYPES = {503: "service_unavailable"}
-#: Seconds a rejected connection is still read from (and the bytes dropped) before it is closed.
-_LINGER_S = 2.0
-
-
-def _error_response(status: int, message: str, retry_after: int | None = None) -> bytes:
-    body = orjson.dumps(
-        {
-            "error": {
-                "message": message,
-                "type": _TYPES.get(status, "invalid_request_error"),
-                "param": None,
-                "code": status,
-            }
-        }
-    )
-    head = [
-        b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status]),
-        b"content-type: application/json\r\n",
-        b"content-length: %d\r\n" % len(body),
-        b"connection: close\r\n",
-    ]
-    if retry_after is not None:
-        head.append(b"retry-after: %d\r\n" % retry_after)
-    return b"".join(head) + b"\r\n" + body
-
-
-class _BodyWriter:
-    """``write(body) -> bool`` for one request (see :data:`BODY_WRITER_EXTENSION`).
-
-    uvicorn's ``send`` costs a coroutine, a message dict, three checks and a join per chunk; a
-    subscriber that keeps up is instead written to from the upstream's read callback, one
-    ``transport.write`` of the chunk in HTTP/1.1 chunked framing. uvicorn's cycle still owns the
-    response: it sent the headers (and chose chunked framing) and sends the end, so the writer
-    only ever writes between the two, and declines (``False``) whenever ``send`` must decide:
-    before the start, after the end, once the client left, or while the connection's write
-    buffer is over its high-water mark (``send`` waits for it to drain).
-    """
-
-    __slots__ = ("cycle", "protocol")
-
-    def __init__(self, protocol: HttpToolsProtocol) -> None:
-        self.protocol = protocol
-        self.cycle: Any = None  # the request's RequestResponseCycle, once its headers are in
-
-    def __call__(self, body: bytes) -> bool:
-        cycle = self.cycle
-        if (
-            cycle is None
-            or not cycle.chunked_encoding  # not started, a HEAD, or a fixed length
-            or cycle.response_complete
-            or cycle.disconnected
-            or self.protocol.flow.write_paused
-        ):
-            return False
-        transport = self.protocol.transport
-        if transport.is_closing():
-            return False
-        transport.write(b"%x\r\n%b\r\n" % (len(body), body))
-        return True
-
-
-class _LimitedProtocol(HttpToolsProtocol):
-    """See the module docstring; ``limits`` is set on the subclass :func:`limited_protocol`
-    makes."""
+class HttpProtocol(asyncio.Protocol):
+    """One HTTP/1.1 connection (see the module docstring); ``limits`` is set on the subclass
+    :func:`limited_protocol` makes. Built by uvicorn's ``Server`` for each accepted
+    connection."""
 
     limits = ServerLimits()
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        config: Any,
+        server_state: Any,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        if not config.loaded:
+            config.load()
+        self.app = config.loaded_app
+        self.loop = _loop or asyncio.get_event_loop()
+        self.server_state = server_state
+        self.connections: set[Any] = server_state.connections
+        self.tasks: set[asyncio.Task[None]] = server_state.tasks
+        self.app_state = app_state
+        self.root_path: str = config.root_path
+        self.parser = httptools.HttpRequestParser(self)
+        with contextlib.suppress(AttributeError):  # answer a request followed by a close
+            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.server: tuple[str, int] | None = None
+        self.client: tuple[str, int] | None = None
+        self.write_paused = False
+        self.read_paused = False
+        self._drained: asyncio.Future[None] | None = None
+        # The request being answered, the one being parsed (the same unless pipelined), and
+        # those parsed and waiting for their turn.
+        self.current: RequestCycle | None = None
+        self.parsing: RequestCycle | None = None
+        self.pipeline: deque[RequestCycle] = deque()
+        # The request being parsed.
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._expect_100 = False
+        # Limits.
         self._in_headers = True
         self._raw_header_bytes = 0  # bytes fed while the header section was unfinished
         self._header_bytes = 0  # bytes of the lines parsed so far
@@ -163,16 +109,19 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._completed = 0  # requests whose last byte was parsed on this connection
         self._lingering = False  # answered an error; reading only to drop what still comes
         self._timer: asyncio.TimerHandle | None = None
-        self._writer: _BodyWriter | None = None  # the current request's
+        self._idle = False  # the timer is the kept-alive connection's idle timeout
 
     # -- connection ------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        # Responses go out in several writes (the head, then each body message). With Nagle's
-        # algorithm on, a write waits for the ACK of the one before, which a kept-alive client
-        # delays by 40 ms: every response after a connection's first took 44 ms. asyncio sets
-        # TCP_NODELAY only on sockets made with IPPROTO_TCP, and uvloop not at all here.
+        self.connections.add(self)
+        self.transport = transport
+        self.server = transport.get_extra_info("sockname")
+        self.client = transport.get_extra_info("peername")
+        # Responses may go out in several writes (the head, then each body message). With
+        # Nagle's algorithm on, a write waits for the ACK of the one before, which a kept-alive
+        # client delays by 40 ms. asyncio sets TCP_NODELAY only on sockets made with
+        # IPPROTO_TCP, and uvloop not on sockets handed to it.
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -185,8 +134,17 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._arm(self.limits.header_timeout, self._header_deadline)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.connections.discard(self)
         self._disarm()
-        super().connection_lost(exc)
+        for cycle in (self.current, self.parsing, *self.pipeline):
+            if cycle is not None:
+                cycle.lost()
+        self.resume_writing()
+        if exc is None:
+            self.transport.close()
+
+    def eof_received(self) -> bool | None:
+        return None  # the client may half-close after its request; the answer still goes out
 
     def data_received(self, data: bytes) -> None:
         if self._lingering or self.transport.is_closing():
@@ -194,9 +152,16 @@ class _LimitedProtocol(HttpToolsProtocol):
         completed = self._completed
         if self._in_headers:
             self._got_bytes = True
-            if self._timer is None:
+            if self._timer is None or self._idle:
                 self._arm(self.limits.header_timeout, self._header_deadline)
-        super().data_received(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            pass  # served as plain HTTP: no protocol switch is offered
+        except httptools.HttpParserError:
+            if self._too_large is None:
+                self._reject(400, "invalid HTTP request")
+                return
         if self._too_large is not None:
             self._reject(*self._too_large)
             return
@@ -212,19 +177,42 @@ class _LimitedProtocol(HttpToolsProtocol):
             if self._raw_header_bytes > self.limits.max_header_bytes:
                 limit = self.limits.max_header_bytes
                 self._reject(431, f"request headers are over the limit of {limit} bytes")
-        elif self.cycle is not None and self.cycle.more_body:
+        elif self.parsing is not None and self.parsing.more_body:
             self._arm(self.limits.body_timeout, self._body_idle)
+
+    # -- flow control ------------------------------------------------------------------------------
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def drain(self) -> asyncio.Future[None]:
+        """Done once the transport's write buffer is back under its low-water mark."""
+        if self._drained is None:
+            self._drained = self.loop.create_future()
+        return self._drained
+
+    def pause_reading(self) -> None:
+        if not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
 
     # -- parser callbacks --------------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
-        # ASGI types extensions as dicts; these are callables, as the app expects.
-        self._writer = _BodyWriter(self)
-        self.scope["extensions"] = {
-            RESET_EXTENSION: self._reset,  # type: ignore[dict-item]
-            BODY_WRITER_EXTENSION: self._writer,  # type: ignore[dict-item]
-        }
+        self._url = b""
+        self._headers = []
+        self._expect_100 = False
         self._in_headers = True
         self._got_bytes = True
         self._raw_header_bytes = 0
@@ -232,9 +220,9 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._header_lines = 0
 
     def on_url(self, url: bytes) -> None:
-        super().on_url(url)
+        self._url += url
         self._header_bytes += len(url)
-        if len(self.url) > self.limits.max_header_line_bytes and self._too_large is None:
+        if len(self._url) > self.limits.max_header_line_bytes and self._too_large is None:
             limit = self.limits.max_header_line_bytes
             self._too_large = (414, f"the request line is over the limit of {limit} bytes")
 
@@ -253,20 +241,59 @@ class _LimitedProtocol(HttpToolsProtocol):
             elif self._header_lines > limits.max_headers:
                 self._too_large = (431, f"more than {limits.max_headers} header lines")
         if self._too_large is None:
-            super().on_header(name, value)
+            name = name.lower()
+            value = value.rstrip(b" \t")  # llhttp keeps trailing whitespace; RFC 9110 does not
+            if name == b"expect" and value.lower() == b"100-continue":
+                self._expect_100 = True
+            self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._in_headers = False
         self._disarm()
         if self._too_large is not None:
             return  # answered by data_received once the parser returns
-        super().on_headers_complete()
-        if self._writer is not None:
-            self._writer.cycle = self.cycle
+        parser = self.parser
+        version = parser.get_http_version()
+        url = httptools.parse_url(self._url)
+        raw_path: bytes = url.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = unquote(path)
+        root = self.root_path
+        scope: dict[str, Any] = {
+            "type": "http",
+            "asgi": _ASGI_VERSION,
+            "http_version": version,
+            "server": self.server,
+            "client": self.client,
+            "scheme": "http",
+            "method": parser.get_method().decode("ascii"),
+            "root_path": root,
+            "path": root + path if root else path,
+            "raw_path": root.encode("ascii") + raw_path if root else raw_path,
+            "query_string": url.query or b"",
+            "headers": self._headers,
+            "state": self.app_state.copy(),
+        }
+        keep_alive = version != "1.0" and parser.should_keep_alive()
+        cycle = RequestCycle(self, scope, keep_alive, self._expect_100)
+        # ASGI types extensions as dicts; these are callables, as the apps expect.
+        scope["extensions"] = {
+            RESET_EXTENSION: self._reset,
+            BODY_WRITER_EXTENSION: cycle.write_chunk,
+        }
+        self.parsing = cycle
+        if self.current is None:
+            self._start(cycle)
+        else:  # pipelined: answered once the ones before are
+            self.pipeline.append(cycle)
+            self.pause_reading()
 
     def on_body(self, body: bytes) -> None:
-        if self._too_large is None:
-            super().on_body(body)
+        cycle = self.parsing
+        held = 0 if self._too_large or cycle is None or cycle.complete else cycle.feed(body)
+        if held > HIGH_WATER:
+            self.pause_reading()
 
     def on_message_complete(self) -> None:
         self._disarm()
@@ -275,52 +302,97 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._in_headers = True
         self._got_bytes = False
         self._raw_header_bytes = 0
-        if self._too_large is None:
-            super().on_message_complete()
+        cycle = self.parsing
+        if self._too_large is None and cycle is not None and not cycle.complete:
+            cycle.end_of_body()
 
-    def send_400_response(self, msg: str) -> None:
-        """uvicorn answers unparsable requests in plain text; this server answers in JSON."""
-        self._reject(400, msg)
+    # -- requests ----------------------------------------------------------------------------------
+
+    def _start(self, cycle: RequestCycle) -> None:
+        self.current = cycle
+        task = self.loop.create_task(cycle.run(self.app))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def default_head(self) -> bytes:
+        """The headers every response carries (``date``, ``server``), kept up to date by
+        uvicorn's ``Server`` once a second."""
+        global _default_head_cache
+        headers = self.server_state.default_headers
+        cached, head = _default_head_cache
+        if headers is not cached:
+            head = b"".join(b"%s: %s\r\n" % (name, value) for name, value in headers)
+            _default_head_cache = (headers, head)
+        return head
+
+    def response_complete(self, cycle: RequestCycle) -> None:
+        """``cycle``'s response is out: answer the next pipelined request, or wait for one."""
+        self.server_state.total_requests += 1
+        if cycle is not self.current or self.transport.is_closing():
+            return
+        self.current = None
+        self.resume_reading()
+        if self.pipeline:
+            self._start(self.pipeline.popleft())
+        elif self._in_headers and not self._got_bytes:
+            self._arm(self.limits.keep_alive_timeout, self._idle_timeout)
+            self._idle = True
+
+    def shutdown(self) -> None:
+        """Called by uvicorn's ``Server`` on a graceful shutdown: close an idle connection, and
+        end a busy one once its response is out."""
+        if self.current is None:
+            self.transport.close()
+            return
+        for cycle in (self.current, *self.pipeline):
+            cycle.keep_alive = False
 
     # -- timers -----------------------------------------------------------------------------------
 
-    def _arm(self, delay: float, callback: Any) -> None:
+    def _arm(self, delay: float, callback: Callable[[], None]) -> None:
         self._disarm()
         self._timer = self.loop.call_later(delay, callback)
 
     def _disarm(self) -> None:
+        self._idle = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def _idle_timeout(self) -> None:
+        self._timer = None
+        self._idle = False
+        if self.current is None and not self._got_bytes:
+            self.transport.close()
 
     def _header_deadline(self) -> None:
         self._timer = None
         if self._in_headers and self._got_bytes:
             self._reject(408, "the request headers did not arrive in time")
-        elif self._in_headers and (self.cycle is None or self.cycle.response_complete):
+        elif self._in_headers and self.current is None:
             # A connection that never sent a byte: close it as a kept-alive one is closed.
             self.transport.close()
 
     def _body_idle(self) -> None:
         self._timer = None
-        cycle = self.cycle
+        cycle = self.parsing
         if cycle is None or not cycle.more_body or self.transport.is_closing():
             return
-        if self.flow.read_paused:  # the app is not reading: not the client's delay
+        if self.read_paused:  # the app is not reading: not the client's delay
             self._arm(self.limits.body_timeout, self._body_idle)
             return
-        started = cycle.response_started
-        cycle.disconnected = True
-        cycle.message_event.set()
-        if started:
+        if cycle.started:
+            cycle.lost()
             self.transport.close()
         else:
+            cycle.lost()
             self._reject(408, "the request body stopped arriving")
 
     def _reset(self) -> None:
         """Reset the connection: SO_LINGER 0 makes the close a TCP RST."""
-        if self.cycle is not None:
-            self.cycle.disconnected = True
+        for cycle in (self.current, self.parsing):
+            if cycle is not None:
+                cycle.lost()
         sock = self.transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -332,22 +404,22 @@ class _LimitedProtocol(HttpToolsProtocol):
         the client still sends is read and dropped for a moment, so its kernel does not turn our
         close into a reset that destroys the answer before the client reads it."""
         self._disarm()
-        if self.cycle is not None and not self.cycle.response_complete:
-            self.cycle.disconnected = True  # whatever the app sends now is dropped
-            self.cycle.message_event.set()
+        for cycle in (self.current, self.parsing, *self.pipeline):
+            if cycle is not None and not cycle.complete:
+                cycle.lost()  # whatever the app sends now is dropped
         transport = self.transport
         if self._lingering or transport.is_closing():
             return
         self._lingering = True
-        transport.write(_error_response(status, message, retry_after))
+        transport.write(error_response(status, message, retry_after))
         if not transport.can_write_eof():
             transport.close()
             return
         transport.write_eof()
-        self.flow.resume_reading()
-        self._timer = self.loop.call_later(_LINGER_S, transport.close)
+        self.resume_reading()
+        self._timer = self.loop.call_later(LINGER_S, transport.close)
 
 
 def limited_protocol(limits: ServerLimits) -> type[asyncio.Protocol]:
     """The protocol class to hand uvicorn (``Config(http=...)``) for a server with ``limits``."""
-    return type("LimitedHttpToolsProtocol", (_LimitedProtocol,), {"limits": limits})
+    return type("LimitedHttpProtocol", (HttpProtocol,), {"limits": limits})

@@ -215,6 +215,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds between reads of an unfinished body; past it 408 (default 30)",
     )
     p.add_argument(
+        "--keep-alive-timeout",
+        type=float,
+        default=5.0,
+        help="seconds a kept-alive connection may sit idle before it is closed; above a load "
+        "balancer's own idle timeout, so that it, not the gateway, closes (default 5)",
+    )
+    p.add_argument(
         "--max-connections",
         type=int,
         default=4096,
@@ -299,6 +306,7 @@ def build_limits(args: argparse.Namespace) -> Any:
         max_header_line_bytes=args.max_header_line_kb * 1024,
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
+        keep_alive_timeout=args.keep_alive_timeout,
         max_connections=args.max_connections or None,
     )
 

@@ -1,0 +1,96 @@
+"""What one HTTP connection may cost a server here, and the JSON answers past it.
+
+:class:`ServerLimits` is enforced by :mod:`streamsafe._http_protocol` before the app sees a
+request; :func:`error_response` is the whole HTTP response (JSON body, ``connection: close``) the
+server sends itself when it refuses one: a limit passed, an unparsable request, an app that
+failed before answering.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import orjson
+
+__all__ = ["LINGER_S", "ServerLimits", "error_response"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """What one HTTP connection may cost the server before the app is involved.
+
+    Defaults suit an API server behind which requests are small JSON bodies and responses long
+    streams: generous for any real client (browsers send under 16 KiB of headers), tight enough
+    that a thousand hostile connections hold well under 100 MiB.
+    """
+
+    #: Largest header line (name, value and separator) or request line, in bytes (default
+    #: 16 KiB, room for a large bearer token). Past it: 431 (414 for the request line).
+    max_header_line_bytes: int = 16 * 1024
+    #: Largest header section (request line and every header line), in bytes (default 64 KiB).
+    #: Past it: 431.
+    max_header_bytes: int = 64 * 1024
+    #: Most header lines in one request (default 128). Past it: 431.
+    max_headers: int = 128
+    #: Seconds a request's header section may take to arrive in full, counted from the
+    #: connection's or the request's first byte (default 10; nginx allows 60, but a client that
+    #: needs more than a few seconds for a few KiB is broken or hostile). Past it: 408.
+    header_timeout: float = 10.0
+    #: Seconds between two reads of an unfinished request body (default 30, nginx's
+    #: ``client_body_timeout`` is 60). Not counted while the app holds the body back. Past it:
+    #: 408.
+    body_timeout: float = 30.0
+    #: Seconds a kept-alive connection may sit idle between requests before it is closed
+    #: (default 5, uvicorn's). Behind a load balancer that reuses connections, set it above the
+    #: balancer's own idle timeout, so that the balancer closes first and never sends a request
+    #: on a connection the server is closing.
+    keep_alive_timeout: float = 5.0
+    #: Open connections at once (default 4096). The one past it gets 503 and is closed. ``None``
+    #: for no cap.
+    max_connections: int | None = 4096
+
+    def __post_init__(self) -> None:
+        for name in ("max_header_line_bytes", "max_header_bytes", "max_headers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if min(self.header_timeout, self.body_timeout, self.keep_alive_timeout) <= 0:
+            raise ValueError("header_timeout, body_timeout and keep_alive_timeout must be > 0")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError("max_connections must be >= 1 or None")
+
+
+_REASONS = {
+    400: b"Bad Request",
+    500: b"Internal Server Error",
+    408: b"Request Timeout",
+    414: b"URI Too Long",
+    431: b"Request Header Fields Too Large",
+    503: b"Service Unavailable",
+}
+_TYPES = {500: "internal_error", 503: "service_unavailable"}
+#: Seconds a rejected connection is still read from (and the bytes dropped) before it is closed.
+LINGER_S = 2.0
+
+
+def error_response(status: int, message: str, retry_after: int | None = None) -> bytes:
+    """The whole response refusing a request: ``status``, an OpenAI-style JSON error naming
+    ``message``, ``connection: close``, and ``Retry-After`` where given."""
+    body = orjson.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": _TYPES.get(status, "invalid_request_error"),
+                "param": None,
+                "code": status,
+            }
+        }
+    )
+    head = [
+        b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status]),
+        b"content-type: application/json\r\n",
+        b"content-length: %d\r\n" % len(body),
+        b"connection: close\r\n",
+    ]
+    if retry_after is not None:
+        head.append(b"retry-after: %d\r\n" % retry_after)
+    return b"".join(head) + b"\r\n" + body

@@ -1,0 +1,365 @@
+"""The HTTP/1.1 server every app here runs on (streamsafe._http_protocol, streamsafe._http_cycle):
+what a client sees of framing, keep-alive, pipelining, HEAD, HTTP/1.0, 100-continue and failing
+apps, on both event loops, over real sockets; and, in process, how many writes a response
+costs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+
+from server_stops import stop_later
+from streamsafe._http_protocol import HttpProtocol
+from streamsafe.serving import ServerLimits, ServerThread
+
+pytestmark = pytest.mark.timeout(60)
+
+LOOPS = ["asyncio", "uvloop"]
+
+
+async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Routes by path: each shows one way an app answers (or fails to)."""
+    if scope["type"] != "http":
+        return
+    path = scope["path"]
+    if path == "/echo":  # the body back, with a length
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        head = [(b"content-length", b"%d" % len(body)), (b"x-method", scope["method"].encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        await send({"type": "http.response.body", "body": body})
+    elif path == "/stream":  # three pieces, no length: chunked (or until the close on 1.0)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for piece in (b"one,", b"two,", b"three"):
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    elif path == "/slow":  # answers after the requests pipelined behind it arrived
+        await asyncio.sleep(0.05)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"slow"})
+    elif path == "/raise":
+        raise ValueError("a bug in the app")
+    elif path == "/nothing":
+        return
+    elif path == "/raise-after-start":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"part", "more_body": True})
+        raise ValueError("a bug half way")
+    elif path == "/bad-header":
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"x", b"a\r\nb")]})
+    elif path == "/too-long":
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]}
+        )
+        await send({"type": "http.response.body", "body": b"abc"})
+    elif path == "/disconnect":  # tells, on the next request, whether it saw the client leave
+        assert (await receive())["type"] == "http.request"
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"open", "more_body": True})
+        message = await receive()
+        _seen.append(message["type"])
+    else:
+        body = orjson.dumps({"seen": _seen})
+        await send({"type": "http.response.start", "status": 404, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+
+_seen: list[str] = []
+
+
+@contextlib.contextmanager
+def _server(loop: str, limits: ServerLimits | None = None) -> Iterator[ServerThread]:
+    server = ServerThread(_app, loop=loop, limits=limits).start()
+    try:
+        yield server
+    finally:
+        stop_later(server)
+
+
+def _connect(server: ServerThread) -> socket.socket:
+    return socket.create_connection((server.host, server.port), timeout=10)
+
+
+class _Reader:
+    """Reads HTTP/1.1 responses off a socket, one at a time, framing as the server chose."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+
+    def _more(self) -> bool:
+        chunk = self.sock.recv(65536)
+        self.buf += chunk
+        return bool(chunk)
+
+    def _line(self) -> bytes:
+        while b"\r\n" not in self.buf:
+            assert self._more(), f"closed in the middle of a line: {self.buf!r}"
+        line, _, self.buf = self.buf.partition(b"\r\n")
+        return line
+
+    def response(self, head_only: bool = False) -> tuple[int, dict[str, str], bytes]:
+        status = int(self._line().split()[1])
+        headers: dict[str, str] = {}
+        while line := self._line():
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if head_only:
+            return status, headers, b""
+        if headers.get("transfer-encoding") == "chunked":
+            body = b""
+            while size := int(self._line(), 16):
+                while len(self.buf) < size + 2:
+                    assert self._more(), "closed inside a chunk"
+                body += self.buf[:size]
+                self.buf = self.buf[size + 2 :]
+            assert self._line() == b""
+            return status, headers, body
+        if "content-length" in headers:
+            length = int(headers["content-length"])
+            while len(self.buf) < length:
+                assert self._more(), "closed before the content-length"
+            body, self.buf = self.buf[:length], self.buf[length:]
+            return status, headers, body
+        while self._more():  # until the close
+            pass
+        body, self.buf = self.buf, b""
+        return status, headers, body
+
+    def closed(self) -> bool:
+        return not self.buf and not self._more()
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_responses_are_framed_and_the_connection_kept_alive(loop: str) -> None:
+    with _server(loop) as server, _connect(server) as sock:
+        reader = _Reader(sock)
+        sock.sendall(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nhello")
+        status, headers, body = reader.response()
+        assert (status, body, headers["content-length"]) == (200, b"hello", "5")
+        assert "date" in headers and "connection" not in headers
+        sock.sendall(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")  # the same connection
+        status, headers, body = reader.response()
+        assert (status, headers["transfer-encoding"], body) == (200, "chunked", b"one,two,three")
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_pipelined_requests_are_answered_in_order(loop: str) -> None:
+    with _server(loop) as server, _connect(server) as sock:
+        reader = _Reader(sock)
+        sock.sendall(
+            b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n"
+            b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\n\r\nabc"
+            b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n"
+        )
+        assert [reader.response()[2] for _ in range(3)] == [b"slow", b"abc", b"one,two,three"]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_head_keeps_the_length_and_sends_no_body(loop: str) -> None:
+    with _server(loop) as server, _connect(server) as sock:
+        reader = _Reader(sock)
+        sock.sendall(b"HEAD /echo HTTP/1.1\r\nhost: x\r\n\r\n")
+        status, headers, _ = reader.response(head_only=True)
+        assert (status, headers["x-method"], headers["content-length"]) == (200, "HEAD", "0")
+        sock.sendall(b"HEAD /stream HTTP/1.1\r\nhost: x\r\n\r\n")
+        status, headers, _ = reader.response(head_only=True)
+        assert status == 200 and "transfer-encoding" not in headers
+        sock.sendall(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nok")
+        assert reader.response()[2] == b"ok"  # no stray body bytes came before it
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_http_1_0_gets_a_body_ended_by_the_close(loop: str) -> None:
+    with _server(loop) as server, _connect(server) as sock:
+        reader = _Reader(sock)
+        sock.sendall(b"GET /stream HTTP/1.0\r\n\r\n")
+        status, headers, body = reader.response()
+        assert (status, body, headers["connection"]) == (200, b"one,two,three", "close")
+        assert "transfer-encoding" not in headers
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_expect_100_continue_is_answered_when_the_app_reads(loop: str) -> None:
+    with _server(loop) as server, _connect(server) as sock:
+        reader = _Reader(sock)
+        sock.sendall(
+            b"POST /echo HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 4\r\n\r\n"
+        )
+        assert reader.response(head_only=True)[0] == 100
+        sock.sendall(b"body")
+        assert reader.response()[:3:2] == (200, b"body")
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("path", ["/raise", "/nothing", "/bad-header", "/too-long"])
+def test_an_app_that_fails_before_answering_gives_a_json_500(loop: str, path: str) -> None:
+    with _server(loop) as server, _connect(server) as sock:
+        reader = _Reader(sock)
+        sock.sendall(b"GET %s HTTP/1.1\r\nhost: x\r\n\r\n" % path.encode())
+        status, headers, body = reader.response()
+        assert (status, headers["content-type"], headers["connection"]) == (
+            500,
+            "application/json",
+            "close",
+        )
+        assert orjson.loads(body)["error"]["type"] == "internal_error"
+        assert reader.closed()
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_an_app_that_fails_half_way_gets_the_connection_closed(loop: str) -> None:
+    with _server(loop) as server, _connect(server) as sock:
+        sock.sendall(b"GET /raise-after-start HTTP/1.1\r\nhost: x\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 200 ") and data.endswith(b"4\r\npart\r\n")
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_the_app_sees_a_client_that_left_as_a_disconnect(loop: str) -> None:
+    _seen.clear()
+    with _server(loop) as server:
+        with _connect(server) as sock:
+            sock.sendall(b"GET /disconnect HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert b"open" in sock.recv(65536)
+        with _connect(server) as sock:
+            reader = _Reader(sock)
+            for _ in range(200):  # the app's receive() returns once the close is seen
+                sock.sendall(b"GET /seen HTTP/1.1\r\nhost: x\r\n\r\n")
+                seen = orjson.loads(reader.response()[2])["seen"]
+                if seen:
+                    break
+    assert seen == ["http.disconnect"]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_an_idle_kept_alive_connection_is_closed_after_the_keep_alive_timeout(loop: str) -> None:
+    with _server(loop, ServerLimits(keep_alive_timeout=0.2)) as server, _connect(server) as sock:
+        reader = _Reader(sock)
+        sock.sendall(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\n\r\nx")
+        assert reader.response()[2] == b"x"
+        assert reader.closed()  # recv returns b"" once the server closes (socket timeout 10 s)
+
+
+# -- writes per response, in process ---------------------------------------------------------------
+
+
+class _Transport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+        self.closing = False
+
+    def write(self, data: Any) -> None:
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 1) if name in ("sockname", "peername") else default
+
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+
+
+class _State:
+    def __init__(self) -> None:
+        self.connections: set[Any] = set()
+        self.tasks: set[Any] = set()
+        self.default_headers = [(b"server", b"test")]
+        self.total_requests = 0
+
+
+class _Config:
+    loaded = True
+    root_path = ""
+
+    def __init__(self, app: Any) -> None:
+        self.loaded_app = app
+
+
+def _writes(make_app: Any) -> list[bytes]:
+    """The transport writes of one GET answered by ``make_app(writes)``, an app that may look at
+    what was written so far."""
+
+    async def run() -> list[bytes]:
+        state = _State()
+        transport = _Transport()
+        app = make_app(transport.writes)
+        protocol = HttpProtocol(_Config(app), state, {}, asyncio.get_running_loop())
+        protocol.connection_made(transport)
+        protocol.data_received(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        await asyncio.gather(*state.tasks)
+        protocol.connection_lost(None)
+        return transport.writes
+
+    return asyncio.run(run())
+
+
+def test_a_start_followed_at_once_by_a_body_leaves_in_one_write() -> None:
+    def make_app(writes: list[bytes]) -> Any:
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"data: x\n\n", "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+
+        return app
+
+    writes = _writes(make_app)
+    assert len(writes) == 2, writes  # head + first piece, then the end
+    assert writes[0].startswith(b"HTTP/1.1 200 OK\r\nserver: test\r\n")
+    assert writes[0].endswith(b"\r\n\r\n9\r\ndata: x\n\n\r\n") and writes[1] == b"0\r\n\r\n"
+
+
+def test_a_start_alone_is_written_by_the_end_of_the_loop_iteration() -> None:
+    seen: list[int] = []
+
+    def make_app(writes: list[bytes]) -> Any:
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            seen.append(len(writes))  # held: a body may follow at once
+            await asyncio.sleep(0)
+            seen.append(len(writes))  # written: the head never waits for a late first body
+            await send({"type": "http.response.body", "body": b"late"})
+
+        return app
+
+    writes = _writes(make_app)
+    assert seen == [0, 1]
+    assert writes[0].startswith(b"HTTP/1.1 200 OK") and writes[0].endswith(b"\r\n\r\n")
+    assert writes[1:] == [b"4\r\nlate\r\n0\r\n\r\n"]
+
+
+def test_the_body_writer_writes_only_inside_a_started_chunked_response() -> None:
+    results: list[bool] = []
+
+    def make_app(writes: list[bytes]) -> Any:
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            write = scope["extensions"]["streamsafe.body_writer"]
+            results.append(write(b"early"))
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            results.append(write(b"a"))  # goes out with the held head
+            await send({"type": "http.response.body", "body": b""})
+            results.append(write(b"late"))
+
+        return app
+
+    writes = _writes(make_app)
+    assert results == [False, True, False]
+    assert writes[0].endswith(b"\r\n\r\n1\r\na\r\n") and writes[1:] == [b"0\r\n\r\n"]
