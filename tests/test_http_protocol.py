@@ -154,6 +154,16 @@ def test_responses_are_framed_and_the_connection_kept_alive(loop: str) -> None:
 
 
 @pytest.mark.parametrize("loop", LOOPS)
+def test_a_chunked_request_body_sent_in_pieces_arrives_whole(loop: str) -> None:
+    with _server(loop) as server, _connect(server) as sock:
+        reader = _Reader(sock)
+        sock.sendall(b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n")
+        sock.sendall(b"3\r\nabc\r\n")
+        sock.sendall(b"4\r\ndefg\r\n0\r\n\r\n")
+        assert reader.response()[2] == b"abcdefg"
+
+
+@pytest.mark.parametrize("loop", LOOPS)
 def test_pipelined_requests_are_answered_in_order(loop: str) -> None:
     with _server(loop) as server, _connect(server) as sock:
         reader = _Reader(sock)
