@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from streamsafe.sse import (
@@ -252,3 +252,54 @@ def test_payloads_split_several_whole_events_of_one_read():
     assert dec.payloads(b"data: {}\n\ndata: [DONE]\n\n") == [b"{}", b"[DONE]"]
     assert dec.payloads(b"data: a\n\n\ndata: b\n\n") == [b"a", b"b"]  # a stray blank line
     assert dec.payloads(b"data: a\ndata: b\n\n") == [b"a\nb"]
+
+
+_PIECES = st.sampled_from(
+    [
+        *(b"data: ", b"data:", b"{}", b'{"a":1}', b"x", b"\n", b"\r", b"\r\n", b"\n\n"),
+        *(b"id: 3", b": c", b"event: e", b"retry: 5", b"\xef\xbb\xbf"),
+    ]
+)
+
+
+_BYTES = st.lists(_PIECES, max_size=8).map(b"".join)
+# Reads shaped like the usual one, so that the shortcut's every check is put to the test.
+_READS = st.one_of(
+    _BYTES,
+    st.builds(lambda middle: b"data: " + middle + b"\n\n", _BYTES),
+    st.builds(lambda middle, end: b"data: " + middle + end, _BYTES, _BYTES),
+)
+
+
+def _seen(events):
+    return [(ev.raw, ev.event, ev.id, ev.retry) for ev in events]
+
+
+@settings(max_examples=500, deadline=None)
+@given(before=st.lists(_READS, max_size=4), read=_READS, after=_READS)
+# One case per check the shortcut makes, where skipping it would go wrong.
+@example(before=[b": s\n"], read=b"data: a\rb\n\n", after=b"")  # CR: two lines
+@example(before=[b"data: x\n"], read=b"data: y\n\n", after=b"")  # data held
+@example(before=[b"data: x"], read=b"data: y\n\n", after=b"")  # a partial line held
+@example(before=[], read=b"data: a\n\n", after=b"\xef\xbb\xbfdata: b\n\n")  # BOM at start only
+@example(before=[b": s\n"], read=b"data: a\nb", after=b"\n")  # no blank line after it
+@example(before=[b"event: e\n"], read=b"data: a\n\n", after=b"data: b\n\n")  # type set
+@example(before=[b"retry: 5\n"], read=b"data: a\n\n", after=b"data: b\n\n")  # retry set
+@example(before=[b": s\n"], read=b'{"a":1}x\n\n', after=b"")  # not a data line
+def test_one_payload_is_what_feed_makes_of_a_lone_event_or_leaves_the_decoder_alone(
+    before, read, after
+):
+    # The relay's per-read shortcut: where it answers, the full decoder dispatches exactly that
+    # one event from the read and holds nothing; where it does not, nothing changed. Either way
+    # the next read decodes exactly as it would have.
+    fast, full = SSEDecoder(), SSEDecoder()
+    for earlier in before:
+        assert _seen(fast.feed(earlier)) == _seen(full.feed(earlier))
+    payload = fast.one_payload(read)
+    events = full.feed(read)
+    if payload is None:
+        assert _seen(fast.feed(read)) == _seen(events)
+    else:
+        assert [ev.raw for ev in events] == [payload] and not full.pending
+    assert _seen(fast.feed(after)) == _seen(full.feed(after))
+    assert fast.pending == full.pending

@@ -69,8 +69,18 @@ class Fanout:
             # The end follows at once: each loop sends these events and the end in one write.
             self.release_all()
             return
-        after = first + len(payloads)
-        body = encode_events(payloads, first, multiline)
+        self._write(
+            members, encode_events(payloads, first, multiline), first, first + len(payloads)
+        )
+
+    def publish_one(self, payload: bytes, index: int) -> None:
+        """:meth:`publish` of one single-line payload that does not end the stream (the usual
+        read, see :meth:`streamsafe.gateway.stream_sink.StreamSink.one`)."""
+        members = self._members
+        if members:
+            self._write(members, b"id: %d\ndata: %s\n\n" % (index, payload), index, index + 1)
+
+    def _write(self, members: list[_Member], body: bytes, first: int, after: int) -> None:
         declined: list[_Member] | None = None
         for member in members:
             if member.cursor == first and member.writer(body):

@@ -192,6 +192,15 @@ class Generation:
         else:  # the usual case once its subscribers are in the fan-out
             self.version += 1
 
+    def publish_one(self, payload: bytes, index: int) -> None:
+        """:meth:`publish` of event ``index`` alone, a single-line payload that does not end the
+        stream (the relay's per-read short path)."""
+        self.fanout.publish_one(payload, index)
+        if self._waiters:
+            self._wake_waiters()
+        else:
+            self.version += 1
+
     def _wake_waiters(self) -> None:
         self.version += 1
         waiters = self._waiters

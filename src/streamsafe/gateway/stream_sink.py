@@ -164,8 +164,9 @@ class StreamSink:
             or self.tokens_before
             or not self._watch.flowing
             or gen.state is not _RUNNING
-            or payload[:1] != b"{"
-            or payload[-1:] != b"}"
+            or not payload
+            or payload[0] != 123  # {
+            or payload[-1] != 125  # }
             or payload.startswith(ERROR_PREFIXES)
         ):
             return False
@@ -175,7 +176,7 @@ class StreamSink:
         gen.length = length
         self.last = payload
         self._counters.events_relayed += 1
-        gen.publish((payload,), length - 1)
+        gen.publish_one(payload, length - 1)  # one line (one_payload saw to it), not [DONE]
         return True
 
     def ready(self) -> asyncio.Future[None]:
