@@ -5,7 +5,6 @@ stream reaches the server as a disconnect (the upstream timeouts around it are t
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 
 from streamsafe.engine_sim import SimConfig, Simulator
@@ -31,12 +30,9 @@ def test_streams_reuse_one_kept_alive_connection_and_deliver_every_event() -> No
             await conn.head()
             assert conn.status == 200
             got: list[bytes] = []
-            reads: list[int] = []
-            assert (
-                await conn.stream_events(got.extend, on_read=functools.partial(reads.append, 1))
-                is None
-            )
-            assert reads  # every read after the head is reported (the timeouts' sign of life)
+            asked = asyncio.get_running_loop().time()
+            assert await conn.stream_events(got.extend) is None
+            assert conn.read_at > asked  # every read notes its time (the timeouts' sign of life)
             # the role chunk, one chunk per token, [DONE]
             assert len(got) == 22 and got[-1] == b"[DONE]"
             assert all(json.loads(p)["object"] == "chat.completion.chunk" for p in got[:-1])
@@ -141,12 +137,12 @@ def test_the_events_of_one_read_reach_the_sink_in_one_call() -> None:
         conn = await pool.request(b"POST", "/v1/chat/completions", b"{}")
         await conn.head()
         calls: list[list[bytes]] = []
-        reads: list[int] = []
-        end = conn.stream_events(calls.append, on_read=functools.partial(reads.append, 1))
+        end = conn.stream_events(calls.append)
+        head_read_at = conn.read_at
         go.set()
         assert await asyncio.wait_for(end, 5) is None
         assert calls == [[b'{"n": 0}', b'{"n": 1}', b'{"n": 2}', b"[DONE]"]]
-        assert reads == [1]
+        assert conn.read_at > head_read_at  # the read that brought them was noted
         conn.release(finished=True)
         pool.close()
         server.close()

@@ -144,6 +144,19 @@ def test_a_stream_that_goes_silent_is_cut_and_continued() -> None:
         assert s.gw.stats()["upstream_timeouts"] == 1
 
 
+def test_a_stream_that_keeps_flowing_outlives_the_idle_timeout() -> None:
+    # Every read moves the idle deadline: 40 tokens at 20 ms take 0.8 s, past a 0.3 s bound.
+    sim = fast_sim(itl_ms=20.0)
+    body = chat_body("flowing", max_tokens=40)
+    with make_stack(sim, idle_timeout=0.3) as s:
+        status, data = _stream(s.url, body, read=5.0)
+        assert status == 200
+        _assert_clean(data)
+        assert _text(data) == expected_text(body, 40)
+        assert s.gw.stats()["upstream_timeouts"] == 0
+        assert s.sim.stats()["continuations"] == 0
+
+
 def test_the_total_timeout_ends_a_stream_with_an_error_event_and_frees_the_engine() -> None:
     sim = fast_sim(itl_ms=20.0)
     with make_stack(sim, total_timeout=0.5) as s:

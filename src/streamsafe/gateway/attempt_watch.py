@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["AttemptWatch", "UpstreamStalled", "UpstreamTimeouts"]
+__all__ = ["AttemptWatch", "ReadClock", "UpstreamStalled", "UpstreamTimeouts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +35,12 @@ class UpstreamStalled(Exception):
         self.seconds = seconds
 
 
+class ReadClock(Protocol):
+    """A connection that notes the event loop's time of its last read."""
+
+    read_at: float
+
+
 class AttemptWatch:
     """The deadlines of one upstream attempt, as an async context manager around it.
 
@@ -53,6 +59,7 @@ class AttemptWatch:
         "_handle",
         "_last",
         "_loop",
+        "_source",
         "_task",
         "_total_deadline",
         "expired",
@@ -66,6 +73,7 @@ class AttemptWatch:
         self._loop = asyncio.get_running_loop()
         self._last = self._loop.time()
         self._handle: asyncio.TimerHandle | None = None
+        self._source: ReadClock | None = None
         self._task: asyncio.Task[Any] | None = None
         self._cancelling = 0
         #: The phase whose deadline passed (``None`` while none did).
@@ -76,6 +84,11 @@ class AttemptWatch:
     def chunk(self) -> None:
         """A chunk arrived (call for every chunk read)."""
         self._last = self._loop.time()
+
+    def follow(self, source: ReadClock) -> None:
+        """Take ``source.read_at`` (the loop's time of its last read) as the sign of life instead
+        of :meth:`chunk` calls: a read callback stores a float, with no call per chunk."""
+        self._source = source
 
     def first_event(self) -> None:
         """The first event arrived: from now on the idle bound applies (re-armed once, since it
@@ -91,7 +104,10 @@ class AttemptWatch:
         phase, limit = ("idle", t.idle) if self.flowing else ("first_token", t.first_token)
         best: tuple[float, str, float] | None = None
         if limit is not None:
-            best = (self._last + limit, phase, limit)
+            last = self._last
+            if self._source is not None and self._source.read_at > last:
+                last = self._source.read_at
+            best = (last + limit, phase, limit)
         total = self._total_deadline
         if total is not None and t.total is not None and (best is None or total < best[0]):
             best = (total, "total", t.total)

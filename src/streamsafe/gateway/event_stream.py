@@ -66,7 +66,8 @@ class EventStream(asyncio.Protocol):
         self._keep_alive = False
         self._release_on_complete = False
         self._closed = False
-        self._on_read: Callable[[], None] | None = None
+        #: The loop's time of the last read (the upstream timeouts' sign of life).
+        self.read_at = 0.0
         self._one: Callable[[bytes], bool] | None = None
         self.idle_since = 0.0
 
@@ -81,7 +82,6 @@ class EventStream(asyncio.Protocol):
         self._body_size = 0
         self._decoder = None
         self._sink = None
-        self._on_read = None
         self._one = None
         self._complete = self._keep_alive = self._release_on_complete = False
         self._head = self._loop.create_future()
@@ -118,12 +118,11 @@ class EventStream(asyncio.Protocol):
         self,
         sink: EventSink,
         *,
-        on_read: Callable[[], None] | None = None,
         one: Callable[[bytes], bool] | None = None,
     ) -> asyncio.Future[str | None]:
         """Decode the body as an event stream from now on, handing each read's completed event
-        payloads to ``sink`` from the event loop's read callback (it must not block), and
-        calling ``on_read`` for every read (the upstream timeouts' sign of life). The future
+        payloads to ``sink`` from the event loop's read callback (it must not block); every
+        read notes its time in :attr:`read_at` (the upstream timeouts' sign of life). The future
         returned resolves when the stream ends: ``None`` once the response completed, else why
         it broke. ``one``, where given, is offered first the payload of a read that is exactly
         one plain event (the usual read of a token stream), and takes it or answers ``False``
@@ -132,7 +131,6 @@ class EventStream(asyncio.Protocol):
         self._decoder = SSEDecoder()
         self._sink = sink
         self._one = one
-        self._on_read = on_read
         if self._body:  # read with the head, before the stream was asked for
             self._deliver()
         self._resume()
@@ -153,7 +151,6 @@ class EventStream(asyncio.Protocol):
         the next request; so does a stream that ``finished`` (``[DONE]`` seen) once its
         terminating chunk arrives, which usually follows in the same read. Anything else is
         closed: an abandoned stream must reach the engine as a disconnect."""
-        self._on_read = None
         if self._complete:
             self._to_pool()
         elif finished and not self._closed:
@@ -216,8 +213,7 @@ class EventStream(asyncio.Protocol):
         if parser is None:  # bytes on an idle connection: it cannot be reused
             self.close()
             return
-        if self._on_read is not None:
-            self._on_read()
+        self.read_at = self._loop.time()
         try:
             parser.feed_data(data)
         except httptools.HttpParserError as exc:

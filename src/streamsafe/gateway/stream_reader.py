@@ -94,7 +94,8 @@ class StreamReader:
                     gen, status, error, _latin1(retry_after), continuing, attempts
                 )
             gen.wake()  # upstream accepted the request: an early commit may go now
-            end = conn.stream_events(sink.events, on_read=watch.chunk, one=sink.one)
+            watch.follow(conn)
+            end = conn.stream_events(sink.events, one=sink.one)
             while not sink.in_process and not end.done():
                 await asyncio.wait((end, sink.ready()), return_when=asyncio.FIRST_COMPLETED)
                 await sink.flush()
