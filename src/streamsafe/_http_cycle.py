@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from streamsafe._http_limits import error_response
 
-__all__ = ["HIGH_WATER", "Connection", "RequestCycle"]
+__all__ = ["HIGH_WATER", "Connection", "RequestCycle", "cached_header_lines"]
 
 #: The server's error log: uvicorn's, whose ``Server`` runs the listening sockets, so that a
 #: filter set on it sees every server error in one place.
@@ -50,6 +50,20 @@ _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LAST_CHUNK = b"0\r\n\r\n"
 _NO_BODY_STATUS = frozenset((204, 304))
+
+
+_last_lines: tuple[object, bytes] = ((), b"")
+
+
+def cached_header_lines(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """``headers`` as HTTP/1.1 header lines. The last list is remembered (by identity, so it
+    must not be changed in place): servers hand the same one for every response of a second."""
+    global _last_lines
+    cached, lines = _last_lines
+    if headers is not cached:
+        lines = b"".join(b"%s: %s\r\n" % (name, value) for name, value in headers)
+        _last_lines = (headers, lines)
+    return lines
 
 
 class Connection(Protocol):

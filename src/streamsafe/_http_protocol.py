@@ -4,35 +4,21 @@ server facing the network needs.
 uvicorn's ``Server`` still owns the listening sockets, signals, lifespan and graceful shutdown;
 this protocol replaces its per-connection one (``Config(http=...)``), for two reasons:
 
-- **Limits.** uvicorn 0.55 with httptools buffers request headers without bound (an 8 MB header
-  line is served), never times out a request whose headers or body stop half way, and counts
-  connections only once a request's headers are complete. Here, per connection and before the
-  app sees anything:
-
-  - header limits: bytes per line, bytes in all, number of lines; past them 431 (414 for the
-    request line) and the connection is closed. Bytes of an unfinished header section are
-    counted as they arrive, so memory stays bounded however slowly or hugely they come;
-  - a deadline for the header section (from the connection's or the request's first byte) and
-    an idle timeout between body reads; past them 408 and the connection is closed (the app, if
-    it is reading the body, sees ``http.disconnect``);
-  - a cap on open connections; past it 503 with ``Retry-After`` and the new connection is
-    closed.
-
-  Every such answer, and the 500 of an app that failed before answering, is an OpenAI-style
-  JSON error, like the apps' own (uvicorn answers those in plain text).
+- **Limits** (:class:`~streamsafe._http_limits.ServerLimits`), enforced here before the app sees
+  a request, which uvicorn 0.55 with httptools does not: header sizes counted as bytes arrive
+  (431, 414 for the request line), deadlines for the header section and between body reads
+  (408), a cap on open connections (503 with ``Retry-After``), each a JSON error like the apps'
+  own, as is the 500 of an app that failed before answering (uvicorn's are plain text).
 - **Cost per request.** uvicorn's protocol and request cycle cost about 0.13 ms of CPU per
-  request on this project's machines (address lookups, flow-control events, a middleware, two
-  regular expressions per header, a write per message); this one keeps what a request needs
+  request here (address lookups, flow-control events, a middleware, two regular expressions per
+  header, a write per message); this one keeps what a request needs
   (:mod:`streamsafe._http_cycle`), which is what a burst of new streams waits on.
 
-It also offers the app two ASGI extensions: :data:`streamsafe._asgi.RESET_EXTENSION`, a callable
-that resets the connection (TCP RST, no response), and
-:data:`streamsafe._asgi.BODY_WRITER_EXTENSION`, which writes a piece of a started streaming
-response without a coroutine (the gateway's per-chunk path).
-
-Requests pipelined on one connection are answered in order; an ``Upgrade`` request is answered
-as plain HTTP (no protocol switch is offered); a kept-alive connection idle for
-``ServerLimits.keep_alive_timeout`` is closed.
+It offers the app two ASGI extensions: :data:`streamsafe._asgi.RESET_EXTENSION` (reset the
+connection: TCP RST, no response) and :data:`streamsafe._asgi.BODY_WRITER_EXTENSION` (write a
+piece of a started streaming response without a coroutine: the gateway's per-chunk path).
+Pipelined requests are answered in order; an ``Upgrade`` request is answered as plain HTTP; a
+kept-alive connection idle for ``ServerLimits.keep_alive_timeout`` is closed.
 """
 
 from __future__ import annotations
@@ -49,19 +35,17 @@ from urllib.parse import unquote
 import httptools
 
 from streamsafe._asgi import BODY_WRITER_EXTENSION, RESET_EXTENSION
-from streamsafe._http_cycle import HIGH_WATER, RequestCycle
+from streamsafe._http_cycle import HIGH_WATER, RequestCycle, cached_header_lines
 from streamsafe._http_limits import LINGER_S, ServerLimits, error_response
 
 __all__ = ["HttpProtocol", "ServerLimits", "limited_protocol"]
 
 _ASGI_VERSION = {"version": "3.0", "spec_version": "2.3"}
-_default_head_cache: tuple[object, bytes] = ((), b"")
 
 
 class HttpProtocol(asyncio.Protocol):
-    """One HTTP/1.1 connection (see the module docstring); ``limits`` is set on the subclass
-    :func:`limited_protocol` makes. Built by uvicorn's ``Server`` for each accepted
-    connection."""
+    """One HTTP/1.1 connection (see the module docstring), built by uvicorn's ``Server`` for each
+    accepted one; ``limits`` is set on the subclass :func:`limited_protocol` makes."""
 
     limits = ServerLimits()
 
@@ -87,20 +71,16 @@ class HttpProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.server: tuple[str, int] | None = None
         self.client: tuple[str, int] | None = None
-        self.write_paused = False
-        self.read_paused = False
+        self.write_paused = self.read_paused = False
         self._drained: asyncio.Future[None] | None = None
-        # The request being answered, the one being parsed (the same unless pipelined), and
-        # those parsed and waiting for their turn.
+        # The request being answered, the one parsed (the same unless pipelined), those waiting.
         self.current: RequestCycle | None = None
         self.parsing: RequestCycle | None = None
         self.pipeline: deque[RequestCycle] = deque()
-        # The request being parsed.
-        self._url = b""
+        self._url = b""  # the request being parsed: its URL, headers, Expect
         self._headers: list[tuple[bytes, bytes]] = []
         self._expect_100 = False
-        # Limits.
-        self._in_headers = True
+        self._in_headers = True  # the limits' state
         self._raw_header_bytes = 0  # bytes fed while the header section was unfinished
         self._header_bytes = 0  # bytes of the lines parsed so far
         self._header_lines = 0
@@ -315,15 +295,9 @@ class HttpProtocol(asyncio.Protocol):
         task.add_done_callback(self.tasks.discard)
 
     def default_head(self) -> bytes:
-        """The headers every response carries (``date``, ``server``), kept up to date by
-        uvicorn's ``Server`` once a second."""
-        global _default_head_cache
-        headers = self.server_state.default_headers
-        cached, head = _default_head_cache
-        if headers is not cached:
-            head = b"".join(b"%s: %s\r\n" % (name, value) for name, value in headers)
-            _default_head_cache = (headers, head)
-        return head
+        """The headers every response carries (``date``, ``server``): uvicorn's ``Server``
+        hands a new list once a second."""
+        return cached_header_lines(self.server_state.default_headers)
 
     def response_complete(self, cycle: RequestCycle) -> None:
         """``cycle``'s response is out: answer the next pipelined request, or wait for one."""
