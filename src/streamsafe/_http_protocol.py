@@ -124,7 +124,7 @@ class HttpProtocol(asyncio.Protocol):
             self.transport.close()
 
     def eof_received(self) -> bool | None:
-        return None  # the client may half-close after its request; the answer still goes out
+        return None  # the client's end of the stream is its leaving (as uvicorn): close
 
     def data_received(self, data: bytes) -> None:
         if self._lingering or self.transport.is_closing():
