@@ -20,6 +20,7 @@ _BENCHES: tuple[tuple[str, str], ...] = (
     ("overhead", "streamsafe.bench.overhead"),
     ("overload", "streamsafe.bench.overload"),
     ("peers", "streamsafe.bench.peers"),
+    ("relay", "streamsafe.bench.relay"),
     ("fleet", "streamsafe.bench.fleet"),
 )
 

@@ -16,7 +16,7 @@ import sys
 
 import httptools
 
-__all__ = ["main"]
+__all__ = ["client_protocol", "main"]
 
 _HEAD = b"HTTP/1.1 %d OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 _SKIP = (b"host", b"content-length", b"connection")
@@ -111,9 +111,15 @@ class _Downstream(asyncio.Protocol):
         transport.write(request)
 
 
+def client_protocol(upstream: tuple[str, int]) -> asyncio.Protocol:
+    """The protocol of one client connection, relaying to ``upstream`` (``bench relay`` drives
+    it in process)."""
+    return _Downstream(upstream)
+
+
 async def _serve(upstream: tuple[str, int], port: int) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _Downstream(upstream), "127.0.0.1", port)
+    server = await loop.create_server(lambda: client_protocol(upstream), "127.0.0.1", port)
     async with server:
         await server.serve_forever()
 
