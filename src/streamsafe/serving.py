@@ -23,7 +23,14 @@ import uvicorn
 
 from streamsafe._http_protocol import ServerLimits, limited_protocol
 
-__all__ = ["ServerLimits", "ServerThread", "bind_socket", "run_server", "serve_in_thread"]
+__all__ = [
+    "ServerLimits",
+    "ServerThread",
+    "bind_socket",
+    "run_server",
+    "serve_in_thread",
+    "server_config",
+]
 
 
 def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
@@ -37,9 +44,11 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     return sock
 
 
-def _config(
+def server_config(
     app: Any, *, log_level: str, loop: str, limits: ServerLimits | None, **kwargs: Any
 ) -> uvicorn.Config:
+    """The configuration every server here runs ``app`` with: this project's HTTP protocol
+    enforcing ``limits``, lifespan on, no access log, a 2 s graceful shutdown."""
     return uvicorn.Config(
         app,
         log_level=log_level,
@@ -81,7 +90,9 @@ class ServerThread:
         self._sock = bind_socket(host, port)
         self.host = host
         self.port: int = self._sock.getsockname()[1]
-        self._server = uvicorn.Server(_config(app, log_level=log_level, loop=loop, limits=limits))
+        self._server = uvicorn.Server(
+            server_config(app, log_level=log_level, loop=loop, limits=limits)
+        )
         self._thread = threading.Thread(target=self._run, name=f"server:{self.port}", daemon=True)
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -181,5 +192,5 @@ def run_server(
     if announce is not None:
         bound = sock.getsockname()[1]
         announce(f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}")
-    server = uvicorn.Server(_config(app, log_level=log_level, loop=loop, limits=limits))
+    server = uvicorn.Server(server_config(app, log_level=log_level, loop=loop, limits=limits))
     server.run(sockets=[sock])

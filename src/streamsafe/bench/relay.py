@@ -112,13 +112,11 @@ _Relay = tuple[list[Any], list[_Transport], list[asyncio.Protocol]]
 
 
 async def _gateway(streams: int) -> _Relay:
-    import uvicorn
-
-    from streamsafe._http_protocol import ServerLimits, limited_protocol
     from streamsafe.gateway import Gateway, GatewayConfig
+    from streamsafe.serving import server_config
 
     gateway = Gateway(GatewayConfig(upstream="http://127.0.0.1:9", upstream_kind="vllm"))
-    config = uvicorn.Config(gateway, http=limited_protocol(ServerLimits()), proxy_headers=False)
+    config = server_config(gateway, log_level="warning", loop="uvloop", limits=None)
     config.load()
     state, clients = _State(), [_Transport() for _ in range(streams)]
     servers: list[asyncio.Protocol] = []

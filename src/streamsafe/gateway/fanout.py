@@ -77,18 +77,8 @@ class Fanout:
         """:meth:`publish` of one single-line payload that does not end the stream (the usual
         read, see :meth:`streamsafe.gateway.stream_sink.StreamSink.one`)."""
         members = self._members
-        if not members:
-            return
-        body = b"id: %d\ndata: %s\n\n" % (index, payload)
-        if len(members) == 1:  # the usual case: one client per generation
-            member = members[0]
-            if member.cursor == index and member.writer(body):
-                member.cursor = index + 1
-            else:
-                self._members = []
-                member.released.set_result(None)
-            return
-        self._write(members, body, index, index + 1)
+        if members:
+            self._write(members, b"id: %d\ndata: %s\n\n" % (index, payload), index, index + 1)
 
     def _write(self, members: list[_Member], body: bytes, first: int, after: int) -> None:
         declined: list[_Member] | None = None
