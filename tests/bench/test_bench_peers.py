@@ -45,6 +45,7 @@ def test_bench_peers_counts_add_up_and_missing_peers_are_reported(tmp_path):
         if name != "direct":
             assert summary["cpu_s_per_100k_chunks"] > 0
             assert "added_latency_ms_p99" in summary and "saturated" in summary
+            assert summary["preempted_per_1k_chunks"] >= 0
         if name == "streamsafe":  # the gateway against the floor of a Python relay
             assert summary["cpu_vs_floor"] > 0
     table = peers.markdown_table(report)

@@ -3,7 +3,7 @@
 
 The load runs in its own process (:func:`streamsafe.bench.load.run_load`); meanwhile the server
 under test's process tree is sampled for memory every 50 ms, and its CPU time (and, where asked,
-the upstream's) is read before and after.
+the upstream's) and the times it was preempted are read before and after.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from streamsafe.bench.load import StreamResult, run_load
-from streamsafe.bench.processes import cpu_seconds, process_tree, rss_bytes
+from streamsafe.bench.processes import cpu_seconds, preemptions, process_tree, rss_bytes
 from streamsafe.bench.tap import Tap, latencies
 
 __all__ = ["Phase", "measure_phase"]
@@ -30,6 +30,7 @@ class Phase:
     rss_base: int
     rss_peak: int
     events_sent_upstream: int  # by the tap, for these streams
+    server_preemptions: int = 0  # involuntary context switches of the server's tree
 
     @property
     def events_received(self) -> int:
@@ -71,8 +72,9 @@ def measure_phase(
     def sample() -> None:
         peak[0] = max(peak[0], rss_bytes(pids))
 
-    cpu0, up0 = cpu_seconds(pids), cpu_seconds(upstream_pids)
+    cpu0, up0, pre0 = cpu_seconds(pids), cpu_seconds(upstream_pids), preemptions(pids)
     load = run_load(url, streams, tokens, tag, sample=sample if pids else None)
     cpu, up = cpu_seconds(pids) - cpu0, cpu_seconds(upstream_pids) - up0
+    pre = preemptions(pids) - pre0
     sent = sum(len(tap.sent.get(s.key, ())) for s in load.streams)
-    return Phase(load.streams, load.wall_s, load.cpu_s, cpu, up, base, peak[0], sent)
+    return Phase(load.streams, load.wall_s, load.cpu_s, cpu, up, base, peak[0], sent, pre)

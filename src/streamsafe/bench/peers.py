@@ -15,7 +15,10 @@ highest round as the spread. In each round and for each peer:
   100,000 chunks (its whole process tree, user + system); the latency it adds per chunk, p50 and
   p99 (tap to arrival, minus direct's in the same round); its resident memory per live stream
   (peak during the load minus before, over N); saturated when it used 90 % of a core or more or
-  took a quarter longer than direct (then its latencies include queueing for the CPU).
+  took a quarter longer than direct (then its latencies include queueing for the CPU); and how
+  often the kernel preempted it, per 1,000 chunks (in the JSON): each preemption in the middle of
+  a tick holds the rest of that tick's chunks, which is where a proxy's p99 comes from on a
+  machine with fewer cores than busy processes.
 - **a burst**: B one-token requests at once. Time to first token added (p50, p99 over the burst,
   minus direct's; and p50 minus nginx's, as direct pays for B new upstream connections that a
   proxy with a keep-alive pool does not), and CPU per request: the burst's CPU less its chunks at
@@ -56,7 +59,8 @@ _SATURATED_SLOWDOWN = 1.25  # wall time against direct's in the same round
 def _round(peer: Peer, tap: Tap, streams: int, chunks: int, burst: int, r: int) -> dict[str, Any]:
     load = measure_phase(peer.url, tap, streams, chunks, f"{peer.name}-r{r}", server_pid=peer.pid)
     lat = load.latencies(tap)
-    chunk_cpu = load.server_cpu_s / max(load.events_sent_upstream, 1)
+    events = load.events_sent_upstream
+    chunk_cpu = load.server_cpu_s / max(events, 1)
     fig: dict[str, Any] = {
         "streams_ok": load.streams_ok,
         "events_sent_upstream": load.events_sent_upstream,
@@ -66,6 +70,7 @@ def _round(peer: Peer, tap: Tap, streams: int, chunks: int, burst: int, r: int) 
         "cpu_s": load.server_cpu_s,
         "cpu_s_per_100k_chunks": chunk_cpu * 1e5,
         "cpu_share_of_core": load.server_cpu_s / max(load.wall_s, 1e-9),
+        "preempted_per_1k_chunks": load.server_preemptions * 1e3 / max(events, 1),
         "latency_ms_p50": _scaled(percentile(lat, 0.5), _MS),
         "latency_ms_p99": _scaled(percentile(lat, 0.99), _MS),
         "rss_per_stream_kib": load.rss_per_stream() / 1024,
@@ -119,6 +124,7 @@ def _summarise(per_peer: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str,
                 "cpu_ms_per_request",
                 "rss_per_stream_kib",
                 "cpu_share_of_core",
+                "preempted_per_1k_chunks",
                 "wall_s",
             ):
                 add(key, fig.get(key))
@@ -201,7 +207,8 @@ def run(
                 print(
                     f"  round {r + 1}: {peer.name:24s} CPU "
                     f"{fig['cpu_s_per_100k_chunks']:7.2f} s/100k chunks, latency p50 "
-                    f"{_fmt(fig['latency_ms_p50'])} ms p99 {_fmt(fig['latency_ms_p99'])} ms",
+                    f"{_fmt(fig['latency_ms_p50'])} ms p99 {_fmt(fig['latency_ms_p99'])} ms, "
+                    f"preempted {fig['preempted_per_1k_chunks']:.0f} / 1k chunks",
                     flush=True,
                 )
     summary = _summarise(per_peer)

@@ -131,17 +131,43 @@ def cpu_seconds(pids: Sequence[int]) -> float:
     if not _SCHEDSTAT:
         return sum(_stat_cpu_seconds(pid) for pid in pids)
     total = 0
+    for task in _threads(pids):
+        try:
+            total += int(Path(task, "schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended meanwhile
+    return total / 1e9
+
+
+def _threads(pids: Sequence[int]) -> list[str]:
+    """The ``/proc`` folders of every thread of ``pids`` now alive."""
+    folders: list[str] = []
     for pid in pids:
         try:
-            tasks = os.listdir(f"/proc/{pid}/task")
+            folders.extend(f"/proc/{pid}/task/{tid}" for tid in os.listdir(f"/proc/{pid}/task"))
         except OSError:
-            continue
-        for tid in tasks:
-            try:
-                total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
-            except (OSError, IndexError, ValueError):
-                continue  # the thread ended meanwhile
-    return total / 1e9
+            continue  # the process ended meanwhile
+    return folders
+
+
+def preemptions(pids: Sequence[int]) -> int:
+    """Times the kernel took a CPU from ``pids`` and all their threads while they could still
+    run (involuntary context switches, from each thread's ``status``; those gone count 0).
+
+    A proxy preempted in the middle of relaying one tick's chunks holds the rest of them until
+    it runs again: how often that happens per chunk is what turns CPU per chunk into tail
+    latency on a machine with fewer cores than busy processes."""
+    total = 0
+    for task in _threads(pids):
+        try:
+            status = Path(task, "status").read_text()
+        except OSError:
+            continue  # the thread ended meanwhile
+        for line in status.splitlines():
+            if line.startswith("nonvoluntary_ctxt_switches:"):
+                total += int(line.split()[1])
+                break
+    return total
 
 
 def _stat_cpu_seconds(pid: int) -> float:
