@@ -199,26 +199,18 @@ def run_server(
     server.run(sockets=[sock])
 
 
-#: Allocations of container objects between two young collections (CPython's default is 700).
-YOUNG_THRESHOLD = 10_000
-
-
 def tune_collector() -> None:
-    """Set the cyclic garbage collector for a server process that is about to serve.
+    """Freeze, for the cyclic garbage collector, everything a server process made before it
+    serves (modules, the app, its configuration): it lives as long as the process, and no
+    collection scans it again.
 
-    Everything made so far (modules, the app, its configuration) lives as long as the process:
-    it is frozen, so no collection scans it again. And a young collection waits for
-    :data:`YOUNG_THRESHOLD` allocations instead of 700: a request makes dozens of container
-    objects (futures, tasks, their contexts, timers), most of them gone again by refcount, so
-    with the default a burst of requests collected its own short-lived objects over and over
-    and promoted the rest to older generations, whose collections scan everything kept for
-    replay. Measured (bursts of 100 one-token requests through the gateway, 2,000 in all): a
-    fifth of the gateway's CPU per request was collection, with a full collection of 30-65 ms
-    (every stream stalls for it); with both settings collection is a twentieth, and no
-    collection past the young ones ran. Only for processes that serve (:func:`run_server`); an
-    app served in a thread of another program (:class:`ServerThread`) leaves that program's
-    collector alone."""
+    Each collection of the oldest generation otherwise walks every object of the process, and
+    every stream stalls for it: in bursts of 100 one-token requests through the gateway (2,000
+    in all), such a collection took 33-90 ms, and 22-23 ms with the startup frozen. The young
+    threshold stays CPython's: finished generations are freed by the collector (their timers and
+    callbacks refer back to them), and collecting less often let the gateway's memory grow past
+    what it counts for them (tests/gateway/test_kept_memory.py). Only for processes that serve
+    (:func:`run_server`); an app served in a thread of another program (:class:`ServerThread`)
+    leaves that program's collector alone."""
     gc.collect()
     gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(YOUNG_THRESHOLD, older, oldest)
