@@ -47,6 +47,12 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await asyncio.sleep(0.05)
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"slow"})
+    elif path == "/headers":  # the header names the app was given, after the whole body
+        while (await receive()).get("more_body"):
+            pass
+        body = orjson.dumps(sorted(name.decode() for name, _ in scope["headers"]))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
     elif path == "/raise":
         raise ValueError("a bug in the app")
     elif path == "/nothing":
@@ -261,6 +267,94 @@ def test_an_idle_kept_alive_connection_is_closed_after_the_keep_alive_timeout(lo
         sock.sendall(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\n\r\nx")
         assert reader.response()[2] == b"x"
         assert reader.closed()  # recv returns b"" once the server closes (socket timeout 10 s)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_request_begun_behind_an_answered_one_still_has_its_header_deadline(loop: str) -> None:
+    # One read holds a whole request and the start of the next: once the first is answered,
+    # the client owes the rest of the second, on the clock (not forever, holding a connection).
+    with _server(loop, ServerLimits(header_timeout=0.3)) as server, _connect(server) as sock:
+        reader = _Reader(sock)
+        sock.sendall(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\nGET /slow HTTP/1.1\r\nx-a: b")
+        assert reader.response()[2] == b"slow"
+        status, headers, _ = reader.response()
+        assert status == 408 and headers["content-type"] == "application/json"
+        assert reader.closed()
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize(
+    "bad",
+    [b"NOT HTTP AT ALL\r\n\r\n", b"GET /x HTTP/1.1\r\n" + b"x-h: v\r\n" * 9 + b"\r\n"],
+    ids=["malformed", "too-many-headers"],
+)
+def test_an_error_in_a_pipelined_request_comes_after_the_answers_before_it(
+    loop: str, bad: bytes
+) -> None:
+    with _server(loop, ServerLimits(max_headers=5)) as server, _connect(server) as sock:
+        reader = _Reader(sock)
+        sock.sendall(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n" + bad)
+        assert reader.response()[:3:2] == (200, b"slow")  # whole, nothing inside it
+        status, _, body = reader.response()
+        assert status in (400, 431) and orjson.loads(body)["error"]["message"]
+        assert reader.closed()
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_upgrade_is_ignored_and_a_body_after_it_is_never_taken_for_a_request(loop: str) -> None:
+    upgrade = b"connection: upgrade\r\nupgrade: h2c\r\n"
+    with _server(loop) as server, _connect(server) as sock:
+        reader = _Reader(sock)
+        # No body: served as plain HTTP, and the request pipelined behind it too.
+        sock.sendall(
+            b"GET /stream HTTP/1.1\r\nhost: x\r\n" + upgrade + b"\r\n"
+            b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nok"
+        )
+        assert [reader.response()[2] for _ in range(2)] == [b"one,two,three", b"ok"]
+    with _server(loop) as server, _connect(server) as sock:
+        reader = _Reader(sock)
+        # A body: llhttp would hand it over as the new protocol's bytes; refused instead, and
+        # the request inside the body is never served.
+        smuggled = b"GET /smuggled HTTP/1.1\r\nhost: x\r\n\r\n"
+        sock.sendall(
+            b"POST /echo HTTP/1.1\r\nhost: x\r\n"
+            + upgrade
+            + b"content-length: %d\r\n\r\n%s" % (len(smuggled), smuggled)
+        )
+        status, _, body = reader.response()
+        assert status == 400 and "Upgrade" in orjson.loads(body)["error"]["message"]
+        assert reader.closed()
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_trailers_never_reach_the_headers_and_an_endless_one_is_refused(loop: str) -> None:
+    limits = ServerLimits(max_header_bytes=4096)
+    with _server(loop, limits) as server, _connect(server) as sock:
+        reader = _Reader(sock)
+        sock.sendall(
+            b"POST /headers HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+            b"2\r\nhi\r\n0\r\nauthorization: Bearer not-a-header\r\n\r\n"
+        )
+        status, _, body = reader.response()
+        assert status == 200 and orjson.loads(body) == ["host", "transfer-encoding"]
+        sock.sendall(
+            b"POST /headers HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+            b"2\r\nhi\r\n0\r\nx-t: "
+        )
+        for _ in range(4):  # a trailer line that never ends
+            sock.sendall(b"a" * 2048)
+        status, _, body = reader.response()
+        assert status == 431 and "trailers" in orjson.loads(body)["error"]["message"]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_an_http_1_0_client_is_never_sent_100_continue(loop: str) -> None:
+    with _server(loop) as server, _connect(server) as sock:
+        reader = _Reader(sock)
+        sock.sendall(
+            b"POST /echo HTTP/1.0\r\nexpect: 100-continue\r\ncontent-length: 4\r\n\r\nbody"
+        )
+        assert reader.response()[:3:2] == (200, b"body")
 
 
 # -- writes per response, in process ---------------------------------------------------------------

@@ -186,7 +186,8 @@ class RequestCycle:
     async def receive(self) -> dict[str, Any]:
         if self.waiting_100:
             self.waiting_100 = False
-            if not self.transport.is_closing():
+            # An HTTP/1.0 client is never sent 100 (RFC 9110, 10.1.1).
+            if self.scope["http_version"] != "1.0" and not self.transport.is_closing():
                 self.transport.write(_CONTINUE)
         if not self._ready and not self.disconnected and not self.complete:
             self.conn.resume_reading()
@@ -237,6 +238,8 @@ class RequestCycle:
             or self.transport.is_closing()
         ):
             return False
+        if not body:  # an empty chunk would be the last-chunk, ending the response
+            return True
         data = b"%x\r\n%b\r\n" % (len(body), body)
         head = self._head
         if head is not None:

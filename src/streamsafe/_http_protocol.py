@@ -17,8 +17,12 @@ this protocol replaces its per-connection one (``Config(http=...)``), for two re
 It offers the app two ASGI extensions: :data:`streamsafe._asgi.RESET_EXTENSION` (reset the
 connection: TCP RST, no response) and :data:`streamsafe._asgi.BODY_WRITER_EXTENSION` (write a
 piece of a started streaming response without a coroutine: the gateway's per-chunk path).
-Pipelined requests are answered in order; an ``Upgrade`` request is answered as plain HTTP; a
-kept-alive connection idle for ``ServerLimits.keep_alive_timeout`` is closed.
+Pipelined requests are answered in order, and an error in one of them (a 400, a 431) only
+after the answers before it, never inside them. An ``Upgrade`` request is answered as plain
+HTTP, but one with a body is refused (400): llhttp would take its body for the new protocol's
+bytes, and what the body holds must never be parsed as a request. Trailer fields are bounded
+like a header section and never merged into the headers the app sees. A kept-alive connection
+idle for ``ServerLimits.keep_alive_timeout`` is closed.
 """
 
 from __future__ import annotations
@@ -88,6 +92,9 @@ class HttpProtocol(asyncio.Protocol):
         self._got_bytes = False  # of the request whose headers are awaited
         self._completed = 0  # requests whose last byte was parsed on this connection
         self._lingering = False  # answered an error; reading only to drop what still comes
+        # An error to answer once the requests before it are (nothing more is read meanwhile).
+        self._refusal: tuple[int, str, int | None] | None = None
+        self._unparsed = 0  # bytes fed past a head with no body or end parsed (a trailer)
         self._timer: asyncio.TimerHandle | None = None
         self._idle = False  # the timer is the kept-alive connection's idle timeout
 
@@ -127,17 +134,25 @@ class HttpProtocol(asyncio.Protocol):
         return None  # the client's end of the stream is its leaving (as uvicorn): close
 
     def data_received(self, data: bytes) -> None:
-        if self._lingering or self.transport.is_closing():
+        if self._lingering or self._refusal is not None or self.transport.is_closing():
             return
         completed = self._completed
         if self._in_headers:
             self._got_bytes = True
-            if self._timer is None or self._idle:
+            # The header deadline runs while the client owes a request, not while it waits for
+            # an answer (response_complete arms it then).
+            if self.current is None and (self._timer is None or self._idle):
                 self._arm(self.limits.header_timeout, self._header_deadline)
+        else:
+            self._unparsed += len(data)
+        rest = b""
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            pass  # served as plain HTTP: no protocol switch is offered
+        except httptools.HttpParserUpgrade as exc:
+            # llhttp stops after a request asking to switch protocols (none is offered: it is
+            # served as plain HTTP); what follows is the next request. One with a body was
+            # refused at its head (llhttp would take the body for the new protocol's bytes).
+            rest = data[exc.args[0] :]
         except httptools.HttpParserError:
             if self._too_large is None:
                 self._reject(400, "invalid HTTP request")
@@ -146,6 +161,9 @@ class HttpProtocol(asyncio.Protocol):
             self._reject(*self._too_large)
             return
         if self.transport.is_closing():
+            return
+        if rest:
+            self.data_received(rest)
             return
         if self._in_headers:
             # The header section is unfinished, so httptools holds its bytes: count them. Where
@@ -157,6 +175,9 @@ class HttpProtocol(asyncio.Protocol):
             if self._raw_header_bytes > self.limits.max_header_bytes:
                 limit = self.limits.max_header_bytes
                 self._reject(431, f"request headers are over the limit of {limit} bytes")
+        elif self._unparsed > self.limits.max_header_bytes:
+            limit = self.limits.max_header_bytes
+            self._reject(431, f"request trailers are over the limit of {limit} bytes")
         elif self.parsing is not None and self.parsing.more_body:
             self._arm(self.limits.body_timeout, self._body_idle)
 
@@ -207,6 +228,11 @@ class HttpProtocol(asyncio.Protocol):
             self._too_large = (414, f"the request line is over the limit of {limit} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_headers:
+            # A trailer field: never merged into the headers the app has (RFC 9110, 6.5.2);
+            # its bytes are bounded by data_received.
+            self._unparsed = 0
+            return
         line = len(name) + len(value) + 4
         self._header_bytes += line
         self._header_lines += 1
@@ -233,9 +259,16 @@ class HttpProtocol(asyncio.Protocol):
         if self._too_large is not None:
             return  # answered by data_received once the parser returns
         parser = self.parser
+        if parser.should_upgrade() and any(
+            name == b"transfer-encoding" or (name == b"content-length" and value.strip(b"0"))
+            for name, value in self._headers
+        ):
+            msg = "a request with a body cannot ask to switch protocols (Upgrade): send it without"
+            self._too_large = (400, msg)
+            return
         version = parser.get_http_version()
         url = httptools.parse_url(self._url)
-        raw_path: bytes = url.path
+        raw_path: bytes = url.path or b"/"  # absolute-form with no path
         path = raw_path.decode("ascii")
         if "%" in path:
             path = unquote(path)
@@ -270,6 +303,7 @@ class HttpProtocol(asyncio.Protocol):
             self.pause_reading()
 
     def on_body(self, body: bytes) -> None:
+        self._unparsed = 0
         cycle = self.parsing
         held = 0 if self._too_large or cycle is None or cycle.complete else cycle.feed(body)
         if held > HIGH_WATER:
@@ -277,6 +311,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._disarm()
+        self._unparsed = 0
         self._completed += 1
         # What comes next on this connection is another request's header section.
         self._in_headers = True
@@ -305,12 +340,19 @@ class HttpProtocol(asyncio.Protocol):
         if cycle is not self.current or self.transport.is_closing():
             return
         self.current = None
-        self.resume_reading()
         if self.pipeline:
+            if self._refusal is None:
+                self.resume_reading()
             self._start(self.pipeline.popleft())
-        elif self._in_headers and not self._got_bytes:
-            self._arm(self.limits.keep_alive_timeout, self._idle_timeout)
-            self._idle = True
+        elif self._refusal is not None:
+            self._reject(*self._refusal)
+        else:
+            self.resume_reading()
+            if self._got_bytes:  # the next request began: the client owes the rest
+                self._arm(self.limits.header_timeout, self._header_deadline)
+            else:
+                self._arm(self.limits.keep_alive_timeout, self._idle_timeout)
+                self._idle = True
 
     def shutdown(self) -> None:
         """Called by uvicorn's ``Server`` on a graceful shutdown: close an idle connection, and
@@ -378,7 +420,20 @@ class HttpProtocol(asyncio.Protocol):
         the client still sends is read and dropped for a moment, so its kernel does not turn our
         close into a reset that destroys the answer before the client reads it."""
         self._disarm()
-        for cycle in (self.current, self.parsing, *self.pipeline):
+        parsing, current = self.parsing, self.current
+        if parsing is not None and parsing.more_body:  # its body broke off: it is not served
+            parsing.lost()
+            if parsing in self.pipeline:
+                self.pipeline.remove(parsing)
+            elif parsing is current and parsing.started:
+                self.transport.close()  # its answer has begun: no error can follow it
+                return
+        if current is not None and not current.more_body and not current.complete:
+            # Requests before the broken one are answered first, in order; then this error.
+            self._refusal = (status, message, retry_after)
+            self.pause_reading()
+            return
+        for cycle in (current, parsing, *self.pipeline):
             if cycle is not None and not cycle.complete:
                 cycle.lost()  # whatever the app sends now is dropped
         transport = self.transport
