@@ -165,3 +165,12 @@ def test_a_bug_in_a_handler_is_a_json_500_with_a_request_id_logged_and_counted(
     assert gw.stats()["errors"]["500"] == 1
     monkeypatch.undo()
     assert post_stream(stack.url, chat_body()).status_code == 200  # still serving
+
+
+@pytest.mark.parametrize("path", ["/health", "/ready", "/v1/models"])
+def test_read_only_routes_answer_head_like_get_without_a_body(stack: Stack, path: str) -> None:
+    # Load balancers probe with HEAD: the status and headers of GET, no body.
+    get = httpx2.get(stack.url + path, timeout=10)
+    head = httpx2.head(stack.url + path, timeout=10)
+    assert head.status_code == get.status_code == 200
+    assert head.content == b"" and head.headers["content-type"] == get.headers["content-type"]

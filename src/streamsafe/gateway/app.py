@@ -372,7 +372,7 @@ class Gateway:
 
 
 def _allow(method: str, path: str, allowed: str) -> None:
-    if method != allowed:
-        raise BadRequest(
-            405, f"{path} accepts {allowed} only", headers=[(b"allow", allowed.encode())]
-        )
+    # HEAD is GET without the body (the server drops it): load balancers probe with it.
+    if method != allowed and not (method == "HEAD" and allowed == "GET"):
+        allow = b"GET, HEAD" if allowed == "GET" else allowed.encode()
+        raise BadRequest(405, f"{path} accepts {allowed} only", headers=[(b"allow", allow)])
