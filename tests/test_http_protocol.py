@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import httptools
 import orjson
 import pytest
 
@@ -467,3 +469,46 @@ def test_the_body_writer_writes_only_inside_a_started_chunked_response() -> None
     writes = _writes(make_app)
     assert results == [False, True, False]
     assert writes[0].endswith(b"\r\n\r\n1\r\na\r\n") and writes[1:] == [b"0\r\n\r\n"]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_served_connection_leaves_nothing_for_the_garbage_collector(loop: str) -> None:
+    # A connection and its requests must be freed by reference counting once closed: garbage
+    # only the collector frees piles up in bursts, is promoted, and makes full collections
+    # (which stall every stream) long.
+    import gc
+
+    from streamsafe._http_cycle import RequestCycle
+    from streamsafe._http_protocol import HttpProtocol
+
+    with _server(loop) as server:
+        for _ in range(3):  # warm up: first-use allocations
+            with _connect(server) as sock:
+                sock.sendall(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\n\r\nx")
+                _Reader(sock).response()
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            for path in (b"/echo", b"/stream", b"/echo"):
+                with _connect(server) as sock:
+                    reader = _Reader(sock)
+                    sock.sendall(
+                        b"POST " + path + b" HTTP/1.1\r\nhost: x\r\ncontent-length: 1"
+                        b"\r\nconnection: close\r\n\r\nx"
+                    )
+                    reader.response()
+                    assert reader.closed()
+            connections = server._server.server_state.connections
+            deadline = time.monotonic() + 10
+            while connections and time.monotonic() < deadline:  # connection_lost runs soon after
+                time.sleep(0.01)
+            assert not connections
+            gc.collect()
+            ours = (HttpProtocol, RequestCycle, httptools.HttpRequestParser)
+            left = [type(o).__name__ for o in gc.garbage if isinstance(o, ours)]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+    assert left == []

@@ -92,6 +92,7 @@ class RequestCycle:
         "complete",
         "conn",
         "disconnected",
+        "http_11",
         "keep_alive",
         "length_left",
         "more_body",
@@ -107,7 +108,10 @@ class RequestCycle:
     ) -> None:
         self.conn = conn
         self.transport = conn.transport
-        self.scope = scope
+        # Held until the app runs, then only the app has it: the scope's body writer refers to
+        # this cycle, so a cycle holding its scope would be garbage only the collector frees.
+        self.scope: dict[str, Any] | None = scope
+        self.http_11 = scope["http_version"] == "1.1"
         self.keep_alive = keep_alive
         self.waiting_100 = expect_100
         self.disconnected = False  # the client left (nothing more is written)
@@ -158,8 +162,9 @@ class RequestCycle:
         """Run the app for this request; a failure before any of the response went out is a
         JSON 500 (never the app's traceback, never a text body), after it the connection is
         closed."""
+        scope, self.scope = self.scope, None
         try:
-            await app(self.scope, self.receive, self.send)
+            await app(scope, self.receive, self.send)
         except BaseException as exc:
             if not isinstance(exc, asyncio.CancelledError):
                 log.error("Exception in ASGI application", exc_info=exc)
@@ -186,8 +191,8 @@ class RequestCycle:
     async def receive(self) -> dict[str, Any]:
         if self.waiting_100:
             self.waiting_100 = False
-            # An HTTP/1.0 client is never sent 100 (RFC 9110, 10.1.1).
-            if self.scope["http_version"] != "1.0" and not self.transport.is_closing():
+            # Only an HTTP/1.1 client is sent 100 (never a 1.0 one: RFC 9110, 10.1.1).
+            if self.http_11 and not self.transport.is_closing():
                 self.transport.write(_CONTINUE)
         if not self._ready and not self.disconnected and not self.complete:
             self.conn.resume_reading()
@@ -275,7 +280,7 @@ class RequestCycle:
             self.length_left = 0
         elif length is not None and not declared_chunked:
             self.length_left = length
-        elif self.scope["http_version"] == "1.1":
+        elif self.http_11:
             self.chunked = True
             if not declared_chunked:
                 parts.append(b"transfer-encoding: chunked\r\n")

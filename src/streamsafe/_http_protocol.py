@@ -45,6 +45,8 @@ from streamsafe._http_limits import LINGER_S, ServerLimits, error_response
 __all__ = ["HttpProtocol", "ServerLimits", "limited_protocol"]
 
 _ASGI_VERSION = {"version": "3.0", "spec_version": "2.3"}
+#: What a closed connection parses with: no callbacks, so it refers to no protocol.
+_SPENT = httptools.HttpRequestParser(object())
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -126,6 +128,11 @@ class HttpProtocol(asyncio.Protocol):
         for cycle in (self.current, self.parsing, *self.pipeline):
             if cycle is not None:
                 cycle.lost()
+        # The parser and the requests refer back to this protocol: let go of them (an inert
+        # parser in its place), so that nothing here waits for the garbage collector.
+        self.parser = _SPENT
+        self.current = self.parsing = None
+        self.pipeline.clear()
         self.resume_writing()
         if exc is None:
             self.transport.close()

@@ -206,10 +206,11 @@ def tune_collector() -> None:
 
     Each collection of the oldest generation otherwise walks every object of the process, and
     every stream stalls for it: in bursts of 100 one-token requests through the gateway (2,000
-    in all), such a collection took 33-90 ms, and 22-23 ms with the startup frozen. The young
-    threshold stays CPython's: finished generations are freed by the collector (their timers and
-    callbacks refer back to them), and collecting less often let the gateway's memory grow past
-    what it counts for them (tests/gateway/test_kept_memory.py). Only for processes that serve
+    in all), such a collection took 33-90 ms, and 22-23 ms with the startup frozen (7-8 ms once
+    a served request left no reference cycles behind: see ``HttpProtocol.connection_lost`` and
+    ``RequestCycle.run``). The young threshold stays CPython's: what only the collector frees
+    (an exception kept with its traceback and the frames it holds, say) would wait longer for
+    it, and memory with it. Only for processes that serve
     (:func:`run_server`); an app served in a thread of another program (:class:`ServerThread`)
     leaves that program's collector alone."""
     gc.collect()

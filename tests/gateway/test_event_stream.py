@@ -5,7 +5,9 @@ stream reaches the server as a disconnect (the upstream timeouts around it are t
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import weakref
 
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.gateway.event_stream import EventStreamPool
@@ -106,10 +108,20 @@ def test_an_abandoned_stream_closes_its_connection() -> None:
         pool = EventStreamPool(url)
         conn = await pool.request(b"POST", "/v1/chat/completions", b"{}")
         await conn.head()
-        conn.stream_events(list)
+        end = conn.stream_events(list)
         conn.release()  # the reader went away mid-stream
         assert await asyncio.wait_for(seen.get(), 5) == "closed"
+        assert await asyncio.wait_for(end, 5) is not None  # our side saw the connection go
         assert not pool._idle
+        # Gone with its last reference, not left to the garbage collector (its parser calls it
+        # back, a cycle until the connection is lost).
+        gone = weakref.ref(conn)
+        gc.disable()
+        try:
+            del conn
+            assert gone() is None
+        finally:
+            gc.enable()
         server.close()
 
     asyncio.run(run())

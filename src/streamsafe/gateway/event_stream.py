@@ -252,6 +252,7 @@ class EventStream(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        self._parser = None  # it refers back to this protocol: no cycle left to collect
         with contextlib.suppress(ValueError):  # not idle: in an exchange
             self._pool._idle.remove(self)
         if not self._complete:
