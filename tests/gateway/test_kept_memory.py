@@ -122,3 +122,38 @@ def test_the_number_of_kept_generations_is_capped() -> None:
             assert post_stream(s.url, chat_body(f"n{i}", max_tokens=2)).status_code == 200
         stats = s.gw.stats()
         assert stats["kept_generations"] == 5 and stats["evicted"] == 7
+
+
+def test_an_abandoned_generation_is_freed_by_its_last_reference() -> None:
+    # A stream whose client left is aborted: its task ends cancelled, and the cancellation's
+    # traceback holds the frames that hold the generation, its log and its upstream connection.
+    # Nothing may refer back to that exception (the task, through the attempt's watch; the
+    # connection, through the relay's sink), or all of it waits for the garbage collector,
+    # often long enough to be promoted and kept until a full collection.
+    import gc
+
+    from gateway_helpers import fast_sim, wait_for
+
+    from streamsafe.gateway.generation import Generation
+
+    def alive(gen_id: str) -> bool:  # freed, or only unreachable (the collector is off)?
+        return any(isinstance(o, Generation) and o.id == gen_id for o in gc.get_objects())
+
+    with make_stack(fast_sim(itl_ms=20), grace=0.0) as s:
+        gc.collect()
+        gc.disable()
+        try:
+            with (
+                httpx2.Client(timeout=30) as client,
+                client.stream(
+                    "POST", s.url + "/v1/chat/completions", json=chat_body(max_tokens=500)
+                ) as r,
+            ):
+                gen_id = r.headers["x-streamsafe-generation"]
+                assert alive(gen_id)
+                next(r.iter_lines())  # it flows; then the client leaves
+            wait_for(lambda: s.sim.stats()["generations_aborted"] == 1, what="the engine aborts")
+            wait_for(lambda: gen_id not in s.gw.registry._gens, what="the gateway forgets it")
+            wait_for(lambda: not alive(gen_id), timeout=5, what="the generation freed by refcount")
+        finally:
+            gc.enable()

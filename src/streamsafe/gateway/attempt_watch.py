@@ -142,11 +142,14 @@ class AttemptWatch:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+        # Let go of the task: the exception it may end with holds the frame that holds this
+        # watch, and the task holds that exception (a cycle only the garbage collector frees).
+        task, self._task = self._task, None
         phase = self.expired
         if phase is None or kind is not asyncio.CancelledError:
             return
-        assert self._task is not None
-        if self._task.uncancel() <= self._cancelling:
+        assert task is not None
+        if task.uncancel() <= self._cancelling:
             t = self.timeouts
             seconds = {"first_token": t.first_token, "idle": t.idle, "total": t.total}[phase]
             raise UpstreamStalled(phase, seconds or 0.0) from None

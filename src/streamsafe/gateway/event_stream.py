@@ -252,7 +252,10 @@ class EventStream(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
-        self._parser = None  # it refers back to this protocol: no cycle left to collect
+        # The parser and the sink (the relay's, which can close this connection) refer back to
+        # it: let go of them, so that nothing is left for the garbage collector.
+        self._parser = None
+        self._sink = self._one = None
         with contextlib.suppress(ValueError):  # not idle: in an exchange
             self._pool._idle.remove(self)
         if not self._complete:

@@ -201,6 +201,12 @@ class Registry:
             gen.log.remote.lease_holder = ""
             replicas.disown(gen)
             replicas.follow(gen, self._mirror_ended, self._take_over)
+        finally:
+            # The task is ending: let go of it. The exception it may end with (a cancellation,
+            # once abandoned) holds these frames and so this generation; with the generation
+            # holding the task, all of it would wait for the garbage collector.
+            if gen.task is asyncio.current_task():
+                gen.task = None
 
     # -- other replicas' generations ------------------------------------------------------------
 
