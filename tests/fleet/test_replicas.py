@@ -197,6 +197,37 @@ def test_key_reused_with_another_body_is_refused_on_any_replica(replicas: list[P
     assert other.json()["error"]["type"] == "invalid_request_error"
 
 
+def test_one_key_sent_to_every_replica_at_once_is_one_generation(
+    sim: Process, replicas: list[Process]
+) -> None:
+    # Each replica claims the key in Redis, and the one that wins writes the generation's record
+    # a round trip later: a replica that lost the claim in between must wait for that record,
+    # not take the key over (which started a second generation of the same request).
+    from concurrent.futures import ThreadPoolExecutor
+
+    keys = [f"at-once-{i}" for i in range(12)]
+    before = stats(sim)["generations_started"]
+    start = threading.Barrier(len(replicas))
+
+    def send(proc: Process, key: str) -> tuple[str, str]:
+        body = chat(f"at once {key}", 4, stream=False)
+        start.wait(timeout=20)
+        r = httpx2.post(
+            proc.url + "/v1/chat/completions",
+            json=body,
+            headers={"Idempotency-Key": key},
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+        return r.headers["x-streamsafe-generation"], r.json()["choices"][0]["message"]["content"]
+
+    with ThreadPoolExecutor(len(replicas)) as pool:
+        for key in keys:
+            answers = list(pool.map(lambda p, k=key: send(p, k), replicas))
+            assert len(set(answers)) == 1, answers  # one generation, one text, on every replica
+    assert stats(sim)["generations_started"] == before + len(keys)
+
+
 def test_openai_retries_round_robin_across_replicas_make_one_generation(
     sim: Process, replicas: list[Process]
 ) -> None:
