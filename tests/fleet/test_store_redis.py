@@ -267,6 +267,24 @@ async def test_one_tail_follows_many_generations(make_store: MakeStore) -> None:
     assert sum(1 for c in clients if c.get("cmd") == "xread") == 1
 
 
+async def test_the_nudge_stream_of_a_replica_expires(make_store: MakeStore) -> None:
+    # Each replica process wakes its blocked read through a stream of its own; a replica that is
+    # gone (each restart is a new one) must not leave it in Redis for ever.
+    writer, follower = make_store(), make_store()
+    first = asyncio.create_task(follower.wait("gen-a", 0, 0, max_wait=10))  # starts the read
+    await asyncio.sleep(0)
+    second = asyncio.create_task(follower.wait("gen-b", 0, 0, max_wait=10))  # nudges it
+    await asyncio.sleep(0)
+    await writer.log("gen-a").append([b"x"])
+    await writer.log("gen-b").append([b"y"])
+    assert await first and await second
+    nudges = [k async for k in follower.redis.scan_iter(match="*nudge:*")]
+    assert any(follower.replica_id in k.decode() for k in nudges)
+    for key in nudges:
+        if follower.replica_id in key.decode():
+            assert 0 < await follower.redis.pttl(key) <= 60_000
+
+
 async def test_wait_times_out_when_nothing_happens(make_store: MakeStore) -> None:
     follower = make_store()
     assert not await follower.wait("gen-quiet", 0, 0, max_wait=0.1)

@@ -17,6 +17,10 @@ from streamsafe.gateway.redis_scripts import entry_offset, text
 
 __all__ = ["RedisTail"]
 
+#: Milliseconds the nudge stream outlives its last nudge (an XREAD blocked on an absent stream
+#: simply waits for its next entry).
+_NUDGE_TTL_MS = 60_000
+
 log = logging.getLogger("streamsafe.gateway")
 
 
@@ -58,7 +62,12 @@ class RedisTail:
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._run(), name="redis-tail")
         elif nudge:
-            await self._store_redis.xadd(self._nudge_key, {"n": 1}, maxlen=1, approximate=False)
+            # The nudge stream is this process's own: it expires, so that a replica that is gone
+            # (a restart makes a new one) leaves nothing behind in Redis.
+            pipe = self._store_redis.pipeline(transaction=False)
+            pipe.xadd(self._nudge_key, {"n": 1}, maxlen=1, approximate=False)
+            pipe.pexpire(self._nudge_key, _NUDGE_TTL_MS)
+            await pipe.execute()
         try:
             async with asyncio.timeout(max_wait):
                 await fut
