@@ -105,6 +105,31 @@ def test_heartbeats_follow_commit_until_events_flow() -> None:
     assert pacing.step(gen, 100.0) == (WAIT, None)
 
 
+@given(
+    heartbeat=st.floats(0.01, 30.0),
+    patience=st.floats(0.05, 60.0),
+    ticks=st.lists(st.floats(0.001, 2.0), min_size=1, max_size=60),
+)
+def test_a_client_that_said_its_read_timeout_hears_from_the_stream_twice_within_it(
+    heartbeat: float, patience: float, ticks: list[float]
+) -> None:
+    # The client's read timeout (x-stainless-read-timeout) may be under the heartbeat interval:
+    # then it must still get a byte at least every half of it, from the commit on, however the
+    # waits fall. Driven as the subscriber drives it: after a commit it asks again at once;
+    # otherwise it waits for the time asked, or less (a change woke it).
+    gen = _generation(created_at=0.0)
+    pacing = Pacing(_rules(heartbeat=heartbeat), flowing=False, patience=patience)
+    now, last_byte = 0.0, None
+    for tick in ticks:
+        step, timeout = pacing.step(gen, now)
+        if step in (COMMIT, HEARTBEAT):
+            if last_byte is not None:
+                assert now - last_byte <= min(heartbeat, patience / 2) + 1e-9
+            last_byte = now
+        if step != COMMIT:
+            now += tick if timeout is None else min(tick, timeout)
+
+
 def test_no_heartbeat_when_heartbeats_are_off() -> None:
     gen = _generation(created_at=0.0)
     pacing = Pacing(_rules(heartbeat=0.0), flowing=False)

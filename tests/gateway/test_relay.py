@@ -151,6 +151,23 @@ def test_non_streaming_retry_gets_the_same_completion(stack: Stack) -> None:
     assert stack.sim.stats()["generations_started"] == 1
 
 
+def test_resume_past_the_end_of_a_finished_stream_is_400_and_at_its_end_is_empty(
+    stack: Stack,
+) -> None:
+    body = chat_body(max_tokens=3)
+    first = post_stream(stack.url, body, _keyed("past-end"))
+    ids = [i for i, _ in sse_payloads(first.text) if i is not None]
+    last = ids[-1]  # the [DONE] event's id
+    past = post_stream(stack.url, body, _keyed("past-end", **{"Last-Event-ID": str(last + 5)}))
+    assert past.status_code == 400
+    error = past.json()["error"]
+    assert error["param"] == "Last-Event-ID" and str(last + 5) in error["message"]
+    # Resuming after the very last event is valid: nothing more comes.
+    done = post_stream(stack.url, body, _keyed("past-end", **{"Last-Event-ID": str(last)}))
+    assert done.status_code == 200 and sse_payloads(done.text) == []
+    assert stack.sim.stats()["generations_started"] == 1
+
+
 def test_resume_of_unknown_generation_is_410(stack: Stack) -> None:
     r = post_stream(stack.url, chat_body(), _keyed("never-seen", **{"Last-Event-ID": "3"}))
     assert r.status_code == 410

@@ -37,6 +37,7 @@ from streamsafe.gateway.errors import (
     KeyReused,
     LiveDuplicate,
     NotResumable,
+    ResumePastEnd,
     error_body,
     send_bad_request,
     send_internal_error,
@@ -339,6 +340,12 @@ class Gateway:
             raise BadRequest(409, "a request with this Idempotency-Key is in progress") from None
         except NotResumable:
             raise BadRequest(410, "the stream to resume is no longer held by the gateway") from None
+        except ResumePastEnd as exc:
+            msg = (
+                f"Last-Event-ID {exc.last_event_id} is past the end of the stream "
+                f"(its last event is {exc.length - 1})"
+            )
+            raise BadRequest(400, msg, param="Last-Event-ID") from None
         sub = Subscriber(gen, client_read_timeout(scope), last_attempt(scope))
         watcher = asyncio.get_running_loop().create_task(sub.watch(receive))
         try:

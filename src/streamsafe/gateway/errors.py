@@ -21,6 +21,7 @@ __all__ = [
     "KeyReused",
     "LiveDuplicate",
     "NotResumable",
+    "ResumePastEnd",
     "error_body",
     "send_bad_request",
     "send_failure",
@@ -102,6 +103,16 @@ class LiveDuplicate(Exception):
 
 class NotResumable(Exception):
     """``Last-Event-ID`` names a generation the gateway no longer holds (410)."""
+
+
+class ResumePastEnd(Exception):
+    """``Last-Event-ID`` names an event past the end of a finished generation (400): the client
+    cannot have seen it."""
+
+    def __init__(self, last_event_id: int, length: int) -> None:
+        super().__init__(last_event_id, length)
+        self.last_event_id = last_event_id
+        self.length = length
 
 
 async def send_bad_request(send: Send, exc: BadRequest) -> None:

@@ -75,6 +75,7 @@ class Pacing:
 
     __slots__ = (
         "_arrived",
+        "_beat",
         "_last_attempt",
         "_next_beat",
         "_patience",
@@ -96,6 +97,11 @@ class Pacing:
         self._next_beat = 0.0
         self._arrived = arrived
         self._patience = patience
+        # A client that said how long it waits for a read (x-stainless-read-timeout) gets a
+        # heartbeat at least twice within it: its timeout fires inside the body, where Stainless
+        # clients never retry.
+        beat = rules.heartbeat
+        self._beat = beat if patience is None or patience <= 0 else min(beat, patience / 2)
         self._last_attempt = last_attempt
         #: The response headers went out.
         self.committed = False
@@ -142,12 +148,12 @@ class Pacing:
             return WAIT, None
         if not self.flowing and rules.heartbeat > 0:
             if now >= self._next_beat:
-                self._next_beat = now + rules.heartbeat
-                return HEARTBEAT, rules.heartbeat
+                self._next_beat = now + self._beat
+                return HEARTBEAT, self._beat
             return WAIT, self._next_beat - now
         return WAIT, None
 
     def _commit(self, now: float) -> tuple[int, float | None]:
         self.committed = True
-        self._next_beat = now + self._rules.heartbeat
+        self._next_beat = now + self._beat
         return COMMIT, None

@@ -20,7 +20,7 @@ from streamsafe.gateway.abandonment import MIRROR_KEPT, Abandonment
 from streamsafe.gateway.admission import Admission
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.engines import Engines
-from streamsafe.gateway.errors import KeyReused, LiveDuplicate, NotResumable
+from streamsafe.gateway.errors import KeyReused, LiveDuplicate, NotResumable, ResumePastEnd
 from streamsafe.gateway.generation import (
     Generation,
     GenerationRequest,
@@ -167,6 +167,8 @@ class Registry:
             ):
                 gen = found
         if gen is not None:
+            if resume and gen.finished and start > gen.length:
+                raise ResumePastEnd(start - 1, gen.length)
             if resume:
                 counters.resumed += 1
             elif gen.finished:
