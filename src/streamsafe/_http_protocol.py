@@ -159,7 +159,8 @@ class HttpProtocol(asyncio.Protocol):
             # llhttp stops after a request asking to switch protocols (none is offered: it is
             # served as plain HTTP); what follows is the next request. One with a body was
             # refused at its head (llhttp would take the body for the new protocol's bytes).
-            rest = data[exc.args[0] :]
+            offset = exc.args[0]
+            rest = data[offset:] if 0 < offset < len(data) else b""
         except httptools.HttpParserError:
             if self._too_large is None:
                 self._reject(400, "invalid HTTP request")
@@ -355,9 +356,9 @@ class HttpProtocol(asyncio.Protocol):
             self._reject(*self._refusal)
         else:
             self.resume_reading()
-            if self._got_bytes:  # the next request began: the client owes the rest
-                self._arm(self.limits.header_timeout, self._header_deadline)
-            else:
+            if self._in_headers and self._got_bytes:  # the next request began: the client
+                self._arm(self.limits.header_timeout, self._header_deadline)  # owes the rest
+            elif self._in_headers:
                 self._arm(self.limits.keep_alive_timeout, self._idle_timeout)
                 self._idle = True
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from streamsafe.bench.processes import cpu_seconds, preemptions, process_tree
+from streamsafe.bench.processes import cpu_seconds, preempted_since, preemptions, process_tree
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,16 +38,19 @@ def test_two_spinners_sharing_one_cpu_preempt_each_other_and_their_cpu_is_counte
     try:
         # Neither can finish its 0.3 s of CPU before the other ran: the scheduler's slices on
         # a shared CPU are a few milliseconds, so each is preempted many times.
-        while preemptions(pids[:1]) == 0 or preemptions(pids[1:]) == 0:
+        while preempted_since({}, pids[:1]) == 0 or preempted_since({}, pids[1:]) == 0:
             assert all(p.poll() is None for p in procs), "a spinner ended unpreempted"
-        both = preemptions(pids)
-        assert both >= 2
+        before = preemptions(pids)
+        assert len(before) == 2 and all(n >= 1 for n in before.values())
+        assert preempted_since(before, pids) >= 0
         assert cpu_seconds(pids) > 0
     finally:
         for p in procs:
             p.wait(timeout=30)
-    # Gone processes count nothing (the benchmark reads trees whose members come and go).
-    assert preemptions(pids) == 0 and cpu_seconds(pids) == 0
+    # Gone processes count nothing (the benchmark reads trees whose members come and go), and
+    # the threads that left never make the count negative.
+    assert preemptions(pids) == {} and cpu_seconds(pids) == 0
+    assert preempted_since(before, pids) == 0
 
 
 def test_a_process_tree_is_the_process_and_its_children():
@@ -55,6 +58,6 @@ def test_a_process_tree_is_the_process_and_its_children():
     try:
         tree = process_tree(os.getpid())
         assert tree[0] == os.getpid() and child.pid in tree
-        assert preemptions(tree) >= 0
+        assert all(n >= 0 for n in preemptions(tree).values())
     finally:
         child.communicate(b"")

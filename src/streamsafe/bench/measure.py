@@ -12,7 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from streamsafe.bench.load import StreamResult, run_load
-from streamsafe.bench.processes import cpu_seconds, preemptions, process_tree, rss_bytes
+from streamsafe.bench.processes import (
+    cpu_seconds,
+    preempted_since,
+    preemptions,
+    process_tree,
+    rss_bytes,
+)
 from streamsafe.bench.tap import Tap, latencies
 
 __all__ = ["Phase", "measure_phase"]
@@ -75,6 +81,6 @@ def measure_phase(
     cpu0, up0, pre0 = cpu_seconds(pids), cpu_seconds(upstream_pids), preemptions(pids)
     load = run_load(url, streams, tokens, tag, sample=sample if pids else None)
     cpu, up = cpu_seconds(pids) - cpu0, cpu_seconds(upstream_pids) - up0
-    pre = preemptions(pids) - pre0
+    pre = preempted_since(pre0, pids)
     sent = sum(len(tap.sent.get(s.key, ())) for s in load.streams)
     return Phase(load.streams, load.wall_s, load.cpu_s, cpu, up, base, peak[0], sent, pre)

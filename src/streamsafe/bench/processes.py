@@ -150,14 +150,15 @@ def _threads(pids: Sequence[int]) -> list[str]:
     return folders
 
 
-def preemptions(pids: Sequence[int]) -> int:
-    """Times the kernel took a CPU from ``pids`` and all their threads while they could still
-    run (involuntary context switches, from each thread's ``status``; those gone count 0).
+def preemptions(pids: Sequence[int]) -> dict[str, int]:
+    """How often the kernel took a CPU from each thread of ``pids`` while it could still run
+    (involuntary context switches, from each thread's ``status``), by thread; see
+    :func:`preempted_since`.
 
     A proxy preempted in the middle of relaying one tick's chunks holds the rest of them until
     it runs again: how often that happens per chunk is what turns CPU per chunk into tail
     latency on a machine with fewer cores than busy processes."""
-    total = 0
+    counts: dict[str, int] = {}
     for task in _threads(pids):
         try:
             status = Path(task, "status").read_text()
@@ -165,9 +166,15 @@ def preemptions(pids: Sequence[int]) -> int:
             continue  # the thread ended meanwhile
         for line in status.splitlines():
             if line.startswith("nonvoluntary_ctxt_switches:"):
-                total += int(line.split()[1])
+                counts[task] = int(line.split()[1])
                 break
-    return total
+    return counts
+
+
+def preempted_since(before: dict[str, int], pids: Sequence[int]) -> int:
+    """Preemptions of ``pids``' threads since ``before`` (a :func:`preemptions` reading). A
+    thread that ended meanwhile takes its count with it; it is never counted negative."""
+    return sum(max(0, n - before.get(task, 0)) for task, n in preemptions(pids).items())
 
 
 def _stat_cpu_seconds(pid: int) -> float:
