@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from streamsafe._http_limits import error_response
 
-__all__ = ["HIGH_WATER", "Connection", "RequestCycle", "cached_header_lines"]
+__all__ = ["HIGH_WATER", "Connection", "FlowControl", "RequestCycle", "cached_header_lines"]
 
 #: The server's error log: uvicorn's, whose ``Server`` runs the listening sockets, so that a
 #: filter set on it sees every server error in one place.
@@ -64,6 +64,43 @@ def cached_header_lines(headers: list[tuple[bytes, bytes]]) -> bytes:
         lines = b"".join(b"%s: %s\r\n" % (name, value) for name, value in headers)
         _last_lines = (headers, lines)
     return lines
+
+
+class FlowControl:
+    """A connection's flow control: writes pause while the transport's buffer is over its
+    high-water mark (:meth:`drain` waits for it to empty), reading while the app has not taken
+    what came. Mixed into the connection's protocol, which sets the attributes below."""
+
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    write_paused: bool
+    read_paused: bool
+    _drained: asyncio.Future[None] | None
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def drain(self) -> asyncio.Future[None]:
+        """Done once the transport's write buffer is back under its low-water mark."""
+        if self._drained is None:
+            self._drained = self.loop.create_future()
+        return self._drained
+
+    def pause_reading(self) -> None:
+        if not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
 
 
 class Connection(Protocol):

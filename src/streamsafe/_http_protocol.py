@@ -2,17 +2,10 @@
 server facing the network needs.
 
 uvicorn's ``Server`` still owns the listening sockets, signals, lifespan and graceful shutdown;
-this protocol replaces its per-connection one (``Config(http=...)``), for two reasons:
-
-- **Limits** (:class:`~streamsafe._http_limits.ServerLimits`), enforced here before the app sees
-  a request, which uvicorn 0.55 with httptools does not: header sizes counted as bytes arrive
-  (431, 414 for the request line), deadlines for the header section and between body reads
-  (408), a cap on open connections (503 with ``Retry-After``), each a JSON error like the apps'
-  own, as is the 500 of an app that failed before answering (uvicorn's are plain text).
-- **Cost per request.** uvicorn's protocol and request cycle cost about 0.13 ms of CPU per
-  request here (address lookups, flow-control events, a middleware, two regular expressions per
-  header, a write per message); this one keeps what a request needs
-  (:mod:`streamsafe._http_cycle`), which is what a burst of new streams waits on.
+this protocol replaces its per-connection one (``Config(http=...)``) for the limits a server
+facing the network needs (:class:`~streamsafe._http_limits.ServerLimits`, each refusal a JSON
+error, as is the 500 of an app that failed before answering) and for its cost per request (about
+0.13 ms of CPU less than uvicorn's here: see docs/gateway.md, Cost).
 
 It offers the app two ASGI extensions: :data:`streamsafe._asgi.RESET_EXTENSION` (reset the
 connection: TCP RST, no response) and :data:`streamsafe._asgi.BODY_WRITER_EXTENSION` (write a
@@ -34,22 +27,21 @@ import struct
 from collections import deque
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import unquote
 
 import httptools
 
 from streamsafe._asgi import BODY_WRITER_EXTENSION, RESET_EXTENSION
-from streamsafe._http_cycle import HIGH_WATER, RequestCycle, cached_header_lines
+from streamsafe._http_cycle import HIGH_WATER, FlowControl, RequestCycle, cached_header_lines
 from streamsafe._http_limits import LINGER_S, ServerLimits, error_response
+from streamsafe._http_request import RequestHead, request_scope, upgrade_with_body
 
 __all__ = ["HttpProtocol", "ServerLimits", "limited_protocol"]
 
-_ASGI_VERSION = {"version": "3.0", "spec_version": "2.3"}
 #: What a closed connection parses with: no callbacks, so it refers to no protocol.
 _SPENT = httptools.HttpRequestParser(object())
 
 
-class HttpProtocol(asyncio.Protocol):
+class HttpProtocol(FlowControl, asyncio.Protocol):
     """One HTTP/1.1 connection (see the module docstring), built by uvicorn's ``Server`` for each
     accepted one; ``limits`` is set on the subclass :func:`limited_protocol` makes."""
 
@@ -83,13 +75,9 @@ class HttpProtocol(asyncio.Protocol):
         self.current: RequestCycle | None = None
         self.parsing: RequestCycle | None = None
         self.pipeline: deque[RequestCycle] = deque()
-        self._url = b""  # the request being parsed: its URL, headers, Expect
-        self._headers: list[tuple[bytes, bytes]] = []
-        self._expect_100 = False
+        self._head = RequestHead()  # of the request being parsed
         self._in_headers = True  # the limits' state
         self._raw_header_bytes = 0  # bytes fed while the header section was unfinished
-        self._header_bytes = 0  # bytes of the lines parsed so far
-        self._header_lines = 0
         self._too_large: tuple[int, str] | None = None
         self._got_bytes = False  # of the request whose headers are awaited
         self._completed = 0  # requests whose last byte was parsed on this connection
@@ -107,10 +95,8 @@ class HttpProtocol(asyncio.Protocol):
         self.transport = transport
         self.server = transport.get_extra_info("sockname")
         self.client = transport.get_extra_info("peername")
-        # Responses may go out in several writes (the head, then each body message). With
-        # Nagle's algorithm on, a write waits for the ACK of the one before, which a kept-alive
-        # client delays by 40 ms. asyncio sets TCP_NODELAY only on sockets made with
-        # IPPROTO_TCP, and uvloop not on sockets handed to it.
+        # A response may take several writes: with Nagle's algorithm each waits for the ACK of
+        # the one before (40 ms, delayed). asyncio and uvloop leave TCP_NODELAY off here.
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -189,51 +175,17 @@ class HttpProtocol(asyncio.Protocol):
         elif self.parsing is not None and self.parsing.more_body:
             self._arm(self.limits.body_timeout, self._body_idle)
 
-    # -- flow control ------------------------------------------------------------------------------
-
-    def pause_writing(self) -> None:
-        self.write_paused = True
-
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        drained, self._drained = self._drained, None
-        if drained is not None and not drained.done():
-            drained.set_result(None)
-
-    def drain(self) -> asyncio.Future[None]:
-        """Done once the transport's write buffer is back under its low-water mark."""
-        if self._drained is None:
-            self._drained = self.loop.create_future()
-        return self._drained
-
-    def pause_reading(self) -> None:
-        if not self.read_paused:
-            self.read_paused = True
-            self.transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        if self.read_paused:
-            self.read_paused = False
-            self.transport.resume_reading()
-
     # -- parser callbacks --------------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        self._url = b""
-        self._headers = []
-        self._expect_100 = False
+        self._head = RequestHead()
         self._in_headers = True
         self._got_bytes = True
         self._raw_header_bytes = 0
-        self._header_bytes = 0
-        self._header_lines = 0
 
     def on_url(self, url: bytes) -> None:
-        self._url += url
-        self._header_bytes += len(url)
-        if len(self._url) > self.limits.max_header_line_bytes and self._too_large is None:
-            limit = self.limits.max_header_line_bytes
-            self._too_large = (414, f"the request line is over the limit of {limit} bytes")
+        if self._too_large is None:
+            self._too_large = self._head.add_url(url, self.limits)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self._in_headers:
@@ -241,63 +193,31 @@ class HttpProtocol(asyncio.Protocol):
             # its bytes are bounded by data_received.
             self._unparsed = 0
             return
-        line = len(name) + len(value) + 4
-        self._header_bytes += line
-        self._header_lines += 1
-        limits = self.limits
         if self._too_large is None:
-            if line > limits.max_header_line_bytes:
-                msg = f"a header line is over the limit of {limits.max_header_line_bytes} bytes"
-                self._too_large = (431, msg)
-            elif self._header_bytes > limits.max_header_bytes:
-                msg = f"request headers are over the limit of {limits.max_header_bytes} bytes"
-                self._too_large = (431, msg)
-            elif self._header_lines > limits.max_headers:
-                self._too_large = (431, f"more than {limits.max_headers} header lines")
-        if self._too_large is None:
-            name = name.lower()
-            value = value.rstrip(b" \t")  # llhttp keeps trailing whitespace; RFC 9110 does not
-            if name == b"expect" and value.lower() == b"100-continue":
-                self._expect_100 = True
-            self._headers.append((name, value))
+            self._too_large = self._head.add_header(name, value, self.limits)
 
     def on_headers_complete(self) -> None:
         self._in_headers = False
         self._disarm()
         if self._too_large is not None:
             return  # answered by data_received once the parser returns
-        parser = self.parser
-        if parser.should_upgrade() and any(
-            name == b"transfer-encoding" or (name == b"content-length" and value.strip(b"0"))
-            for name, value in self._headers
-        ):
+        parser, head = self.parser, self._head
+        if upgrade_with_body(parser, head.headers):
             msg = "a request with a body cannot ask to switch protocols (Upgrade): send it without"
             self._too_large = (400, msg)
             return
-        version = parser.get_http_version()
-        url = httptools.parse_url(self._url)
-        raw_path: bytes = url.path or b"/"  # absolute-form with no path
-        path = raw_path.decode("ascii")
-        if "%" in path:
-            path = unquote(path)
-        root = self.root_path
-        scope: dict[str, Any] = {
-            "type": "http",
-            "asgi": _ASGI_VERSION,
-            "http_version": version,
-            "server": self.server,
-            "client": self.client,
-            "scheme": "http",
-            "method": parser.get_method().decode("ascii"),
-            "root_path": root,
-            "path": root + path if root else path,
-            "raw_path": root.encode("ascii") + raw_path if root else raw_path,
-            "query_string": url.query or b"",
-            "headers": self._headers,
-            "state": self.app_state.copy(),
-        }
+        scope = request_scope(
+            parser,
+            head.url,
+            head.headers,
+            server=self.server,
+            client=self.client,
+            root_path=self.root_path,
+            state=self.app_state.copy(),
+        )
+        version = scope["http_version"]
         keep_alive = version != "1.0" and parser.should_keep_alive()
-        cycle = RequestCycle(self, scope, keep_alive, self._expect_100)
+        cycle = RequestCycle(self, scope, keep_alive, head.expect_100)
         # ASGI types extensions as dicts; these are callables, as the apps expect.
         scope["extensions"] = {
             RESET_EXTENSION: self._reset,

@@ -69,10 +69,21 @@ class Mirrors:
         """``gen`` is no mirror any more (this replica runs it now)."""
         self._mirrors.pop(gen.id, None)
 
-    async def find(self, gen_id: str, key: str | None, created_at: float) -> Generation | None:
+    async def find(
+        self, gen_id: str, key: str | None, created_at: float, wait: float = 0.0
+    ) -> Generation | None:
         """A mirror of another replica's generation ``gen_id`` (not yet followed), or ``None``
-        where Redis no longer holds it."""
+        where Redis does not hold it, after waiting up to ``wait`` seconds for its record (a
+        little longer between each look). A replica claims a key before it writes the record of
+        the generation it claimed it for, one round trip later: the loser of a claim waits, as
+        taking the key over at once would start the same request a second time."""
+        delay, waited = 0.005, 0.0
         record = await self.store.generation(gen_id)
+        while (record is None or "body" not in record) and waited < wait:
+            await asyncio.sleep(delay)
+            waited += delay
+            delay = min(delay * 2, 0.1)
+            record = await self.store.generation(gen_id)
         if record is None or "body" not in record:
             return None
         request = request_of(record)

@@ -43,7 +43,7 @@ log = logging.getLogger("streamsafe.gateway")
 #: Rounds of claim and release that settle a race on one Idempotency-Key.
 _CLAIM_ROUNDS = 3
 #: Seconds a replica waits for the record of a generation another replica claimed a key for
-#: (see Registry._claimed_elsewhere) before it takes the key over.
+#: (see Mirrors.find) before it takes the key over.
 _RECORD_WAIT_S = 2.0
 
 
@@ -128,7 +128,7 @@ class Registry:
                     break
                 gen = self._gens.get(owner)
                 if gen is None and replicas is not None:  # another replica's?
-                    gen = await self._claimed_elsewhere(replicas, owner, store_key)
+                    gen = await self._mirror(replicas, owner, store_key, _RECORD_WAIT_S)
                 if gen is None:  # owner is gone (forgotten concurrently): take the key over
                     await store.release(store_key, owner)
                     continue
@@ -215,28 +215,13 @@ class Registry:
 
     # -- other replicas' generations ------------------------------------------------------------
 
-    async def _claimed_elsewhere(
-        self, replicas: Replicas, owner: str, key: str
+    async def _mirror(
+        self, replicas: Replicas, gen_id: str, key: str | None, wait: float = 0.0
     ) -> Generation | None:
-        """The generation ``owner`` that another replica claimed ``key`` for, mirrored here.
-
-        A replica claims the key before it writes the generation's record to Redis (one round
-        trip later), so a record not there yet is waited for, a little longer each time, for at
-        most :data:`_RECORD_WAIT_S`: taking the key over at once would start a second generation
-        of the same request on the engine. ``None`` once the wait is over: the owner is gone."""
-        delay, waited = 0.005, 0.0
-        while True:
-            gen = await self._mirror(replicas, owner, key)
-            if gen is not None or waited >= _RECORD_WAIT_S:
-                return gen
-            await asyncio.sleep(delay)
-            waited += delay
-            delay = min(delay * 2, 0.1)
-
-    async def _mirror(self, replicas: Replicas, gen_id: str, key: str | None) -> Generation | None:
         """A copy here of the generation ``gen_id`` another replica runs (or ran), followed
-        until it ends; ``None`` where Redis no longer holds it."""
-        gen = await replicas.find(gen_id, key, self._clock())
+        until it ends; ``None`` where Redis does not hold it (its record waited for ``wait``
+        seconds)."""
+        gen = await replicas.find(gen_id, key, self._clock(), wait)
         if gen is None:
             return None
         current = self._gens.get(gen_id)

@@ -269,10 +269,12 @@ class Replicas:
 
     # -- mirroring (see :mod:`streamsafe.gateway.mirrors`) -----------------------------------------
 
-    async def find(self, gen_id: str, key: str | None, created_at: float) -> Generation | None:
+    async def find(
+        self, gen_id: str, key: str | None, created_at: float, wait: float = 0.0
+    ) -> Generation | None:
         """A mirror of another replica's generation ``gen_id`` (not yet followed), or ``None``
-        where Redis no longer holds it."""
-        return await self.mirrors.find(gen_id, key, created_at)
+        where Redis does not hold it (see :meth:`Mirrors.find`)."""
+        return await self.mirrors.find(gen_id, key, created_at, wait)
 
     async def find_fingerprint(self, tenant: str, fingerprint: bytes) -> str | None:
         """The newest generation with this body for ``tenant``, on any replica."""

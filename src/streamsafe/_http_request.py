@@ -1,0 +1,106 @@
+"""The head of an HTTP/1.1 request as httptools hands it over (see
+:mod:`streamsafe._http_protocol`): gathered and counted against the server's limits, then made
+the app's ASGI scope, or refused where it cannot be served."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import unquote
+
+import httptools
+
+from streamsafe._http_limits import ServerLimits
+
+__all__ = ["Refusal", "RequestHead", "request_scope", "upgrade_with_body"]
+
+_ASGI_VERSION = {"version": "3.0", "spec_version": "2.3"}
+
+Headers = list[tuple[bytes, bytes]]
+Address = tuple[str, int] | None
+#: A status and a message for the client.
+Refusal = tuple[int, str]
+
+
+class RequestHead:
+    """One request's URL and headers as they are parsed, and their size so far: each piece
+    added answers the refusal it brings past the limits, if any (then it is not kept)."""
+
+    __slots__ = ("bytes", "expect_100", "headers", "lines", "url")
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.headers: Headers = []
+        self.expect_100 = False
+        self.bytes = 0  # of the lines parsed so far
+        self.lines = 0
+
+    def add_url(self, url: bytes, limits: ServerLimits) -> Refusal | None:
+        self.url += url
+        self.bytes += len(url)
+        if len(self.url) > limits.max_header_line_bytes:
+            return (
+                414,
+                f"the request line is over the limit of {limits.max_header_line_bytes} bytes",
+            )
+        return None
+
+    def add_header(self, name: bytes, value: bytes, limits: ServerLimits) -> Refusal | None:
+        line = len(name) + len(value) + 4
+        self.bytes += line
+        self.lines += 1
+        if line > limits.max_header_line_bytes:
+            return 431, f"a header line is over the limit of {limits.max_header_line_bytes} bytes"
+        if self.bytes > limits.max_header_bytes:
+            return 431, f"request headers are over the limit of {limits.max_header_bytes} bytes"
+        if self.lines > limits.max_headers:
+            return 431, f"more than {limits.max_headers} header lines"
+        name = name.lower()
+        value = value.rstrip(b" \t")  # llhttp keeps trailing whitespace; RFC 9110 does not
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100 = True
+        self.headers.append((name, value))
+        return None
+
+
+def upgrade_with_body(parser: httptools.HttpRequestParser, headers: Headers) -> bool:
+    """Whether the request asks to switch protocols (``Upgrade``) and has a body. No switch is
+    offered, so it would be served as plain HTTP, but llhttp takes such a body for the new
+    protocol's bytes: serving it would mean parsing what the body holds as the next request."""
+    return bool(parser.should_upgrade()) and any(
+        name == b"transfer-encoding" or (name == b"content-length" and value.strip(b"0"))
+        for name, value in headers
+    )
+
+
+def request_scope(
+    parser: httptools.HttpRequestParser,
+    url: bytes,
+    headers: Headers,
+    *,
+    server: Address,
+    client: Address,
+    root_path: str,
+    state: dict[str, Any],
+) -> dict[str, Any]:
+    """The ASGI HTTP scope of the request whose head ``parser`` parsed (``url`` as it came, in
+    origin or absolute form; ``headers`` with lower-case names)."""
+    parsed = httptools.parse_url(url)
+    raw_path: bytes = parsed.path or b"/"  # absolute-form with no path
+    path = raw_path.decode("ascii")
+    if "%" in path:
+        path = unquote(path)
+    return {
+        "type": "http",
+        "asgi": _ASGI_VERSION,
+        "http_version": parser.get_http_version(),
+        "server": server,
+        "client": client,
+        "scheme": "http",
+        "method": parser.get_method().decode("ascii"),
+        "root_path": root_path,
+        "path": root_path + path if root_path else path,
+        "raw_path": root_path.encode("ascii") + raw_path if root_path else raw_path,
+        "query_string": parsed.query or b"",
+        "headers": headers,
+        "state": state,
+    }
