@@ -13,6 +13,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from streamsafe.gateway.redis_client import CancelSafeRedis
 from streamsafe.gateway.redis_scripts import entry_offset, text
 
 __all__ = ["RedisTail"]
@@ -88,7 +89,7 @@ class RedisTail:
 
     async def _run(self) -> None:
         # A blocking read holds its connection, so the tail has a client of its own.
-        self._redis = redis_ = aioredis.Redis.from_url(
+        self._redis = redis_ = CancelSafeRedis.from_url(
             self._url, socket_timeout=self.BLOCK_MS / 1000 + 5
         )
         failures = 0

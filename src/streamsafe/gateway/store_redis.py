@@ -33,6 +33,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from streamsafe.gateway.redis_client import CancelSafeRedis
 from streamsafe.gateway.redis_log import RedisEventLog, ReplicatedLog
 from streamsafe.gateway.redis_scripts import Scripts, ms, text
 from streamsafe.gateway.redis_tail import RedisTail
@@ -64,7 +65,7 @@ class RedisStore:
         self.prefix = prefix
         #: Unique per store object: the lease value of generations this replica runs.
         self.replica_id = os.urandom(6).hex()
-        self.redis: aioredis.Redis = aioredis.Redis.from_url(
+        self.redis: aioredis.Redis = CancelSafeRedis.from_url(
             url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
         )
         self._scripts = Scripts(self.redis)

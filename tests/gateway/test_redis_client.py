@@ -1,0 +1,65 @@
+"""The gateway's Redis client honours the cancellation of the task awaiting a command, even where
+redis-py lets a command return after the task was cancelled (seen under load on the relay's log
+appends: a replica shutting down waited for an answer to end instead of handing it over)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from streamsafe.gateway.redis_client import CancelSafeRedis
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _swallowing(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """redis-py's command path, made to lose a cancellation that arrives while it waits for the
+    server (as it did, nondeterministically), answering ``b"OK"`` all the same."""
+    started = asyncio.Event()
+
+    async def execute_command(self: aioredis.Redis, *args: Any, **options: Any) -> Any:
+        started.set()
+        with contextlib.suppress(asyncio.CancelledError):  # lost: the task never sees it
+            await asyncio.sleep(10)
+        return b"OK"
+
+    monkeypatch.setattr(aioredis.Redis, "execute_command", execute_command)
+    return started
+
+
+@pytest.mark.parametrize("cls", [aioredis.Redis, CancelSafeRedis])
+def test_a_cancellation_lost_inside_a_command_is_raised(
+    monkeypatch: pytest.MonkeyPatch, cls: type[aioredis.Redis]
+) -> None:
+    async def run() -> bool:
+        started = _swallowing(monkeypatch)
+        client = cls.from_url("redis://127.0.0.1:1/0")
+        task = asyncio.create_task(client.set("k", "v"))
+        await started.wait()
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    cancelled = asyncio.run(run())
+    # The plain client shows the failure this guards against; ours raises the cancellation.
+    assert cancelled is (cls is CancelSafeRedis)
+
+
+def test_a_command_that_completes_returns_its_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def execute_command(self: aioredis.Redis, *args: Any, **options: Any) -> Any:
+        await asyncio.sleep(0)
+        return b"OK"
+
+    monkeypatch.setattr(aioredis.Redis, "execute_command", execute_command)
+
+    async def run() -> Any:
+        return await CancelSafeRedis.from_url("redis://127.0.0.1:1/0").set("k", "v")
+
+    assert asyncio.run(run()) == b"OK"  # what the command answered, untouched
