@@ -78,14 +78,15 @@ class Mirrors:
         the generation it claimed it for, one round trip later: the loser of a claim waits, as
         taking the key over at once would start the same request a second time."""
         delay, waited = 0.005, 0.0
-        record = await self.store.generation(gen_id)
-        while (record is None or "body" not in record) and waited < wait:
+        while True:
+            record = await self.store.generation(gen_id)
+            if record is not None and "body" in record:
+                break
+            if waited >= wait:
+                return None
             await asyncio.sleep(delay)
             waited += delay
             delay = min(delay * 2, 0.1)
-            record = await self.store.generation(gen_id)
-        if record is None or "body" not in record:
-            return None
         request = request_of(record)
         log_ = self.store.replicated_log(gen_id, writer=False, lease=self.lease)
         log_.on_detach = self._failed
