@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 import httpx2
+import openai
 import orjson
 from gateway_helpers import (
     chat_body,
@@ -67,6 +68,24 @@ def test_json_keepalive_sends_whitespace_then_the_answer() -> None:
         answer = orjson.loads(r.content)  # leading whitespace is valid JSON
         content = answer["choices"][0]["message"]["content"]
         assert content == expected_text(body, 20)
+
+
+def test_json_keepalive_spaces_come_within_the_read_timeout_the_client_states() -> None:
+    # The heartbeat (10 s) and the commit wait (1 s) are both longer than half the openai
+    # client's read timeout (1.2 s, sent as x-stainless-read-timeout); the answer takes about
+    # 3 s. The spaces must come within the client's timeout, or it gives up inside the body.
+    with make_stack(fast_sim(itl_ms=100.0), json_keepalive=True, heartbeat=10.0) as s:
+        client = openai.OpenAI(
+            base_url=s.url + "/v1",
+            api_key="x",
+            max_retries=0,
+            timeout=openai.Timeout(20.0, read=1.2),
+        )
+        body = chat_body("slow", max_tokens=30, stream=False)
+        answer = client.chat.completions.create(
+            model=body["model"], messages=body["messages"], max_tokens=30
+        )
+        assert answer.choices[0].message.content == expected_text(body, 30)
 
 
 def test_json_keepalive_failure_after_commit_is_a_200_with_the_error_body() -> None:

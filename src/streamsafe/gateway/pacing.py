@@ -16,12 +16,29 @@ from streamsafe.gateway.fair_queue import QUEUED
 from streamsafe.gateway.generation import Generation, State
 from streamsafe.gateway.wait_plan import plan_wait
 
-__all__ = ["COMMIT", "HEARTBEAT", "SHED", "STEP_BACK", "WAIT", "Pacing", "StreamRules"]
+__all__ = [
+    "COMMIT",
+    "HEARTBEAT",
+    "SHED",
+    "STEP_BACK",
+    "WAIT",
+    "Pacing",
+    "StreamRules",
+    "heartbeat_within",
+]
 
 #: What :meth:`Pacing.step` asks for before the subscriber waits: nothing, the headers, a
 #: heartbeat, refusing the queued generation (429 to all not yet answered), or a 429 to this
 #: subscriber only while its generation keeps its place.
 WAIT, COMMIT, HEARTBEAT, SHED, STEP_BACK = 0, 1, 2, 3, 4
+
+
+def heartbeat_within(heartbeat: float, patience: float | None) -> float:
+    """Seconds between heartbeats for a client that waits ``patience`` seconds for a read
+    (``None``: it did not say): ``heartbeat``, or less, so that one comes at least twice within
+    its read timeout. Stainless clients (``x-stainless-read-timeout``) never retry a timeout
+    inside the body, so it must not fire there."""
+    return heartbeat if patience is None or patience <= 0 else min(heartbeat, patience / 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,11 +114,7 @@ class Pacing:
         self._next_beat = 0.0
         self._arrived = arrived
         self._patience = patience
-        # A client that said how long it waits for a read (x-stainless-read-timeout) gets a
-        # heartbeat at least twice within it: its timeout fires inside the body, where Stainless
-        # clients never retry.
-        beat = rules.heartbeat
-        self._beat = beat if patience is None or patience <= 0 else min(beat, patience / 2)
+        self._beat = heartbeat_within(rules.heartbeat, patience)
         self._last_attempt = last_attempt
         #: The response headers went out.
         self.committed = False

@@ -23,7 +23,15 @@ from streamsafe.gateway.admission import Admission, retry_after_seconds
 from streamsafe.gateway.errors import error_body, send_failure
 from streamsafe.gateway.fair_queue import QUEUED
 from streamsafe.gateway.generation import Generation, State
-from streamsafe.gateway.pacing import COMMIT, HEARTBEAT, SHED, STEP_BACK, Pacing, StreamRules
+from streamsafe.gateway.pacing import (
+    COMMIT,
+    HEARTBEAT,
+    SHED,
+    STEP_BACK,
+    Pacing,
+    StreamRules,
+    heartbeat_within,
+)
 from streamsafe.sse import DONE, DONE_EVENT, encode_event, encode_events
 
 __all__ = ["Subscriber", "serve_json", "serve_stream", "wait_for_change"]
@@ -75,13 +83,17 @@ async def serve_json(
     With ``rules.json_keepalive`` (and a heartbeat), a call still waiting after ``commit_wait``
     is answered 200 at once and sent one space every heartbeat until its answer follows (JSON
     allows whitespace before a value), so a slow but healthy call never trips a client's read
-    timeout. The price: a failure after that arrives as a 200 whose body is the error object.
-    ``admission`` is told of that commit, so a queued generation is not shed after it.
+    timeout. A client that states its read timeout (``x-stainless-read-timeout``) gets the
+    first space and the next ones at least twice within it. The price: a failure after that
+    arrives as a 200 whose body is the error object. ``admission`` is told of that commit, so a
+    queued generation is not shed after it.
     """
     gen = sub.gen
     keepalive = rules is not None and rules.json_keepalive and rules.heartbeat > 0
     committed = False
-    next_beat = time.monotonic() + (rules.commit_wait if rules is not None else 0.0)
+    beat = heartbeat_within(rules.heartbeat, sub.patience) if rules is not None else 0.0
+    first = min(rules.commit_wait, beat) if rules is not None else 0.0
+    next_beat = time.monotonic() + first
     generation_header = (b"x-streamsafe-generation", gen.id.encode())
     while not sub.gone:
         version = gen.version
@@ -114,7 +126,7 @@ async def serve_json(
                 if admission is not None and gen.waiter is not None:
                     admission.commit(gen.waiter)
             await send(_JSON_HEARTBEAT_MSG)
-            next_beat = now + rules.heartbeat
+            next_beat = now + beat
             if gen.version != version:
                 continue
         waiter = gen.next_change()
