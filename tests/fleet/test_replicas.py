@@ -56,6 +56,11 @@ def replicas(sim: Process, redis_server: RedisProcess) -> Iterator[list[Process]
         proc.stop()
 
 
+def replicas_redis(proc: Process) -> str:
+    """The Redis URL a replica was started with."""
+    return proc.args[proc.args.index("--redis") + 1]
+
+
 def stats(proc: Process) -> dict[str, Any]:
     return dict(httpx2.get(proc.url + "/stats", timeout=10).json())
 
@@ -336,6 +341,84 @@ def test_owner_killed_mid_stream_another_replica_takes_over_exactly(
         other.stop()
 
 
+def test_a_dead_owners_generation_nobody_takes_over_leaves_nothing_for_ever(
+    sim: Process, own_redis: RedisProcess
+) -> None:
+    import redis
+
+    owner = serve(sim, own_redis, "--orphan-ttl", "30")
+    try:
+        body = chat("nobody comes back", 60)
+        key = {"Idempotency-Key": "orphan-1"}
+        got: list[tuple[int, bytes]] = []
+        with (
+            pytest.raises(httpx2.HTTPError),
+            httpx2.stream("POST", owner.url + "/v1/chat/completions", json=body, headers=key) as r,
+        ):
+            for event in events(r):
+                got.append(event)
+                if len(got) == 5:
+                    owner.kill()
+    finally:
+        owner.kill()
+    client = redis.Redis.from_url(own_redis.url)
+    lifetimes = {name.decode(): client.pttl(name) for name in client.scan_iter("ss:*")}
+    claim = "ss:k:k\x00anonymous\x00orphan-1"
+    assert claim in lifetimes and any(n.endswith(":log") for n in lifetimes), lifetimes
+    # Every key lapses (-1: none set); the generation's own within the orphan TTL.
+    assert all(ms > 0 for ms in lifetimes.values()), lifetimes
+    assert all(ms <= 30_000 for n, ms in lifetimes.items() if "nudge" not in n), lifetimes
+
+
+def test_a_generation_running_past_the_orphan_ttl_keeps_its_keys(
+    sim: Process, redis_server: RedisProcess
+) -> None:
+    # Three leases (the least allowed): the keys lapse 3 s after a renewal; the generation runs
+    # about 4.5 s and a retry on another replica comes after 3.5 s.
+    a, b = (serve(sim, redis_server, "--orphan-ttl", "3") for _ in range(2))
+    try:
+        body = chat("a long answer", 300)
+        before = stats(sim)["generations_started"]
+        key = {"Idempotency-Key": "long-runner-1"}
+        url = "/v1/chat/completions"
+        with httpx2.stream("POST", a.url + url, json=body, headers=key, timeout=30) as r:
+            for i, _ in events(r):
+                if i == 230:
+                    with httpx2.stream(
+                        "POST", b.url + url, json=body, headers=key, timeout=30
+                    ) as retry:
+                        assert retry.status_code == 200
+                        assert text_of(list(events(retry))) == expected_text(body, 300, 0)
+        assert stats(sim)["generations_started"] == before + 1
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_redis_evicts_a_running_log_the_owner_finishes_and_writes_it_back(
+    sim: Process, replicas: list[Process]
+) -> None:
+    import redis
+
+    a, b, _ = replicas
+    body = chat("evicted under its owner", 40)
+    key = {"Idempotency-Key": "evicted-1"}
+    before = stats(sim)["generations_started"]
+    url = "/v1/chat/completions"
+    got: list[tuple[int, bytes]] = []
+    with httpx2.stream("POST", a.url + url, json=body, headers=key, timeout=30) as r:
+        log_key = f"ss:{{{r.headers['x-streamsafe-generation']}}}:log"
+        for event in events(r):
+            got.append(event)
+            if len(got) == 5:
+                assert redis.Redis.from_url(replicas_redis(a)).delete(log_key) == 1
+    assert text_of(got) == expected_text(body, 40, 0)
+    # The owner wrote the whole log back: a retry on another replica replays it exactly.
+    with httpx2.stream("POST", b.url + url, json=body, headers=key, timeout=30) as r:
+        assert list(events(r)) == got
+    assert stats(sim)["generations_started"] == before + 1
+
+
 def test_redis_lost_mid_stream_the_owner_finishes_and_comes_back(
     sim: Process, own_redis: RedisProcess
 ) -> None:
@@ -368,6 +451,28 @@ def test_redis_lost_mid_stream_the_owner_finishes_and_comes_back(
         import redis
 
         assert redis.Redis.from_url(own_redis.url).get("ss:k:k\x00anonymous\x00after-redis-1")
+    finally:
+        gw.stop()
+
+
+def test_redis_lost_a_retry_on_the_same_replica_attaches_to_its_generation(
+    sim: Process, own_redis: RedisProcess
+) -> None:
+    gw = serve(sim, own_redis)
+    try:
+        body = chat("retried while redis is away", 40)
+        key = {"Idempotency-Key": "away-1"}
+        before = stats(sim)["generations_started"]
+        url = gw.url + "/v1/chat/completions"
+        with httpx2.stream("POST", url, json=body, headers=key, timeout=30) as first:
+            for i, _ in events(first):
+                if i == 2:
+                    own_redis.kill()
+                    with httpx2.stream("POST", url, json=body, headers=key, timeout=30) as retry:
+                        assert retry.status_code == 200
+                        assert text_of(list(events(retry))) == expected_text(body, 40, 0)
+        assert stats(gw)["redis_degraded"]
+        assert stats(sim)["generations_started"] == before + 1
     finally:
         gw.stop()
 

@@ -149,6 +149,18 @@ async def test_append_after_redis_lost_the_log_says_so(make_store: MakeStore) ->
         await log.append([b"three"])
 
 
+async def test_append_after_redis_evicted_the_log_under_the_lease_says_so(
+    make_store: MakeStore,
+) -> None:
+    a = make_store()
+    assert await a.take_lease("gen-1", ttl=30)
+    log = a.log("gen-1", lease_holder=a.replica_id)
+    await log.append([b"one", b"two"])
+    await a.redis.delete(a.log_key("gen-1"))  # evicted (maxmemory) while the lease lives
+    with pytest.raises(LogLost):
+        await log.append([b"three"])
+
+
 async def test_append_at_a_stale_offset_is_refused(make_store: MakeStore) -> None:
     a, b = make_store(), make_store()
     first, second = a.log("gen-1"), b.log("gen-1")
@@ -220,6 +232,34 @@ async def test_finished_generation_lapses_after_its_ttl(make_store: MakeStore) -
         )
 
     await eventually(gone)
+
+
+async def test_a_running_generations_keys_lapse_unless_renewed(make_store: MakeStore) -> None:
+    owner, other = make_store(), make_store()
+    claim, fingerprint = owner.claim_key("k"), owner.fingerprint_key("t", b"fp")
+    assert await owner.claim("k", "gen-1", ttl=60) is None
+    await owner.put_generation("gen-1", {"state": "running"}, ttl=60)
+    await owner.index_fingerprint("t", b"fp", "gen-1", ttl=60)
+    log = owner.log("gen-1", owner.replica_id, keep=60)
+    await log.append([b"a"])
+    await log.append([b"b"])  # only the append that creates the log sets its lifetime
+    names = [claim, fingerprint, owner.log_key("gen-1"), owner.meta_key("gen-1")]
+    for name in names:
+        assert 0 < await owner.redis.pttl(name) <= 60_000, name
+    # Renewal sets every key's lifetime again, the claim and the index entry only while they
+    # still name the generation.
+    await other.index_fingerprint("t", b"fp", "gen-2", ttl=5)
+    await owner.keep_generations([("gen-1", claim, fingerprint)], 600)
+    for name in names[::2] + names[3:]:
+        assert 60_000 < await owner.redis.pttl(name) <= 600_000, name
+    assert await owner.redis.pttl(fingerprint) <= 5_000
+    await owner.keep_generations([("gen-1", claim, fingerprint)], 0.05)
+
+    async def gone() -> bool:
+        return await owner.redis.exists(*names[::2], *names[3:]) == 0
+
+    await eventually(gone)
+    assert await other.owner("k") is None
 
 
 async def test_drop_log_deletes_every_key_of_the_generation(make_store: MakeStore) -> None:

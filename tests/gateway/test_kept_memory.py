@@ -153,7 +153,7 @@ def test_an_abandoned_generation_is_freed_by_its_last_reference() -> None:
                 assert alive(gen_id)
                 next(r.iter_lines())  # it flows; then the client leaves
             wait_for(lambda: s.sim.stats()["generations_aborted"] == 1, what="the engine aborts")
-            wait_for(lambda: gen_id not in s.gw.registry._gens, what="the gateway forgets it")
+            wait_for(lambda: gen_id not in s.gw.registry.generations, what="the gateway forgets it")
             wait_for(lambda: not alive(gen_id), timeout=5, what="the generation freed by refcount")
         finally:
             gc.enable()

@@ -179,7 +179,7 @@ def test_finished_generation_is_forgotten_after_keep_finished_even_if_replayed()
     with make_stack(keep_finished=5.0) as s:
         body = chat_body(max_tokens=3)
         gen_id = post_stream(s.url, body, _keyed("ttl")).headers["x-streamsafe-generation"]
-        gen = s.gw.registry._gens.get(gen_id)
+        gen = s.gw.registry.generations.get(gen_id)
         assert gen is not None and gen.timer is not None
         expiry = gen.timer.when()
         post_stream(s.url, body, _keyed("ttl"))

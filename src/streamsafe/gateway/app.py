@@ -132,7 +132,12 @@ class Gateway:
         replicas = None
         if store is None and config.redis_url is not None:
             redis_store = RedisStore(config.redis_url)
-            replicas = Replicas(redis_store, lease=config.lease, keep_finished=config.keep_finished)
+            replicas = Replicas(
+                redis_store,
+                lease=config.lease,
+                keep_finished=config.keep_finished,
+                orphan_ttl=config.orphan_ttl,
+            )
             store = redis_store
         self.replicas = replicas
         self.registry = Registry(

@@ -240,6 +240,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds a replica's lease on a generation lasts; a dead replica's generations are "
         "taken over after it (default 3)",
     )
+    p.add_argument(
+        "--orphan-ttl",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="seconds the Redis keys of a running generation outlive their replica's last "
+        "renewal: what a dead replica's generation that nobody took over leaves in Redis is "
+        "gone after it (default 3600; at least three leases)",
+    )
 
 
 def _weight(spec: str) -> tuple[str, float]:
@@ -287,6 +296,7 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
         max_continuations=args.max_continuations,
         redis_url=args.redis,
         lease=args.lease,
+        orphan_ttl=args.orphan_ttl,
         engines=engines,
         fallback_models=tuple(args.fallback_model),
         failover_attempts=args.failover_attempts,

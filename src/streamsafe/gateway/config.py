@@ -141,6 +141,10 @@ class GatewayConfig:
     #: Seconds of the lease a replica holds on each generation it runs (default 3, renewed
     #: every second): how long a dead replica's generations wait before another takes them over.
     lease: float = 3.0
+    #: Seconds the Redis keys of a running generation outlive their replica's last renewal
+    #: (default 3600, renewed every third of it): what a generation whose replica died and that
+    #: no replica took over leaves in Redis is gone after it.
+    orphan_ttl: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.commit not in ("early", "first-token"):
@@ -157,6 +161,8 @@ class GatewayConfig:
                 raise ValueError(f"{name} must be >= 0")
         if self.probe_interval <= 0 or self.connect_timeout <= 0 or self.lease <= 0:
             raise ValueError("probe_interval, connect_timeout and lease must be > 0")
+        if self.orphan_ttl < 3 * self.lease:
+            raise ValueError("orphan_ttl must be at least three leases")
         if self.failover_attempts < 1:
             raise ValueError("failover_attempts must be >= 1")
         if self.redis_url is not None and not self.redis_url.startswith(

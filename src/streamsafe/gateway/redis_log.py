@@ -46,6 +46,7 @@ class RedisEventLog:
         "_nbytes",
         "_redis",
         "_scripts",
+        "keep_ms",
         "lease_holder",
         "lease_ms",
     )
@@ -63,6 +64,7 @@ class RedisEventLog:
         lease_key: str,
         lease_holder: str = "",
         lease: float = 3.0,
+        keep: float | None = None,
     ) -> None:
         self._redis = redis
         self._scripts = scripts
@@ -74,15 +76,23 @@ class RedisEventLog:
         self.lease_holder = lease_holder
         #: The lease an append takes back where it lapsed with nobody taking it over.
         self.lease_ms = ms(lease)
+        #: The lifetime the append that creates the log gives it (0: none).
+        self.keep_ms = 0 if keep is None else ms(keep)
 
     async def append(self, payloads: Sequence[bytes]) -> int:
         """Append payloads at the offset this writer last saw; return the new length. Raises
         :class:`LeaseLost` if another replica holds the lease, :class:`LogLost` if Redis lost
-        the log, and :class:`LogConflict` if the log moved under the writer."""
+        (part of) the log, and :class:`LogConflict` if the log moved under the writer."""
         if not payloads:
             return self._length
         n = await self._scripts.append(
-            self._key, self._lease_key, self._length, self.lease_holder, self.lease_ms, payloads
+            self._key,
+            self._lease_key,
+            self._length,
+            self.lease_holder,
+            self.lease_ms,
+            self.keep_ms,
+            payloads,
         )
         if n == -1:
             raise LeaseLost(self._key)
@@ -90,6 +100,10 @@ class RedisEventLog:
             raise LogLost(self._key)
         if n < 0:
             held = -100 - n
+            if self.lease_holder and held < self._length:
+                # Under this writer's own lease, a shorter log is one Redis lost (evicted under
+                # maxmemory, flushed, a failover to a lagging replica): nobody else wrote it.
+                raise LogLost(f"{self._key} holds {held} events, its writer wrote {self._length}")
             raise LogConflict(f"{self._key} holds {held} events, writer expected {self._length}")
         self._length = n
         self._nbytes += sum(map(len, payloads))

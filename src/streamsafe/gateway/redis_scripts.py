@@ -25,10 +25,11 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[
 return 0
 """
 # KEYS[1] log stream, KEYS[2] lease; ARGV[1] expected length, ARGV[2] lease holder ('' for an
-# unleased log), ARGV[3] lease ms, ARGV[4..] payloads. Returns the new length; -1 if another
-# replica holds the lease; -2 if nobody does and the log is not where the writer left it (Redis
-# lost it); -100 - length if the log is not at the expected offset. A lease that lapsed with nobody
-# taking it over is taken back (the writer was only slow).
+# unleased log), ARGV[3] lease ms, ARGV[4] ms the log lives unless its writer renews it (0: for
+# ever), ARGV[5..] payloads. Returns the new length; -1 if another replica holds the lease; -2 if
+# nobody does and the log is not where the writer left it (Redis lost it); -100 - length if the
+# log is not at the expected offset. A lease that lapsed with nobody taking it over is taken back
+# (the writer was only slow). The append that creates the log sets its lifetime.
 APPEND = """
 local n = redis.call('XLEN', KEYS[1])
 if ARGV[2] ~= '' then
@@ -40,10 +41,12 @@ if ARGV[2] ~= '' then
   end
 end
 if n ~= tonumber(ARGV[1]) then return -100 - n end
-for i = 4, #ARGV do
+local created = n == 0
+for i = 5, #ARGV do
   n = n + 1
   redis.call('XADD', KEYS[1], '0-' .. n, 'd', ARGV[i])
 end
+if created and ARGV[4] ~= '0' then redis.call('PEXPIRE', KEYS[1], ARGV[4]) end
 return n
 """
 # KEYS[1] state stream, KEYS[2] meta hash; ARGV[1] state, ARGV[2..] field, value pairs for the
@@ -102,10 +105,11 @@ class Scripts:
         expected: int,
         lease_holder: str,
         lease_ms: int,
+        keep_ms: int,
         payloads: Sequence[bytes],
     ) -> int:
         """:data:`APPEND`: the new length, or the negative code it returns."""
-        args: list[bytes | str | int] = [expected, lease_holder, lease_ms, *payloads]
+        args: list[bytes | str | int] = [expected, lease_holder, lease_ms, keep_ms, *payloads]
         return int(await self._append(keys=[log_key, lease_key], args=args))
 
     async def set_state(

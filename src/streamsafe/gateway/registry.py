@@ -21,12 +21,8 @@ from streamsafe.gateway.admission import Admission
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.engines import Engines
 from streamsafe.gateway.errors import KeyReused, LiveDuplicate, NotResumable, ResumePastEnd
-from streamsafe.gateway.generation import (
-    Generation,
-    GenerationRequest,
-    State,
-    new_generation_id,
-)
+from streamsafe.gateway.generation import Generation, GenerationRequest, State, new_generation_id
+from streamsafe.gateway.generation_index import GenerationIndex
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.redis_log import ReplicatedLog
 from streamsafe.gateway.relay import Relay
@@ -76,8 +72,9 @@ class Registry:
         self._relay = Relay(
             config, admission, upstream, self.counters, self._finish, clock, engines
         )
-        self._gens: dict[str, Generation] = {}
-        self._by_fingerprint: dict[tuple[str, bytes], Generation] = {}
+        #: The generations this process holds (the key index is what a retry finds while
+        #: Redis is away).
+        self.generations = GenerationIndex()
         self._kept = Retention(config.max_kept_bytes, config.max_kept_generations)
         self._tasks: set[asyncio.Task[None]] = set()
         self._abandonment = Abandonment(
@@ -123,10 +120,18 @@ class Registry:
         if req.idempotency_key is not None:
             store_key = f"k\x00{req.tenant}\x00{req.idempotency_key}"
             for _ in range(_CLAIM_ROUNDS):  # a claim can race with a release
-                owner = await store.claim(store_key, new_id)
+                degraded = replicas is None and self.replicas is not None
+                held = self.generations.by_key(store_key) if degraded else None
+                if held is not None:  # Redis is away, and this replica holds the key's generation
+                    owner: str | None = held.id
+                else:
+                    # A claim in Redis lapses with the rest of its generation's keys where its
+                    # replica died and nobody took it over (Replicas.orphan_ttl).
+                    ttl = None if replicas is None else replicas.orphan_ttl
+                    owner = await store.claim(store_key, new_id, ttl)
                 if owner is None:
                     break
-                gen = self._gens.get(owner)
+                gen = self.generations.get(owner)
                 if gen is None and replicas is not None:  # another replica's?
                     gen = await self._mirror(replicas, owner, store_key, _RECORD_WAIT_S)
                 if gen is None:  # owner is gone (forgotten concurrently): take the key over
@@ -144,11 +149,13 @@ class Registry:
                     raise LiveDuplicate
                 break
         elif req.retry or resume:
-            found = self._by_fingerprint.get((req.tenant, req.fingerprint))
+            found = self.generations.by_body(req.tenant, req.fingerprint)
             if found is None and replicas is not None:
                 gen_id = await replicas.find_fingerprint(req.tenant, req.fingerprint)
                 if gen_id is not None:
-                    found = self._gens.get(gen_id) or await self._mirror(replicas, gen_id, None)
+                    found = self.generations.get(gen_id) or await self._mirror(
+                        replicas, gen_id, None
+                    )
             if found is not None and (resume or found.live or found.state is State.DONE):
                 gen = found
         elif self.config.collapse_identical:
@@ -156,7 +163,7 @@ class Registry:
             # identical request is taken for one while the first copy runs, or within the grace
             # period after it finished (Llama Stack waited for that answer and dropped it, as
             # its caller had left).
-            found = self._by_fingerprint.get((req.tenant, req.fingerprint))
+            found = self.generations.by_body(req.tenant, req.fingerprint)
             if found is not None and (
                 found.live
                 or (
@@ -185,8 +192,7 @@ class Registry:
         gen = Generation(new_id, req, log_, store_key, self._clock())
         if replicas is not None:
             await replicas.publish(gen)
-        self._gens[new_id] = gen
-        self._by_fingerprint[(req.tenant, req.fingerprint)] = gen
+        self.generations.add(gen)
         self.live_generations += 1
         self._join(gen)
         gen.task = asyncio.get_running_loop().create_task(self._run(gen), name=new_id)
@@ -224,11 +230,10 @@ class Registry:
         gen = await replicas.find(gen_id, key, self._clock(), wait)
         if gen is None:
             return None
-        current = self._gens.get(gen_id)
+        current = self.generations.get(gen_id)
         if current is not None:  # mirrored meanwhile by a concurrent request
             return current
-        self._gens[gen_id] = gen
-        self._by_fingerprint[(gen.tenant, gen.fingerprint)] = gen
+        self.generations.add(gen)
         if gen.finished:
             self._mirror_ended(gen, gen.state)
         else:
@@ -334,11 +339,7 @@ class Registry:
             gen.timer.cancel()
             gen.timer = None
         self._kept.drop(gen)
-        if self._gens.get(gen.id) is gen:
-            del self._gens[gen.id]
-        fp_key = (gen.tenant, gen.fingerprint)
-        if self._by_fingerprint.get(fp_key) is gen:
-            del self._by_fingerprint[fp_key]
+        self.generations.drop(gen)
         replicas = self.replicas
         if replicas is None or not isinstance(gen.log, ReplicatedLog):
             if gen.key is not None:
@@ -382,8 +383,8 @@ class Registry:
         its leases are given up, so another replica continues it from the log."""
         if self.replicas is not None:
             self.replicas.closing = True
-        tasks = [g.task for g in self._gens.values() if g.task is not None and not g.task.done()]
-        for gen in list(self._gens.values()):
+        tasks = [g.task for g in self.generations if g.task is not None and not g.task.done()]
+        for gen in self.generations:
             if gen.timer is not None:
                 gen.timer.cancel()
         for task in tasks:

@@ -130,7 +130,14 @@ class Relay:
             raise  # another replica runs it now; this one must not write a word more
         except Exception as exc:  # a bug must not leave subscribers hanging
             log.exception("%s: reader failed", gen.id)
-            await self._endings.fail_mid_stream(gen, f"gateway error: {type(exc).__name__}")
+            why = f"gateway error: {type(exc).__name__}"
+            try:
+                await self._endings.fail_mid_stream(gen, why)
+            except Exception:  # the log cannot take the error event either
+                log.exception("%s: failing it failed too", gen.id)
+                if not gen.finished:  # its subscribers end with the error all the same
+                    gen.failure = Failure(502, error_body(why, "upstream_error", 502))
+                    self._finish(gen, State.FAILED)
         finally:
             attempts.release()
             if waiter is not None:

@@ -43,10 +43,6 @@ __all__ = ["ReplicaCounters", "Replicas"]
 
 log = logging.getLogger("streamsafe.gateway")
 
-#: Seconds a generation's record lives in Redis while it runs (renewed with the lease): bounds
-#: what a fleet that lost every replica leaves behind.
-_RECORD_TTL = 3600.0
-
 
 @dataclass(slots=True)
 class ReplicaCounters:
@@ -69,13 +65,22 @@ class Replicas:
         *,
         lease: float = 3.0,
         keep_finished: float = 300.0,
+        orphan_ttl: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if lease <= 0:
             raise ValueError("lease must be > 0")
+        if orphan_ttl < 3 * lease:
+            raise ValueError("orphan_ttl must be at least three leases")
         self.store = store
         self.lease = lease
         self.keep_finished = keep_finished
+        #: Seconds every key of a running generation outlives this replica's last renewal of it
+        #: (renewed every third of it), so a generation whose replica died and that nobody took
+        #: over leaves nothing in Redis after it.
+        self.orphan_ttl = orphan_ttl
+        self._clock = clock
+        self._kept_at = clock()
         self.counters = ReplicaCounters()
         #: True while Redis is unreachable: new generations are this replica's only.
         self.degraded = False
@@ -142,10 +147,11 @@ class Replicas:
                 log_.detached = False  # its next append meets the lease taken meanwhile
                 self._unsynced.pop(gen.id, None)
                 continue  # another replica took it over while Redis was away: it writes now
-            await store.put_generation(gen.id, record_of(gen), _RECORD_TTL)
+            ttl = self.orphan_ttl
+            await store.put_generation(gen.id, record_of(gen), ttl)
             if gen.key is not None:
-                await store.redis.set(store.claim_key(gen.key), gen.id, nx=True)
-            await store.index_fingerprint(gen.tenant, gen.fingerprint, gen.id, _RECORD_TTL)
+                await store.redis.set(store.claim_key(gen.key), gen.id, nx=True, px=int(ttl * 1000))
+            await store.index_fingerprint(gen.tenant, gen.fingerprint, gen.id, ttl)
             await log_.remote.sync()
             # The relay goes on appending to the copy meanwhile: write until Redis has it all,
             # then (with no await in between) let appends go to Redis again.
@@ -159,17 +165,19 @@ class Replicas:
 
     def new_log(self, gen_id: str) -> ReplicatedLog:
         """The log of a generation this replica starts."""
-        log_ = self.store.replicated_log(gen_id, writer=True, lease=self.lease)
+        log_ = self.store.replicated_log(
+            gen_id, writer=True, lease=self.lease, keep=self.orphan_ttl
+        )
         log_.on_detach = self.failed
         return log_
 
     async def publish(self, gen: Generation) -> None:
         """Make ``gen`` findable by every replica and take its lease (one round trip each)."""
         store = self.store
-        await store.put_generation(gen.id, record_of(gen), _RECORD_TTL)
+        await store.put_generation(gen.id, record_of(gen), self.orphan_ttl)
         if not await store.take_lease(gen.id, self.lease):
             raise LeaseLost(gen.id)  # ids are unique per process: only a bug gets here
-        await store.index_fingerprint(gen.tenant, gen.fingerprint, gen.id, _RECORD_TTL)
+        await store.index_fingerprint(gen.tenant, gen.fingerprint, gen.id, self.orphan_ttl)
         self.own(gen)
 
     def own(self, gen: Generation) -> None:
@@ -248,7 +256,8 @@ class Replicas:
     async def _renew(self) -> None:
         """Every third of the lease: renew the leases of generations this replica runs, the
         presence of its mirrors' subscribers, and its heartbeat (which gives the fleet's
-        figures); until :meth:`close`."""
+        figures); every third of ``orphan_ttl``, the lifetime of their keys; until
+        :meth:`close`."""
         period = self.lease / 3
         while True:
             await asyncio.sleep(period)
@@ -259,6 +268,8 @@ class Replicas:
                 await self.store.set_presence(self.mirrors.followed(), self.lease * 2)
                 self.fleet_replicas = await self.store.heartbeat(self.lease * 2)
                 self.redis_used_memory = await self.store.used_memory() or 0
+                if self._clock() - self._kept_at >= self.orphan_ttl / 3:
+                    await self._keep_owned()
             except REDIS_ERRORS as exc:
                 self.failed(exc)
                 continue
@@ -266,6 +277,22 @@ class Replicas:
                 if gen_id in self._owned:
                     self.counters.leases_lost += 1
                     log.warning("%s: lease lost to another replica", gen_id)
+
+    async def _keep_owned(self) -> None:
+        """Renew the lifetime of every key of the generations this replica runs."""
+        self._kept_at = self._clock()
+        store = self.store
+        await store.keep_generations(
+            (
+                (
+                    gen.id,
+                    None if gen.key is None else store.claim_key(gen.key),
+                    store.fingerprint_key(gen.tenant, gen.fingerprint),
+                )
+                for gen in self._owned.values()
+            ),
+            self.orphan_ttl,
+        )
 
     # -- mirroring (see :mod:`streamsafe.gateway.mirrors`) -----------------------------------------
 

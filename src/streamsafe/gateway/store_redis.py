@@ -129,16 +129,23 @@ class RedisStore:
 
     # -- logs (Store) ---------------------------------------------------------------------------
 
-    def log(self, gen_id: str, lease_holder: str = "", lease: float = 3.0) -> RedisEventLog:
+    def log(
+        self, gen_id: str, lease_holder: str = "", lease: float = 3.0, keep: float | None = None
+    ) -> RedisEventLog:
         """A handle on the log of ``gen_id``; appends are fenced by ``lease_holder`` where
-        given (a lease of ``lease`` seconds)."""
+        given (a lease of ``lease`` seconds); the append that creates the log lets it lapse
+        ``keep`` seconds later unless renewed (``None``: it stays)."""
         key, lease_key = self.log_key(gen_id), self.lease_key(gen_id)
-        return RedisEventLog(self.redis, self._scripts, key, lease_key, lease_holder, lease)
+        return RedisEventLog(self.redis, self._scripts, key, lease_key, lease_holder, lease, keep)
 
-    def replicated_log(self, gen_id: str, *, writer: bool, lease: float = 3.0) -> ReplicatedLog:
+    def replicated_log(
+        self, gen_id: str, *, writer: bool, lease: float = 3.0, keep: float | None = None
+    ) -> ReplicatedLog:
         """The log of ``gen_id`` with a copy here; a ``writer``'s appends are fenced by this
-        replica's lease (of ``lease`` seconds)."""
-        return ReplicatedLog(self.log(gen_id, self.replica_id if writer else "", lease))
+        replica's lease (of ``lease`` seconds) and create the log with a lifetime of ``keep``
+        seconds (see :meth:`log`)."""
+        holder = self.replica_id if writer else ""
+        return ReplicatedLog(self.log(gen_id, holder, lease, keep))
 
     async def drop_log(self, gen_id: str) -> None:
         """Delete a generation: log, state, metadata and lease."""
@@ -210,6 +217,26 @@ class RedisStore:
         """How many state changes ``gen_id`` has had (what :meth:`wait` compares against)."""
         return int(await self.redis.xlen(self.state_key(gen_id)))
 
+    async def keep_generations(
+        self, generations: Iterable[tuple[str, str | None, str | None]], ttl: float
+    ) -> None:
+        """Let every key of the running generations ``(gen_id, claim key, fingerprint key)``
+        lapse ``ttl`` seconds from now (one pipeline; the claim and the fingerprint entry only
+        where they still name the generation): what a replica renews while it runs them, so
+        that their keys are gone ``ttl`` after it died if no replica took them over."""
+        gens = list(generations)
+        if not gens:
+            return
+        px = ms(ttl)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for gen_id, claim, fingerprint in gens:
+                pipe.pexpire(self.log_key(gen_id), px)
+                pipe.pexpire(self.meta_key(gen_id), px)
+                for name in (claim, fingerprint):
+                    if name is not None:
+                        await self._scripts.expire(name, gen_id, ttl, pipe)
+            await pipe.execute()
+
     async def expire_generation(self, gen_id: str, ttl: float) -> None:
         """Let every key of ``gen_id`` lapse ``ttl`` seconds from now (a finished generation is
         kept for replay that long)."""
@@ -252,6 +279,7 @@ class RedisStore:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.zadd(key, {self.replica_id: now + ms(ttl)})
             pipe.zremrangebyscore(key, "-inf", now)
+            pipe.pexpire(key, ms(ttl))  # gone with the last replica
             pipe.zcard(key)
             results = await pipe.execute()
         return int(results[-1])
