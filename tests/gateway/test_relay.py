@@ -175,16 +175,16 @@ def test_resume_of_unknown_generation_is_410(stack: Stack) -> None:
 
 def test_finished_generation_is_forgotten_after_keep_finished_even_if_replayed() -> None:
     # Long enough that the replay comes before expiry even on a loaded machine; whether the
-    # replay moved the deadline is read from the timer itself, not from the wall clock.
+    # replay moved the deadline is read from the retention ledger, not from the wall clock.
     with make_stack(keep_finished=5.0) as s:
         body = chat_body(max_tokens=3)
-        gen_id = post_stream(s.url, body, _keyed("ttl")).headers["x-streamsafe-generation"]
-        gen = s.gw.registry.generations.get(gen_id)
-        assert gen is not None and gen.timer is not None
-        expiry = gen.timer.when()
+        post_stream(s.url, body, _keyed("ttl"))
+        kept = s.gw.registry.kept
+        due = kept.due(kept.keep_for)
+        assert due is not None and len(kept) == 1
         post_stream(s.url, body, _keyed("ttl"))
         assert s.gw.stats()["replayed"] == 1
-        assert gen.timer is not None and gen.timer.when() == expiry  # not extended
+        assert kept.due(kept.keep_for) == due  # not extended
         wait_for(lambda: s.gw.stats()["kept_generations"] == 0, timeout=20, what="retention expiry")
         post_stream(s.url, body, _keyed("ttl"))
         assert s.sim.stats()["generations_started"] == 2

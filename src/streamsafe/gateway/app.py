@@ -161,12 +161,12 @@ class Gateway:
         registry, admission, upstream = self.registry, self.admission, self.upstream
         readings = Readings(
             live_generations=registry.live_generations,
-            kept_generations=registry.kept_generations,
+            kept_generations=len(registry.kept),
             queued=admission.queued,
             inflight=admission.inflight,
             memory_tokens=admission.memory,
             subscribers=registry.subscribers,
-            kept_bytes=registry.kept_bytes,
+            kept_bytes=registry.kept.bytes,
             breaker_open=self._breaker.is_open,
             breaker_trips=self._breaker.trips,
             upstream_connect_retries=upstream.connect_retries_done,

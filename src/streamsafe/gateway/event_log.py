@@ -30,21 +30,24 @@ _RECENT = 16
 _MAX_SHARED = 0xFFFF
 #: Shared bytes worth remembering as the template of the next chunks.
 _MIN_TEMPLATE = 16
-#: Bytes of bookkeeping per event: its end offset (8) and the two shared lengths (2 + 2).
-_PER_EVENT = 12
+#: Bytes of bookkeeping per event: one 64-bit number, its end offset in the buffer (the high 32
+#: bits) and the two shared lengths (16 bits each). One number, not three arrays: one append
+#: per event, and two objects fewer per log for the garbage collector to walk. A log past 4 GiB
+#: overflows the number (the array refuses it).
+_PER_EVENT = 8
 
 
 class MemoryEventLog:
     """An append-only log of payloads held in this process (see the module). Every access is on
     the one event loop, so no lock is needed."""
 
-    __slots__ = ("_buf", "_ends", "_last", "_last_fits", "_pre", "_recent", "_suf", "_template")
+    __slots__ = ("_buf", "_ends", "_last", "_last_fits", "_recent", "_template")
 
     def __init__(self) -> None:
         self._buf = bytearray()
-        self._ends = array("Q")  # end of each event's stored bytes in _buf
-        self._pre = array("H")  # bytes shared with the previous payload's start
-        self._suf = array("H")  # bytes shared with the previous payload's end
+        # Per event: end of its stored bytes in _buf << 32 | bytes shared with the previous
+        # payload's start << 16 | bytes shared with its end.
+        self._ends = array("Q")
         self._recent: collections.deque[bytes] = collections.deque(maxlen=_RECENT)
         self._last = b""
         # The bytes consecutive payloads were last found to share at their start and end (the
@@ -69,7 +72,7 @@ class MemoryEventLog:
             if length:
                 return length
         ends = self._ends
-        buf, pre, suf = self._buf, self._pre, self._suf
+        buf = self._buf
         prev = self._last
         head, tail = self._template
         fits = self._last_fits
@@ -95,9 +98,7 @@ class MemoryEventLog:
                 if a + b >= _MIN_TEMPLATE:
                     head, tail = p[:a], p[n - b :] if b else b""
                 fits = p.startswith(head) and p.endswith(tail) and n >= len(head) + len(tail)
-            ends.append(len(buf))
-            pre.append(a)
-            suf.append(b)
+            ends.append(len(buf) << 32 | a << 16 | b)
             prev = p
         self._last = prev
         self._template = (head, tail)
@@ -116,9 +117,7 @@ class MemoryEventLog:
             if 0 < a + b <= n and p.startswith(head) and p.endswith(tail):
                 buf = self._buf
                 buf += p[a : n - b]
-                ends.append(len(buf))
-                self._pre.append(a)
-                self._suf.append(b)
+                ends.append(len(buf) << 32 | a << 16 | b)
                 self._last = p
                 self._recent.append(p)
                 return len(ends)
@@ -140,13 +139,14 @@ class MemoryEventLog:
     def _rebuild(self, start: int, stop: int) -> list[bytes]:
         """Payloads ``start`` to ``stop`` (exclusive), decoded from the keyframe before
         ``start``."""
-        ends, pre, suf = self._ends, self._pre, self._suf
+        ends = self._ends
         out: list[bytes] = []
         prev = b""
         with memoryview(self._buf) as view:
-            begin = ends[start - start % _KEYFRAME - 1] if start >= _KEYFRAME else 0
+            begin = ends[start - start % _KEYFRAME - 1] >> 32 if start >= _KEYFRAME else 0
             for i in range(start - start % _KEYFRAME, stop):
-                a, b, end = pre[i], suf[i], ends[i]
+                entry = ends[i]
+                end, a, b = entry >> 32, entry >> 16 & 0xFFFF, entry & 0xFFFF
                 middle = view[begin:end]
                 prev = b"".join((prev[:a], middle, prev[len(prev) - b :] if b else b""))
                 begin = end

@@ -33,13 +33,18 @@ class _Member:
         self.released = released
 
 
+#: A fan-out's members: a list while it has some.
+_Members = list[_Member] | tuple[()]
+
+
 class Fanout:
     """The members of one generation (see the module docstring)."""
 
     __slots__ = ("_members",)
 
     def __init__(self) -> None:
-        self._members: list[_Member] = []
+        # A list only while it has members (see Generation._waiters).
+        self._members: _Members = ()
 
     def __bool__(self) -> bool:
         return bool(self._members)
@@ -49,7 +54,7 @@ class Fanout:
         cursor once released."""
         released = asyncio.get_running_loop().create_future()
         member = _Member(writer, cursor, released)
-        self._members.append(member)
+        self._members = [*self._members, member]
         try:
             await released
         except asyncio.CancelledError:
@@ -80,7 +85,7 @@ class Fanout:
         if members:
             self._write(members, b"id: %d\ndata: %s\n\n" % (index, payload), index, index + 1)
 
-    def _write(self, members: list[_Member], body: bytes, first: int, after: int) -> None:
+    def _write(self, members: _Members, body: bytes, first: int, after: int) -> None:
         declined: list[_Member] | None = None
         for member in members:
             if member.cursor == first and member.writer(body):
@@ -98,10 +103,10 @@ class Fanout:
         """Hand every member back to its own loop."""
         members = self._members
         if members:
-            self._members = []
+            self._members = ()
             for member in members:
                 if not member.released.done():
                     member.released.set_result(None)
 
     def _remove(self, member: _Member) -> None:
-        self._members = [m for m in self._members if m is not member]
+        self._members = [m for m in self._members if m is not member] or ()

@@ -136,7 +136,9 @@ class Generation:
         self.upstream_status: int | None = None
         self.subscribers = 0
         self.version = 0
-        self._waiters: list[asyncio.Future[None]] = []
+        # A list only while someone waits: a generation kept for replay holds no container the
+        # garbage collector walks but what it needs (see docs/benchmarks.md).
+        self._waiters: list[asyncio.Future[None]] | tuple[()] = ()
         #: Subscribers that keep up, written to as events are published.
         self.fanout = Fanout()
         #: The upstream reader.
@@ -205,7 +207,7 @@ class Generation:
         self.version += 1
         waiters = self._waiters
         if waiters:
-            self._waiters = []
+            self._waiters = ()
             for waiter in waiters:
                 if not waiter.done():  # cancelled by its subscriber's timeout
                     waiter.set_result(None)
@@ -213,14 +215,20 @@ class Generation:
     def next_change(self) -> asyncio.Future[None]:
         """A future the next :meth:`wake` resolves. Check ``version`` first (see the class)."""
         waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        waiters = self._waiters
+        if waiters:
+            waiters.append(waiter)  # a non-empty one is a list
+        else:
+            self._waiters = [waiter]
         return waiter
 
     def forget_waiter(self, waiter: asyncio.Future[None]) -> None:
         """Drop a waiter that stopped waiting (timed out), so idle generations do not collect
         them."""
-        with contextlib.suppress(ValueError):
-            self._waiters.remove(waiter)
+        waiters = self._waiters
+        if waiters:
+            with contextlib.suppress(ValueError):
+                waiters.remove(waiter)
 
     def __repr__(self) -> str:
         return (

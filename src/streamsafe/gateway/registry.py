@@ -75,7 +75,14 @@ class Registry:
         #: The generations this process holds (the key index is what a retry finds while
         #: Redis is away).
         self.generations = GenerationIndex()
-        self._kept = Retention(config.max_kept_bytes, config.max_kept_generations)
+        #: Finished generations kept for replay, and when each goes.
+        self.kept = Retention(
+            config.max_kept_bytes,
+            config.max_kept_generations,
+            config.keep_finished,
+            lambda gen: self._spawn(self._forget(gen)),
+            clock,
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self._abandonment = Abandonment(
             config,
@@ -268,7 +275,7 @@ class Registry:
             self.replicas.subscribers_changed(gen)
         if gen.subscribers == 1 and gen.waiter is not None:
             self._admission.set_active(gen.waiter, True)  # back within grace: its place holds
-        # On a finished generation the timer is its retention, which a replay keeps.
+        # On a finished mirror the timer is its retention, which a replay keeps.
         if gen.timer is not None and not gen.finished:
             gen.timer.cancel()
             gen.timer = None
@@ -318,14 +325,14 @@ class Registry:
         # limit) nor the reader task: let them go, so what is kept is what is counted.
         gen.request.body = b""
         gen.task = None
-        for oldest in self._kept.keep(gen):
+        if gen.timer is not None:  # a grace period still running: nothing left to abort
+            gen.timer.cancel()
+            gen.timer = None
+        for oldest in self.kept.keep(gen):  # its retention time is the ledger's
             counters.evicted += 1
             self._spawn(self._forget(oldest))
         if gen.key is not None:
             self._spawn(self._expire_key(gen, gen.key))
-        gen.timer = asyncio.get_running_loop().call_later(
-            self.config.keep_finished, lambda: self._spawn(self._forget(gen))
-        )
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run store bookkeeping in the background; owned here and awaited by :meth:`close`."""
@@ -338,7 +345,7 @@ class Registry:
         if gen.finished and gen.timer is not None:
             gen.timer.cancel()
             gen.timer = None
-        self._kept.drop(gen)
+        self.kept.drop(gen)
         self.generations.drop(gen)
         replicas = self.replicas
         if replicas is None or not isinstance(gen.log, ReplicatedLog):
@@ -368,21 +375,12 @@ class Registry:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    @property
-    def kept_bytes(self) -> int:
-        """Bytes held by finished generations kept for replay."""
-        return self._kept.bytes
-
-    @property
-    def kept_generations(self) -> int:
-        """Finished generations kept for replay."""
-        return len(self._kept)
-
     async def close(self) -> None:
         """Cancel every reader (shutdown). With replicas, what this one runs is handed over:
         its leases are given up, so another replica continues it from the log."""
         if self.replicas is not None:
             self.replicas.closing = True
+        self.kept.close()
         tasks = [g.task for g in self.generations if g.task is not None and not g.task.done()]
         for gen in self.generations:
             if gen.timer is not None:
