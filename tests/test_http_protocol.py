@@ -471,6 +471,55 @@ def test_the_body_writer_writes_only_inside_a_started_chunked_response() -> None
     assert writes[0].endswith(b"\r\n\r\n1\r\na\r\n") and writes[1:] == [b"0\r\n\r\n"]
 
 
+def test_the_disconnect_notice_comes_once_for_a_client_that_left_mid_response() -> None:
+    calls: list[str] = []
+
+    async def run() -> None:
+        started, left = asyncio.Event(), asyncio.Event()
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            notice = scope["extensions"]["streamsafe.on_disconnect"]
+            notice(lambda: (calls.append(scope["path"]), left.set()))
+            if scope["path"] == "/withdrawn":
+                notice(None)
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            started.set()
+            await left.wait()
+            notice(lambda: calls.append("after"))  # already gone: at once
+
+        for path in ("/left", "/withdrawn"):
+            started.clear()
+            left.clear()
+            state, transport = _State(), _Transport()
+            protocol = HttpProtocol(_Config(app), state, {}, asyncio.get_running_loop())
+            protocol.connection_made(transport)
+            protocol.data_received(b"GET %s HTTP/1.1\r\nhost: x\r\n\r\n" % path.encode())
+            await started.wait()
+            protocol.connection_lost(None)
+            protocol.connection_lost(None)  # told twice: still one notice
+            if path == "/withdrawn":
+                left.set()
+            await asyncio.gather(*state.tasks)
+
+    asyncio.run(run())
+    assert calls == ["/left", "after", "after"]
+
+
+def test_no_disconnect_notice_once_the_response_is_complete() -> None:
+    calls: list[str] = []
+
+    def make_app(writes: list[bytes]) -> Any:
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            scope["extensions"]["streamsafe.on_disconnect"](lambda: calls.append("left"))
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"done"})
+
+        return app
+
+    _writes(make_app)  # the connection closes after the answer
+    assert calls == []
+
+
 @pytest.mark.parametrize("loop", LOOPS)
 def test_a_served_connection_leaves_nothing_for_the_garbage_collector(loop: str) -> None:
     # A connection and its requests must be freed by reference counting once closed: garbage

@@ -12,6 +12,7 @@ from typing import Any
 
 __all__ = [
     "BODY_WRITER_EXTENSION",
+    "DISCONNECT_EXTENSION",
     "RESET_EXTENSION",
     "BodyTooLarge",
     "BodyWriter",
@@ -52,12 +53,29 @@ BODY_WRITER_EXTENSION = "streamsafe.body_writer"
 #: See :data:`BODY_WRITER_EXTENSION`.
 BodyWriter = Callable[[bytes], bool]
 
+#: ``scope["extensions"]`` key of a callable ``on_disconnect(callback)`` that has the server call
+#: ``callback()`` once, from the event loop, when the client leaves before the response is
+#: complete (at once where it already left; ``None`` withdraws it): offered by
+#: :mod:`streamsafe.serving`'s servers, so an app learns of a disconnect without a task waiting
+#: on ``receive`` for ``http.disconnect``.
+DISCONNECT_EXTENSION = "streamsafe.on_disconnect"
+
+#: See :data:`DISCONNECT_EXTENSION`.
+OnDisconnect = Callable[[Callable[[], None] | None], None]
+
 
 def body_writer(scope: Scope) -> BodyWriter | None:
     """The server's direct body writer for this request, where it offers one."""
     extensions = scope.get("extensions")
     writer = extensions.get(BODY_WRITER_EXTENSION) if isinstance(extensions, dict) else None
     return writer if callable(writer) else None
+
+
+def on_disconnect(scope: Scope) -> OnDisconnect | None:
+    """The server's disconnect notice for this request, where it offers one."""
+    extensions = scope.get("extensions")
+    notice = extensions.get(DISCONNECT_EXTENSION) if isinstance(extensions, dict) else None
+    return notice if callable(notice) else None
 
 
 def reset_connection(scope: Scope) -> Callable[[], None] | None:

@@ -123,6 +123,7 @@ class RequestCycle:
         "_body",
         "_body_size",
         "_head",
+        "_on_lost",
         "_ready",
         "_waiter",
         "chunked",
@@ -152,6 +153,7 @@ class RequestCycle:
         self.keep_alive = keep_alive
         self.waiting_100 = expect_100
         self.disconnected = False  # the client left (nothing more is written)
+        self._on_lost: Callable[[], None] | None = None  # the app's disconnect notice
         # Request body: parts not yet received by the app, whether more is coming, and whether
         # receive() has something new to tell (a body part, the end of the body, a disconnect).
         self._body: list[bytes] = []
@@ -182,10 +184,20 @@ class RequestCycle:
 
     def lost(self) -> None:
         """The connection is gone: whatever the app sends now is dropped."""
+        notice, self._on_lost = self._on_lost, None
         if not self.complete:
             self.disconnected = True
+            if notice is not None:
+                notice()
         self._head = None
         self._wake()
+
+    def on_disconnect(self, notice: Callable[[], None] | None) -> None:
+        """The disconnect notice (:data:`~streamsafe._asgi.DISCONNECT_EXTENSION`)."""
+        if notice is not None and self.disconnected:
+            notice()
+            return
+        self._on_lost = notice
 
     def _wake(self) -> None:
         self._ready = True

@@ -30,7 +30,7 @@ from typing import Any
 
 import httptools
 
-from streamsafe._asgi import BODY_WRITER_EXTENSION, RESET_EXTENSION
+from streamsafe._asgi import BODY_WRITER_EXTENSION, DISCONNECT_EXTENSION, RESET_EXTENSION
 from streamsafe._http_cycle import HIGH_WATER, FlowControl, RequestCycle, cached_header_lines
 from streamsafe._http_limits import LINGER_S, ServerLimits, error_response
 from streamsafe._http_request import RequestHead, request_scope, upgrade_with_body
@@ -222,6 +222,7 @@ class HttpProtocol(FlowControl, asyncio.Protocol):
         scope["extensions"] = {
             RESET_EXTENSION: self._reset,
             BODY_WRITER_EXTENSION: cycle.write_chunk,
+            DISCONNECT_EXTENSION: cycle.on_disconnect,
         }
         self.parsing = cycle
         if self.current is None:

@@ -2,8 +2,9 @@
 
 A subscriber keeps its own cursor into the generation's log. Its loop reads from the cursor to
 the end of the log, sends all of it in one body message, and waits for the next change. A
-concurrent task watches for ``http.disconnect``, so a client that leaves is noticed at once, even
-while its generation is quiet.
+client that leaves is noticed at once, even while its generation is quiet: the server calls
+:meth:`Subscriber.left` (:data:`~streamsafe._asgi.DISCONNECT_EXTENSION`), or, on a server that
+does not offer that, a concurrent task watches for ``http.disconnect``.
 
 When the headers go out, when a ``: keep-alive`` comment is due, and what a subscriber whose
 generation is still queued is told (commit, a real 429 before any commit, or come back later) is
@@ -62,13 +63,18 @@ class Subscriber:
         #: Seconds after which it was told to come back (0: it was not).
         self.hold = 0.0
 
+    def left(self) -> None:
+        """The client disconnected: mark the subscriber gone and wake its loop."""
+        self.gone = True
+        self.gen.wake()
+
     async def watch(self, receive: Receive) -> None:
-        """Wait for ``http.disconnect``, then mark the subscriber gone and wake its loop."""
+        """Wait for ``http.disconnect``, then :meth:`left` (for a server that offers no
+        disconnect notice)."""
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                self.gone = True
-                self.gen.wake()
+                self.left()
                 return
 
 
