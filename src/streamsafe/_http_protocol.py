@@ -95,12 +95,7 @@ class HttpProtocol(FlowControl, asyncio.Protocol):
         self.transport = transport
         self.server = transport.get_extra_info("sockname")
         self.client = transport.get_extra_info("peername")
-        # A response may take several writes: with Nagle's algorithm each waits for the ACK of
-        # the one before (40 ms, delayed). asyncio and uvloop leave TCP_NODELAY off here.
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # TCP_NODELAY comes from the listening socket (serving.bind_socket).
         cap = self.limits.max_connections
         if cap is not None and len(self.connections) > cap:
             self.connections.discard(self)

@@ -36,10 +36,15 @@ __all__ = [
 
 
 def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (port 0 picks a free one)."""
+    """A listening TCP socket on ``host:port`` (port 0 picks a free one), Nagle's algorithm off
+    for every connection it accepts: a response may take several writes, and with Nagle's
+    algorithm each would wait for the ACK of the one before (40 ms, delayed). Accepted sockets
+    inherit TCP_NODELAY from the listening one (Linux, the BSDs), so no connection pays a system
+    call for it (tests/test_serving_limits.py checks that every one has it)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     sock.listen(2048)
     sock.set_inheritable(True)
