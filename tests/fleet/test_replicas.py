@@ -307,6 +307,22 @@ def test_streamsafe_client_resumes_on_the_next_replica(
 # -- failures -----------------------------------------------------------------------------------
 
 
+def killed_after(
+    owner: Process, body: dict[str, Any], key: dict[str, str], n: int
+) -> list[tuple[int, bytes]]:
+    """The events of a keyed stream from ``owner`` until it is killed -9 after the ``n``-th."""
+    got: list[tuple[int, bytes]] = []
+    with (
+        pytest.raises(httpx2.HTTPError),
+        httpx2.stream("POST", owner.url + "/v1/chat/completions", json=body, headers=key) as r,
+    ):
+        for event in events(r):
+            got.append(event)
+            if len(got) == n:
+                owner.kill()
+    return got
+
+
 def test_owner_killed_mid_stream_another_replica_takes_over_exactly(
     sim: Process, redis_server: RedisProcess
 ) -> None:
@@ -315,15 +331,7 @@ def test_owner_killed_mid_stream_another_replica_takes_over_exactly(
         body = chat("the owner dies", 60)
         before = stats(sim)
         key = {"Idempotency-Key": "owner-killed-1"}
-        got: list[tuple[int, bytes]] = []
-        with (
-            pytest.raises(httpx2.HTTPError),
-            httpx2.stream("POST", owner.url + "/v1/chat/completions", json=body, headers=key) as r,
-        ):
-            for event in events(r):
-                got.append(event)
-                if len(got) == 5:
-                    owner.kill()
+        got = killed_after(owner, body, key, 5)
         resume = {**key, "Last-Event-ID": str(got[-1][0])}
         with httpx2.stream(
             "POST", other.url + "/v1/chat/completions", json=body, headers=resume, timeout=30
@@ -348,17 +356,7 @@ def test_a_dead_owners_generation_nobody_takes_over_leaves_nothing_for_ever(
 
     owner = serve(sim, own_redis, "--orphan-ttl", "30")
     try:
-        body = chat("nobody comes back", 60)
-        key = {"Idempotency-Key": "orphan-1"}
-        got: list[tuple[int, bytes]] = []
-        with (
-            pytest.raises(httpx2.HTTPError),
-            httpx2.stream("POST", owner.url + "/v1/chat/completions", json=body, headers=key) as r,
-        ):
-            for event in events(r):
-                got.append(event)
-                if len(got) == 5:
-                    owner.kill()
+        killed_after(owner, chat("nobody comes back", 60), {"Idempotency-Key": "orphan-1"}, 5)
     finally:
         owner.kill()
     client = redis.Redis.from_url(own_redis.url)

@@ -7,8 +7,6 @@ A request for a completion becomes a subscription to a generation: :mod:`.reques
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import hashlib
 import hmac
@@ -25,7 +23,6 @@ from streamsafe._asgi import (
     Send,
     body_writer,
     header,
-    on_disconnect,
     reset_connection,
     respond,
     serve_lifespan,
@@ -353,14 +350,7 @@ class Gateway:
             )
             raise BadRequest(400, msg, param="Last-Event-ID") from None
         sub = Subscriber(gen, client_read_timeout(scope), last_attempt(scope))
-        # Told of a disconnect by the server where it offers that (no task per request), else
-        # by a task waiting on receive().
-        notice = on_disconnect(scope)
-        watcher = None
-        if notice is not None:
-            notice(sub.left)
-        else:
-            watcher = asyncio.get_running_loop().create_task(sub.watch(receive))
+        sub.listen(scope, receive)
         try:
             if req.stream:
                 # Where the gateway speaks Llama Stack's way (no [DONE]) for an upstream that
@@ -383,12 +373,7 @@ class Gateway:
             else:
                 await serve_json(sub, send, self._rules, self.admission)
         finally:
-            if notice is not None:
-                notice(None)
-            if watcher is not None:
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
+            await sub.unlisten()
             if sub.hold:  # told to come back: refused for now, by admission
                 counters.shed += 1
             self.registry.leave(gen, sub.hold)

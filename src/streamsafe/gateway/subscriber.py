@@ -16,10 +16,20 @@ from the relay's read callback instead (:mod:`streamsafe.gateway.fanout`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
-from streamsafe._asgi import BodyWriter, Message, Receive, Send, respond
+from streamsafe._asgi import (
+    BodyWriter,
+    Message,
+    OnDisconnect,
+    Receive,
+    Scope,
+    Send,
+    on_disconnect,
+    respond,
+)
 from streamsafe.gateway.admission import Admission, retry_after_seconds
 from streamsafe.gateway.errors import error_body, send_failure
 from streamsafe.gateway.fair_queue import QUEUED
@@ -49,7 +59,7 @@ _JSON_HEARTBEAT_MSG: Message = {"type": "http.response.body", "body": b" ", "mor
 class Subscriber:
     """One client reading one generation; ``gone`` once it disconnected."""
 
-    __slots__ = ("gen", "gone", "hold", "last_attempt", "patience")
+    __slots__ = ("_notice", "_watcher", "gen", "gone", "hold", "last_attempt", "patience")
 
     def __init__(
         self, gen: Generation, patience: float | None = None, last_attempt: bool = False
@@ -62,6 +72,30 @@ class Subscriber:
         self.last_attempt = last_attempt
         #: Seconds after which it was told to come back (0: it was not).
         self.hold = 0.0
+        self._notice: OnDisconnect | None = None
+        self._watcher: asyncio.Task[None] | None = None
+
+    def listen(self, scope: Scope, receive: Receive) -> None:
+        """Learn at once when the client leaves: told by the server where it offers that
+        (:data:`~streamsafe._asgi.DISCONNECT_EXTENSION`, no task per request), else by a task
+        waiting on ``receive()`` (:meth:`watch`). :meth:`unlisten` when done."""
+        notice = on_disconnect(scope)
+        if notice is not None:
+            notice(self.left)
+            self._notice = notice
+        else:
+            self._watcher = asyncio.get_running_loop().create_task(self.watch(receive))
+
+    async def unlisten(self) -> None:
+        """Stop what :meth:`listen` started."""
+        notice, watcher = self._notice, self._watcher
+        self._notice = self._watcher = None
+        if notice is not None:
+            notice(None)
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
 
     def left(self) -> None:
         """The client disconnected: mark the subscriber gone and wake its loop."""
