@@ -76,6 +76,13 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "http.response.body", "body": b"open", "more_body": True})
         message = await receive()
         _seen.append(message["type"])
+    elif path == "/notice":  # never calls receive(): told of the client leaving by the server
+        left = asyncio.Event()
+        scope["extensions"]["streamsafe.on_disconnect"](lambda: (_seen.append("notice"), left.set()))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"open", "more_body": True})
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(left.wait(), 20)
     else:
         body = orjson.dumps({"seen": _seen})
         await send({"type": "http.response.start", "status": 404, "headers": []})
@@ -260,6 +267,29 @@ def test_the_app_sees_a_client_that_left_as_a_disconnect(loop: str) -> None:
                 if seen:
                     break
     assert seen == ["http.disconnect"]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_the_disconnect_notice_comes_though_a_pipelined_request_paused_reading(
+    loop: str, pipelined: bool
+) -> None:
+    # A request pipelined behind the first pauses reading; the client's leaving is seen only
+    # while the connection is read, so a registered notice must have it read again.
+    _seen.clear()
+    with _server(loop) as server:
+        with _connect(server) as sock:
+            behind = b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n" if pipelined else b""
+            sock.sendall(b"GET /notice HTTP/1.1\r\nhost: x\r\n\r\n" + behind)
+            assert b"open" in sock.recv(65536)
+        with _connect(server) as sock:
+            reader = _Reader(sock)
+            for _ in range(200):  # the notice comes once the close is seen
+                sock.sendall(b"GET /seen HTTP/1.1\r\nhost: x\r\n\r\n")
+                seen = orjson.loads(reader.response()[2])["seen"]
+                if seen:
+                    break
+    assert seen == ["notice"]
 
 
 @pytest.mark.parametrize("loop", LOOPS)

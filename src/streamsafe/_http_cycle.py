@@ -198,6 +198,11 @@ class RequestCycle:
             notice()
             return
         self._on_lost = notice
+        if notice is not None and not self.complete:
+            # The client's leaving is seen only while the connection is read: a request
+            # pipelined behind this one paused reading. Read on, as a receive() waiting for
+            # http.disconnect would.
+            self.conn.resume_reading()
 
     def _wake(self) -> None:
         self._ready = True
