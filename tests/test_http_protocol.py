@@ -78,7 +78,8 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         _seen.append(message["type"])
     elif path == "/notice":  # never calls receive(): told of the client leaving by the server
         left = asyncio.Event()
-        scope["extensions"]["streamsafe.on_disconnect"](lambda: (_seen.append("notice"), left.set()))
+        notice = scope["extensions"]["streamsafe.on_disconnect"]
+        notice(lambda: (_seen.append("notice"), left.set()))
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"open", "more_body": True})
         with contextlib.suppress(TimeoutError):
