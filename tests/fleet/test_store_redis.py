@@ -359,3 +359,37 @@ async def test_redis_restart_surfaces_errors_then_recovers(own_redis: RedisProce
             await writer.close()
     finally:
         await store.close()
+
+
+async def test_a_renewal_in_flight_never_gives_an_ended_generation_its_running_lifetime(
+    make_store: MakeStore,
+) -> None:
+    from streamsafe.gateway.generation import Generation, GenerationRequest, State
+    from streamsafe.gateway.replicas import Replicas
+
+    store = make_store()
+    replicas = Replicas(store, lease=1.0, keep_finished=60.0, orphan_ttl=3600.0)
+    req = GenerationRequest("t", "/v1/chat/completions", b"{}", b"fp", 1, True, "k")
+    gen = Generation("gen-1", req, replicas.new_log("gen-1"), "k")
+    assert await store.claim("k", "gen-1", ttl=3600.0) is None
+    await replicas.publish(gen)
+    await gen.log.append([b"{}"])
+    entered, go_on = asyncio.Event(), asyncio.Event()
+    renew = store.keep_generations
+
+    async def slow_renewal(running: Any, ttl: float) -> None:
+        entered.set()  # what it renews is decided: the generation still ran
+        await go_on.wait()
+        await renew(running, ttl)
+
+    store.keep_generations = slow_renewal  # type: ignore[method-assign]
+    renewal = asyncio.create_task(replicas._keep_owned())
+    await entered.wait()
+    gen.state = State.DONE
+    ending = asyncio.create_task(replicas.finished(gen))
+    await asyncio.sleep(0)  # the end runs up to the renewal's hold
+    go_on.set()
+    await asyncio.gather(renewal, ending)
+    for name in (store.log_key("gen-1"), store.meta_key("gen-1"), store.claim_key("k")):
+        assert 0 < await store.redis.pttl(name) <= 60_000, name
+    await replicas.close()

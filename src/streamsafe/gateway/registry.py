@@ -331,8 +331,10 @@ class Registry:
         for oldest in self.kept.keep(gen):  # its retention time is the ledger's
             counters.evicted += 1
             self._spawn(self._forget(oldest))
-        if gen.key is not None:
-            self._spawn(self._expire_key(gen, gen.key))
+        if gen.key is not None and not isinstance(gen.log, ReplicatedLog):
+            # In Redis, the replica's record of the end expires the key with the rest of its
+            # generation's keys (Replicas.finished).
+            self._spawn(self._own_store.expire(gen.key, gen.id, self.config.keep_finished))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run store bookkeeping in the background; owned here and awaited by :meth:`close`."""
@@ -364,14 +366,6 @@ class Registry:
             await self.store.release(gen.key, gen.id)
         except REDIS_ERRORS as exc:
             replicas.failed(exc)
-
-    async def _expire_key(self, gen: Generation, key: str) -> None:
-        store = self.store if isinstance(gen.log, ReplicatedLog) else self._own_store
-        try:
-            await store.expire(key, gen.id, self.config.keep_finished)
-        except REDIS_ERRORS as exc:
-            if self.replicas is not None:
-                self.replicas.failed(exc)
 
     # -- lifecycle ------------------------------------------------------------------------------
 

@@ -81,6 +81,9 @@ class Replicas:
         self.orphan_ttl = orphan_ttl
         self._clock = clock
         self._kept_at = clock()
+        # Held while the keys' lifetimes are written (a renewal, a generation's end): a renewal
+        # in flight must not give a generation that ended meanwhile its running lifetime back.
+        self._lifetimes = asyncio.Lock()
         self.counters = ReplicaCounters()
         #: True while Redis is unreachable: new generations are this replica's only.
         self.degraded = False
@@ -209,6 +212,8 @@ class Replicas:
             self.failed(exc)
 
     async def _record_end(self, gen: Generation) -> None:
+        """Record how ``gen`` ended and give its keys the lifetime of a finished generation
+        (its claim too: a failed one's is released when the registry forgets it)."""
         store = self.store
         fields: dict[str, bytes | str | int] = {}
         failure = gen.failure
@@ -216,14 +221,18 @@ class Replicas:
             fields = {"status": failure.status, "error": failure.body}
             if failure.retry_after is not None:
                 fields["retry_after"] = failure.retry_after
-        await store.set_state(gen.id, gen.state.value, fields)
-        if gen.state is State.DONE and self.keep_finished > 0:
-            await store.expire_generation(gen.id, self.keep_finished)
-            await store.expire_fingerprint(gen.tenant, gen.fingerprint, gen.id, self.keep_finished)
-        else:
-            await store.unindex_fingerprint(gen.tenant, gen.fingerprint, gen.id)
-            await store.expire_generation(gen.id, max(self.lease * 2, 1.0))
-        await store.release_lease(gen.id)
+        async with self._lifetimes:
+            await store.set_state(gen.id, gen.state.value, fields)
+            keep = self.keep_finished
+            if gen.state is State.DONE and keep > 0:
+                await store.expire_generation(gen.id, keep)
+                await store.expire_fingerprint(gen.tenant, gen.fingerprint, gen.id, keep)
+                if gen.key is not None:
+                    await store.expire(gen.key, gen.id, keep)
+            else:
+                await store.unindex_fingerprint(gen.tenant, gen.fingerprint, gen.id)
+                await store.expire_generation(gen.id, max(self.lease * 2, 1.0))
+            await store.release_lease(gen.id)
 
     async def hand_over(self, gen: Generation) -> None:
         """This replica stops (a graceful shutdown) while ``gen`` runs: give up its lease and
@@ -279,20 +288,20 @@ class Replicas:
                     log.warning("%s: lease lost to another replica", gen_id)
 
     async def _keep_owned(self) -> None:
-        """Renew the lifetime of every key of the generations this replica runs."""
+        """Renew the lifetime of every key of the generations this replica runs (those that end
+        meanwhile wait for it, then give their keys a finished generation's lifetime)."""
         self._kept_at = self._clock()
         store = self.store
-        await store.keep_generations(
-            (
+        async with self._lifetimes:
+            running = [
                 (
                     gen.id,
                     None if gen.key is None else store.claim_key(gen.key),
                     store.fingerprint_key(gen.tenant, gen.fingerprint),
                 )
                 for gen in self._owned.values()
-            ),
-            self.orphan_ttl,
-        )
+            ]
+            await store.keep_generations(running, self.orphan_ttl)
 
     # -- mirroring (see :mod:`streamsafe.gateway.mirrors`) -----------------------------------------
 
