@@ -475,6 +475,41 @@ def test_redis_lost_a_retry_on_the_same_replica_attaches_to_its_generation(
         gw.stop()
 
 
+def test_a_generation_started_while_redis_was_away_is_found_elsewhere_once_it_is_back(
+    sim: Process, own_redis: RedisProcess
+) -> None:
+    a, b = serve(sim, own_redis), serve(sim, own_redis)
+    try:
+        own_redis.kill()
+        body = chat("started during the outage", 300)
+        key = {"Idempotency-Key": "outage-born-1"}
+        before = stats(sim)["generations_started"]
+        url = "/v1/chat/completions"
+        got: list[tuple[int, bytes]] = []
+        with httpx2.stream("POST", a.url + url, json=body, headers=key, timeout=30) as first:
+            for event in events(first):
+                got.append(event)
+                if len(got) == 5:
+                    break
+            assert stats(a)["redis_degraded"]
+            own_redis.start()
+            deadline = time.monotonic() + 20
+            while stats(a)["redis_degraded"] or stats(b)["redis_degraded"]:
+                assert time.monotonic() < deadline, "the replicas did not go back to Redis"
+                time.sleep(0.05)
+            # A resume on the other replica finds it (written back) and reads the rest of it.
+            resume = {**key, "Last-Event-ID": str(got[-1][0])}
+            with httpx2.stream("POST", b.url + url, json=body, headers=resume, timeout=30) as r:
+                assert r.status_code == 200
+                got += list(events(r))
+        assert [i for i, _ in got] == list(range(len(got)))
+        assert text_of(got) == expected_text(body, 300, 0)
+        assert stats(sim)["generations_started"] == before + 1
+    finally:
+        a.stop()
+        b.stop()
+
+
 def test_owner_keeps_running_while_another_replica_has_subscribers(
     sim: Process, redis_server: RedisProcess
 ) -> None:

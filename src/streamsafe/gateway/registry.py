@@ -195,10 +195,16 @@ class Registry:
             if store_key is not None:
                 await store.release(store_key, new_id)
             raise NotResumable
-        log_ = replicas.new_log(new_id) if replicas is not None else store.log(new_id)
+        fleet = self.replicas
+        if fleet is None:
+            log_ = store.log(new_id)
+        else:  # while Redis is away, a log of this process's, written back once it returns
+            log_ = fleet.new_log(new_id, detached=replicas is None)
         gen = Generation(new_id, req, log_, store_key, self._clock())
         if replicas is not None:
             await replicas.publish(gen)
+        elif fleet is not None:
+            fleet.own(gen)
         self.generations.add(gen)
         self.live_generations += 1
         self._join(gen)
@@ -349,10 +355,10 @@ class Registry:
             gen.timer = None
         self.kept.drop(gen)
         self.generations.drop(gen)
+        if gen.key is not None:  # where it was claimed here (no Redis, or Redis away)
+            await self._own_store.release(gen.key, gen.id)
         replicas = self.replicas
         if replicas is None or not isinstance(gen.log, ReplicatedLog):
-            if gen.key is not None:
-                await self._own_store.release(gen.key, gen.id)
             await self._own_store.drop_log(gen.id)
             return
         if replicas.is_mirror(gen):

@@ -19,8 +19,9 @@ generations go on in this process (their logs detach from Redis, nothing their s
 were sent is lost); new requests get generations of this replica only, so during the outage a
 retry that lands on another replica is not recognised. Every failure is counted
 (``redis_errors``) and ``redis_degraded`` is 1 while Redis is away; a probe brings the replica
-back to Redis when it answers, and the generations it still runs are written back to Redis
-(record, lease and the whole log), so a mirror elsewhere that lost them can go on.
+back to Redis when it answers, and the generations it still runs, those it started meanwhile
+included, are written back to Redis (record, lease and the whole log), so a mirror elsewhere that
+lost them can go on and a retry or resume on any replica finds them.
 """
 
 from __future__ import annotations
@@ -138,40 +139,60 @@ class Replicas:
     async def _write_back(self) -> None:
         """Put the generations this replica runs, or finished while Redis was away, back into
         Redis (record, lease, key, whole log, final state), for a Redis that restarted empty or
-        lost writes meanwhile; mirrors elsewhere then go on from where their copy ends."""
+        lost writes meanwhile; mirrors elsewhere then go on from where their copy ends. That
+        includes the generations started while Redis was away (their logs detached from the
+        start): a retry or resume on another replica finds them once they are back."""
+        done: set[str] = set()
+        while True:
+            # Generations started meanwhile (while this ran, Redis still counted as away) are
+            # written back too: the last look and the return have no await between them.
+            todo = [
+                gen
+                for gen in (*self._owned.values(), *self._unsynced.values())
+                if gen.id not in done
+            ]
+            if not todo:
+                return
+            done.update(gen.id for gen in todo)
+            for gen in todo:
+                await self._write_back_one(gen)
+
+    async def _write_back_one(self, gen: Generation) -> None:
+        """Write one generation back (see :meth:`_write_back`)."""
         store = self.store
-        for gen in [*self._owned.values(), *self._unsynced.values()]:
-            log_ = gen.log
-            if not isinstance(log_, ReplicatedLog):
-                continue
-            lease_key = store.lease_key(gen.id)
-            await store.redis.set(lease_key, self.replica_id, nx=True, px=int(self.lease * 1000))
-            if await store.lease_holder(gen.id) != self.replica_id:
-                log_.detached = False  # its next append meets the lease taken meanwhile
-                self._unsynced.pop(gen.id, None)
-                continue  # another replica took it over while Redis was away: it writes now
-            ttl = self.orphan_ttl
-            await store.put_generation(gen.id, record_of(gen), ttl)
-            if gen.key is not None:
-                await store.redis.set(store.claim_key(gen.key), gen.id, nx=True, px=int(ttl * 1000))
-            await store.index_fingerprint(gen.tenant, gen.fingerprint, gen.id, ttl)
-            await log_.remote.sync()
-            # The relay goes on appending to the copy meanwhile: write until Redis has it all,
-            # then (with no await in between) let appends go to Redis again.
-            while missing := log_.local.read_nowait(log_.remote.length):
-                await log_.remote.append(missing)
-            log_.detached = False
-            if self._unsynced.pop(gen.id, None) is not None:
-                await self._record_end(gen)
+        log_ = gen.log
+        if not isinstance(log_, ReplicatedLog):
+            return
+        lease_key = store.lease_key(gen.id)
+        await store.redis.set(lease_key, self.replica_id, nx=True, px=int(self.lease * 1000))
+        if await store.lease_holder(gen.id) != self.replica_id:
+            log_.detached = False  # its next append meets the lease taken meanwhile
+            self._unsynced.pop(gen.id, None)
+            return  # another replica took it over while Redis was away: it writes now
+        ttl = self.orphan_ttl
+        await store.put_generation(gen.id, record_of(gen), ttl)
+        if gen.key is not None:
+            await store.redis.set(store.claim_key(gen.key), gen.id, nx=True, px=int(ttl * 1000))
+        await store.index_fingerprint(gen.tenant, gen.fingerprint, gen.id, ttl)
+        await log_.remote.sync()
+        # The relay goes on appending to the copy meanwhile: write until Redis has it all,
+        # then (with no await in between) let appends go to Redis again.
+        while missing := log_.local.read_nowait(log_.remote.length):
+            await log_.remote.append(missing)
+        log_.detached = False
+        if self._unsynced.pop(gen.id, None) is not None:
+            await self._record_end(gen)
 
     # -- owning ---------------------------------------------------------------------------------
 
-    def new_log(self, gen_id: str) -> ReplicatedLog:
-        """The log of a generation this replica starts."""
+    def new_log(self, gen_id: str, detached: bool = False) -> ReplicatedLog:
+        """The log of a generation this replica starts; ``detached`` while Redis is away (the
+        log stays in this process until :meth:`_write_back` writes it to Redis)."""
         log_ = self.store.replicated_log(
             gen_id, writer=True, lease=self.lease, keep=self.orphan_ttl
         )
         log_.on_detach = self.failed
+        log_.detached = detached
         return log_
 
     async def publish(self, gen: Generation) -> None:
