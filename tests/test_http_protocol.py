@@ -253,6 +253,19 @@ def test_an_app_that_fails_half_way_gets_the_connection_closed(loop: str) -> Non
         assert data.startswith(b"HTTP/1.1 200 ") and data.endswith(b"4\r\npart\r\n")
 
 
+def _seen_once_the_close_is_seen(server: ServerThread) -> list[str]:
+    """What the app saw of a client that left (``/seen``), asked again until it saw something:
+    it is told once the server sees the close."""
+    with _connect(server) as sock:
+        reader = _Reader(sock)
+        for _ in range(200):
+            sock.sendall(b"GET /seen HTTP/1.1\r\nhost: x\r\n\r\n")
+            seen: list[str] = orjson.loads(reader.response()[2])["seen"]
+            if seen:
+                break
+    return seen
+
+
 @pytest.mark.parametrize("loop", LOOPS)
 def test_the_app_sees_a_client_that_left_as_a_disconnect(loop: str) -> None:
     _seen.clear()
@@ -260,13 +273,7 @@ def test_the_app_sees_a_client_that_left_as_a_disconnect(loop: str) -> None:
         with _connect(server) as sock:
             sock.sendall(b"GET /disconnect HTTP/1.1\r\nhost: x\r\n\r\n")
             assert b"open" in sock.recv(65536)
-        with _connect(server) as sock:
-            reader = _Reader(sock)
-            for _ in range(200):  # the app's receive() returns once the close is seen
-                sock.sendall(b"GET /seen HTTP/1.1\r\nhost: x\r\n\r\n")
-                seen = orjson.loads(reader.response()[2])["seen"]
-                if seen:
-                    break
+        seen = _seen_once_the_close_is_seen(server)
     assert seen == ["http.disconnect"]
 
 
@@ -283,13 +290,7 @@ def test_the_disconnect_notice_comes_though_a_pipelined_request_paused_reading(
             behind = b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n" if pipelined else b""
             sock.sendall(b"GET /notice HTTP/1.1\r\nhost: x\r\n\r\n" + behind)
             assert b"open" in sock.recv(65536)
-        with _connect(server) as sock:
-            reader = _Reader(sock)
-            for _ in range(200):  # the notice comes once the close is seen
-                sock.sendall(b"GET /seen HTTP/1.1\r\nhost: x\r\n\r\n")
-                seen = orjson.loads(reader.response()[2])["seen"]
-                if seen:
-                    break
+        seen = _seen_once_the_close_is_seen(server)
     assert seen == ["notice"]
 
 
