@@ -510,6 +510,34 @@ def test_a_generation_started_while_redis_was_away_is_found_elsewhere_once_it_is
         b.stop()
 
 
+def test_a_generation_abandoned_while_redis_was_away_leaves_no_claim_once_it_is_back(
+    sim: Process, own_redis: RedisProcess
+) -> None:
+    import redis
+
+    gw = serve(sim, own_redis, "--grace", "0")
+    try:
+        own_redis.kill()
+        key = {"Idempotency-Key": "abandoned-in-outage-1"}
+        url = gw.url + "/v1/chat/completions"
+        with httpx2.stream("POST", url, json=chat("left", 300), headers=key, timeout=30) as r:
+            next(events(r))  # then the client leaves: aborted at once (grace 0)
+        deadline = time.monotonic() + 20
+        while stats(gw)["generations_aborted"] < 1:
+            assert time.monotonic() < deadline, "the abandoned generation was not aborted"
+            time.sleep(0.05)
+        own_redis.start()
+        while stats(gw)["redis_degraded"]:
+            assert time.monotonic() < deadline + 20, "the replica did not go back to Redis"
+            time.sleep(0.05)
+        # Written back with its end, but not its claim: nothing would ever release it, and a
+        # retry would wait for a record that lapsed.
+        claim = "ss:k:k\x00anonymous\x00abandoned-in-outage-1"
+        assert redis.Redis.from_url(own_redis.url).exists(claim) == 0
+    finally:
+        gw.stop()
+
+
 def test_owner_keeps_running_while_another_replica_has_subscribers(
     sim: Process, redis_server: RedisProcess
 ) -> None:

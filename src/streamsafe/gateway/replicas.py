@@ -171,7 +171,9 @@ class Replicas:
             return  # another replica took it over while Redis was away: it writes now
         ttl = self.orphan_ttl
         await store.put_generation(gen.id, record_of(gen), ttl)
-        if gen.key is not None:
+        if gen.key is not None and (gen.live or (gen.state is State.DONE and self.keep_finished)):
+            # Not for one that ended with nothing to replay: the registry forgot it and its key
+            # (a retry starts over), and nothing would release the claim.
             await store.redis.set(store.claim_key(gen.key), gen.id, nx=True, px=int(ttl * 1000))
         await store.index_fingerprint(gen.tenant, gen.fingerprint, gen.id, ttl)
         await log_.remote.sync()
