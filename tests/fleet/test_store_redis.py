@@ -393,3 +393,36 @@ async def test_a_renewal_in_flight_never_gives_an_ended_generation_its_running_l
     for name in (store.log_key("gen-1"), store.meta_key("gen-1"), store.claim_key("k")):
         assert 0 < await store.redis.pttl(name) <= 60_000, name
     await replicas.close()
+
+
+async def test_a_generation_that_ends_while_the_write_back_runs_has_its_end_recorded(
+    make_store: MakeStore,
+) -> None:
+    from streamsafe.gateway.generation import Generation, GenerationRequest, State
+    from streamsafe.gateway.replicas import Replicas
+
+    store = make_store()
+    replicas = Replicas(store, lease=1.0, keep_finished=60.0, orphan_ttl=3600.0)
+    replicas.degraded = True  # Redis was away: both started then, their logs detached
+    gens = []
+    for i in range(2):
+        req = GenerationRequest("t", "/v1/chat/completions", b"{}", b"fp%d" % i, 1, True)
+        gen = Generation(f"gen-{i}", req, replicas.new_log(f"gen-{i}", detached=True), None)
+        replicas.own(gen)
+        await gen.log.append([b"{}"])
+        gens.append(gen)
+    one = replicas._write_back_one
+
+    async def then_the_first_ends(gen: Generation) -> None:
+        await one(gen)
+        if gen is gens[0] and gen.live:  # written back, Redis still counts as away: it ends
+            gen.state = State.DONE
+            await replicas.finished(gen)
+
+    replicas._write_back_one = then_the_first_ends  # type: ignore[method-assign]
+    await replicas._write_back()
+    record = await store.generation("gen-0")
+    assert record is not None and record["state"] == b"done"
+    assert 0 < await store.redis.pttl(store.log_key("gen-0")) <= 60_000
+    assert await store.state_changes("gen-0") == 1
+    await replicas.close()

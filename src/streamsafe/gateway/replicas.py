@@ -145,12 +145,11 @@ class Replicas:
         done: set[str] = set()
         while True:
             # Generations started meanwhile (while this ran, Redis still counted as away) are
-            # written back too: the last look and the return have no await between them.
-            todo = [
-                gen
-                for gen in (*self._owned.values(), *self._unsynced.values())
-                if gen.id not in done
-            ]
+            # written back too, and so are the ends of those that finished meanwhile, written
+            # back already or not: each pass takes what is left. The last look and the return
+            # have no await between them.
+            todo = [gen for gen in self._owned.values() if gen.id not in done]
+            todo += self._unsynced.values()
             if not todo:
                 return
             done.update(gen.id for gen in todo)
@@ -162,6 +161,7 @@ class Replicas:
         store = self.store
         log_ = gen.log
         if not isinstance(log_, ReplicatedLog):
+            self._unsynced.pop(gen.id, None)
             return
         lease_key = store.lease_key(gen.id)
         await store.redis.set(lease_key, self.replica_id, nx=True, px=int(self.lease * 1000))
@@ -182,8 +182,9 @@ class Replicas:
         while missing := log_.local.read_nowait(log_.remote.length):
             await log_.remote.append(missing)
         log_.detached = False
-        if self._unsynced.pop(gen.id, None) is not None:
+        if gen.id in self._unsynced:
             await self._record_end(gen)
+            del self._unsynced[gen.id]  # kept for the next write-back where that failed
 
     # -- owning ---------------------------------------------------------------------------------
 
