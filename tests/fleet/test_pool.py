@@ -197,7 +197,9 @@ def test_breaker_invariants(events: list[tuple[str, float]]) -> None:
             if was is not BreakerState.CLOSED or kind == "dead":
                 assert breaker.state is BreakerState.OPEN or was is BreakerState.OPEN
         if breaker.state is BreakerState.OPEN:
-            assert breaker.open_until - now <= 8.0
+            # As the breaker computes it (now + cooldown): open_until - now may round a hair
+            # over 8.0 (8.000000000000004), the bound itself does not.
+            assert breaker.open_until <= now + 8.0
             if now < breaker.open_until:
                 assert not breaker.allows(now)
                 assert breaker.retry_after(now) > 0
