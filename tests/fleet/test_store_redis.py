@@ -12,7 +12,9 @@ import pytest
 from fleet_helpers import RedisProcess
 from redis.exceptions import RedisError
 
+from streamsafe.gateway.generation import Generation, GenerationRequest, State
 from streamsafe.gateway.redis_log import LogConflict, LogLost
+from streamsafe.gateway.replicas import Replicas
 from streamsafe.gateway.store import LeaseLost
 from streamsafe.gateway.store_redis import RedisStore
 
@@ -361,16 +363,23 @@ async def test_redis_restart_surfaces_errors_then_recovers(own_redis: RedisProce
         await store.close()
 
 
+def _replica(store: RedisStore) -> Replicas:
+    """A replica on ``store`` keeping finished generations 60 s, running ones an hour."""
+    return Replicas(store, lease=1.0, keep_finished=60.0, orphan_ttl=3600.0)
+
+
+def _generation(replicas: Replicas, i: int, key: str | None, detached: bool = False) -> Generation:
+    """Generation ``gen-<i>`` of ``replicas`` (a streamed chat, body fingerprint ``fp<i>``)."""
+    req = GenerationRequest("t", "/v1/chat/completions", b"{}", b"fp%d" % i, 1, True, key)
+    return Generation(f"gen-{i}", req, replicas.new_log(f"gen-{i}", detached=detached), key)
+
+
 async def test_a_renewal_in_flight_never_gives_an_ended_generation_its_running_lifetime(
     make_store: MakeStore,
 ) -> None:
-    from streamsafe.gateway.generation import Generation, GenerationRequest, State
-    from streamsafe.gateway.replicas import Replicas
-
     store = make_store()
-    replicas = Replicas(store, lease=1.0, keep_finished=60.0, orphan_ttl=3600.0)
-    req = GenerationRequest("t", "/v1/chat/completions", b"{}", b"fp", 1, True, "k")
-    gen = Generation("gen-1", req, replicas.new_log("gen-1"), "k")
+    replicas = _replica(store)
+    gen = _generation(replicas, 1, "k")
     assert await store.claim("k", "gen-1", ttl=3600.0) is None
     await replicas.publish(gen)
     await gen.log.append([b"{}"])
@@ -398,16 +407,12 @@ async def test_a_renewal_in_flight_never_gives_an_ended_generation_its_running_l
 async def test_a_generation_that_ends_while_the_write_back_runs_has_its_end_recorded(
     make_store: MakeStore,
 ) -> None:
-    from streamsafe.gateway.generation import Generation, GenerationRequest, State
-    from streamsafe.gateway.replicas import Replicas
-
     store = make_store()
-    replicas = Replicas(store, lease=1.0, keep_finished=60.0, orphan_ttl=3600.0)
+    replicas = _replica(store)
     replicas.degraded = True  # Redis was away: both started then, their logs detached
     gens = []
     for i in range(2):
-        req = GenerationRequest("t", "/v1/chat/completions", b"{}", b"fp%d" % i, 1, True)
-        gen = Generation(f"gen-{i}", req, replicas.new_log(f"gen-{i}", detached=True), None)
+        gen = _generation(replicas, i, None, detached=True)
         replicas.own(gen)
         await gen.log.append([b"{}"])
         gens.append(gen)
