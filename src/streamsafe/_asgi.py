@@ -64,25 +64,26 @@ DISCONNECT_EXTENSION = "streamsafe.on_disconnect"
 OnDisconnect = Callable[[Callable[[], None] | None], None]
 
 
+def _callable_extension(scope: Scope, name: str) -> Any:
+    """The callable the server offers as extension ``name`` for this request, else ``None``."""
+    extensions = scope.get("extensions")
+    found = extensions.get(name) if isinstance(extensions, dict) else None
+    return found if callable(found) else None
+
+
 def body_writer(scope: Scope) -> BodyWriter | None:
     """The server's direct body writer for this request, where it offers one."""
-    extensions = scope.get("extensions")
-    writer = extensions.get(BODY_WRITER_EXTENSION) if isinstance(extensions, dict) else None
-    return writer if callable(writer) else None
+    return _callable_extension(scope, BODY_WRITER_EXTENSION)  # type: ignore[no-any-return]
 
 
 def on_disconnect(scope: Scope) -> OnDisconnect | None:
     """The server's disconnect notice for this request, where it offers one."""
-    extensions = scope.get("extensions")
-    notice = extensions.get(DISCONNECT_EXTENSION) if isinstance(extensions, dict) else None
-    return notice if callable(notice) else None
+    return _callable_extension(scope, DISCONNECT_EXTENSION)  # type: ignore[no-any-return]
 
 
 def reset_connection(scope: Scope) -> Callable[[], None] | None:
     """The server's connection reset for this request, where it offers one."""
-    extensions = scope.get("extensions")
-    reset = extensions.get(RESET_EXTENSION) if isinstance(extensions, dict) else None
-    return reset if callable(reset) else None
+    return _callable_extension(scope, RESET_EXTENSION)  # type: ignore[no-any-return]
 
 
 class BodyTooLarge(Exception):

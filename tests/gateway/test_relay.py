@@ -180,11 +180,11 @@ def test_finished_generation_is_forgotten_after_keep_finished_even_if_replayed()
         body = chat_body(max_tokens=3)
         post_stream(s.url, body, _keyed("ttl"))
         kept = s.gw.registry.kept
-        due = kept.due(kept.keep_for)
+        due = kept.due()
         assert due is not None and len(kept) == 1
         post_stream(s.url, body, _keyed("ttl"))
         assert s.gw.stats()["replayed"] == 1
-        assert kept.due(kept.keep_for) == due  # not extended
+        assert kept.due() == due  # not extended
         wait_for(lambda: s.gw.stats()["kept_generations"] == 0, timeout=20, what="retention expiry")
         post_stream(s.url, body, _keyed("ttl"))
         assert s.sim.stats()["generations_started"] == 2

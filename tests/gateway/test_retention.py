@@ -36,12 +36,12 @@ def test_expired_lets_go_exactly_those_kept_long_enough_oldest_first(steps, keep
         assert retention.keep(gens[-1]) == []
     gone: list[Generation] = []
     for now in sorted(nows):
-        out = retention.expired(now, keep_for)
+        out = retention.expired(now)
         assert out == [g for g in gens if g not in gone and g.finished_at + keep_for <= now]
         gone += out
         left = [g for g in gens if g not in gone]
         assert len(retention) == len(left)
-        assert retention.due(keep_for) == (left[0].finished_at + keep_for if left else None)
+        assert retention.due() == (left[0].finished_at + keep_for if left else None)
     assert retention.bytes == sum(g.kept_nbytes for g in gens if g not in gone)
 
 
@@ -53,7 +53,7 @@ def test_past_a_bound_the_oldest_are_evicted_first() -> None:
     small = Retention(max_bytes=gens[0].kept_nbytes * 2, max_generations=100)
     for gen in gens[:3]:
         small.keep(gen)
-    assert len(small) == 2 and small.expired(10.0, 0.0) == gens[1:3]
+    assert len(small) == 2 and small.expired(10.0) == gens[1:3]
 
 
 async def test_one_timer_lets_each_go_when_its_time_is_up() -> None:

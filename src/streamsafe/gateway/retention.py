@@ -74,28 +74,28 @@ class Retention:
             self._arm()
         return evicted
 
-    def due(self, keep_for: float) -> float | None:
+    def due(self) -> float | None:
         """When the oldest generation kept will have been kept ``keep_for`` seconds (on the
         clock of its ``finished_at``); ``None`` when none is kept."""
         for oldest in self._kept.values():
-            return (oldest.finished_at or 0.0) + keep_for
+            return (oldest.finished_at or 0.0) + self.keep_for
         return None
 
-    def expired(self, now: float, keep_for: float) -> list[Generation]:
+    def expired(self, now: float) -> list[Generation]:
         """The generations kept ``keep_for`` seconds or longer at ``now``, oldest first (no
         longer kept here: the caller forgets them)."""
         out: list[Generation] = []
         kept = self._kept
         while kept:
             oldest = next(iter(kept.values()))
-            if (oldest.finished_at or 0.0) + keep_for > now:
+            if (oldest.finished_at or 0.0) + self.keep_for > now:
                 break
             self.drop(oldest)
             out.append(oldest)
         return out
 
     def _arm(self) -> None:
-        due = self.due(self.keep_for)
+        due = self.due()
         if due is not None:
             # At least 10 ms: each firing lets go of every generation due by then.
             delay = max(due - self._clock(), 0.01)
@@ -105,7 +105,7 @@ class Retention:
         self._timer = None
         forget = self._forget
         assert forget is not None
-        for gen in self.expired(self._clock(), self.keep_for):
+        for gen in self.expired(self._clock()):
             forget(gen)
         self._arm()
 
