@@ -65,7 +65,7 @@ class DemoSettings:
 
     @classmethod
     def quick(cls) -> DemoSettings:
-        return cls(Workload(24, 250, 60), 0.5, 8192, 8, 10.0, 0.5)
+        return cls(Workload(24, 250, 60), 0.5, 7424, 8, 10.0, 0.5)
 
     @property
     def heartbeat_s(self) -> float:
