@@ -160,3 +160,22 @@ def test_llama_stack_paths_serve_llama_stack_client_without_done(serve, body):
     ).text
     assert "[DONE]" not in raw
     assert raw.count("data: ") == 3  # the role event and two tokens, no [DONE]
+
+
+def test_tokenize_counts_the_prompt_as_a_completion_does(serve, body):
+    _sim, server = serve()
+    req = body("count my words please", max_tokens=3)
+    with httpx2.Client(base_url=server.url) as http:
+        done = http.post("/v1/chat/completions", json=req).json()
+        chat = http.post("/tokenize", json={"model": MODEL, "messages": req["messages"]})
+        assert chat.status_code == 200
+        assert chat.json()["count"] == done["usage"]["prompt_tokens"]
+        assert len(chat.json()["tokens"]) == chat.json()["count"]
+        prompt = {"model": MODEL, "prompt": "one two three", "max_tokens": 2}
+        text = http.post("/v1/completions", json=prompt).json()
+        counted = http.post("/tokenize", json={"model": MODEL, "prompt": "one two three"})
+        assert counted.json()["count"] == text["usage"]["prompt_tokens"]
+        for bad in (b"{", b"[]", b'{"messages": "x"}', b'{"prompt": 3}'):
+            refused = http.post("/tokenize", content=bad)
+            assert refused.status_code == 400
+            assert "message" in refused.json()["error"]

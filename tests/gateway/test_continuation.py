@@ -7,7 +7,14 @@ import orjson
 from gateway_helpers import chat_body, content_of, fast_sim, make_stack, post_stream, sse_payloads
 
 from streamsafe.engine_sim import Fault, expected_text
-from streamsafe.gateway.continuation import Partial, continuation_body
+from streamsafe.gateway.continuation import (
+    Partial,
+    continuation_body,
+    owed_usage,
+    read_partial,
+    tokenize_body,
+)
+from streamsafe.gateway.event_log import MemoryEventLog
 from streamsafe.gateway.generation import GenerationRequest
 
 
@@ -73,3 +80,58 @@ def test_only_single_choice_chat_streams_are_continued() -> None:
     assert continuation_body(_request("/v1/completions", {"prompt": "p"}), partial) is None
     two = {**chat_body("q"), "n": 2}
     assert continuation_body(_request("/v1/chat/completions", two), partial) is None
+
+
+def test_tokenize_body_asks_for_the_prompt_only_where_usage_was_asked() -> None:
+    usage = {"stream_options": {"include_usage": True}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    chat = {**chat_body("q"), **usage, "tools": tools, "temperature": 0.5}
+    ask = tokenize_body(_request("/v1/chat/completions", chat))
+    assert ask is not None
+    assert orjson.loads(ask) == {
+        "model": chat["model"],
+        "messages": chat["messages"],
+        "add_generation_prompt": True,
+        "tools": tools,
+    }
+    completion = {"model": "m", "prompt": "p", "stream": True, **usage}
+    ask = tokenize_body(_request("/v1/completions", completion))
+    assert ask is not None and orjson.loads(ask) == {"model": "m", "prompt": "p"}
+    # No usage asked, usage off, a prompt that is not one string, a body that is not an object.
+    assert tokenize_body(_request("/v1/chat/completions", chat_body("q"))) is None
+    off = {**chat_body("q"), "stream_options": {"include_usage": False}}
+    assert tokenize_body(_request("/v1/chat/completions", off)) is None
+    listed = {"model": "m", "prompt": ["a", "b"], **usage}
+    assert tokenize_body(_request("/v1/completions", listed)) is None
+    raw = GenerationRequest("t", "/v1/chat/completions", b"[1]", b"fp", 1, True)
+    assert tokenize_body(raw) is None
+
+
+async def _log_of(*payloads: bytes) -> MemoryEventLog:
+    log = MemoryEventLog()
+    await log.append(payloads)
+    return log
+
+
+async def test_read_partial_counts_content_and_remembers_the_stamp_and_usage() -> None:
+    stamp = {"id": "cmpl-1", "object": "text_completion", "created": 7, "model": "m"}
+
+    def chunk(text: str, finish: str | None = None, **extra: object) -> bytes:
+        choice = {"index": 0, "text": text, "finish_reason": finish}
+        return orjson.dumps({**stamp, "choices": [choice], **extra})
+
+    partial = await read_partial(await _log_of(chunk("a"), chunk(" b"), chunk("", "length")))
+    assert partial is not None
+    assert (partial.text, partial.chunks, partial.finished) == ("a b", 2, True)
+    assert not partial.usage_seen and partial.stamp == stamp
+    owed = orjson.loads(owed_usage(partial, 11))
+    assert owed == {
+        **stamp,
+        "choices": [],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 2, "total_tokens": 13},
+    }
+    usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    seen = await read_partial(await _log_of(chunk("a", "stop"), chunk("", usage=usage)))
+    assert seen is not None and seen.usage_seen
+    nulls = await read_partial(await _log_of(chunk("a", "stop", usage=None)))
+    assert nulls is not None and not nulls.usage_seen

@@ -115,6 +115,41 @@ def test_usage_after_a_continuation_counts_the_whole_answer() -> None:
         assert s.sim.stats()["continuations"] == 1
 
 
+@pytest.mark.parametrize("kind", ["auto", "openai"])
+def test_a_stream_dropped_after_its_last_token_still_gets_its_usage(kind: str) -> None:
+    """vLLM counts the prompt (its /tokenize); a generic OpenAI server cannot, so no usage."""
+    # 1 role chunk + 7 token chunks: the cut falls after the finish_reason chunk, before usage.
+    sim = fast_sim(faults=_faults("cut:8:1@fresh#1"))
+    body = {**chat_body("usage lost", max_tokens=7), "stream_options": {"include_usage": True}}
+    with make_stack(sim, upstream_kind=kind) as s:
+        status, data = _stream(s.url, body)
+        assert status == 200
+        _assert_clean(data)
+        assert _text(data) == expected_text(body, 7)
+        stats = s.sim.stats()
+        assert stats["faults_injected"]["cut"] == 1
+        assert stats["generations_started"] == 1 and stats["continuations"] == 0
+        chunks = [orjson.loads(d) for d in data[:-1]]
+        if kind == "openai":
+            # A generic OpenAI server has no tokenizer route: the answer ends without usage
+            # rather than with a guess.
+            assert all("usage" not in c for c in chunks)
+            assert s.gw.stats()["usage_recovered"] == 0
+            return
+        usage_chunk = chunks[-1]
+        prompt = estimate_prompt_tokens(body)
+        assert usage_chunk["usage"] == {
+            "prompt_tokens": prompt,
+            "completion_tokens": 7,
+            "total_tokens": prompt + 7,
+        }
+        assert usage_chunk["choices"] == []
+        first = chunks[0]
+        for field in ("id", "object", "created", "model"):
+            assert usage_chunk[field] == first[field]
+        assert s.gw.stats()["usage_recovered"] == 1
+
+
 # -- upstream timeouts: a stall is a cut, continued at once -----------------------------------
 
 

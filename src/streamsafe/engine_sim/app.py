@@ -37,6 +37,7 @@ from streamsafe.engine_sim.faults import FaultDraw, StreamCut
 from streamsafe.engine_sim.text import split_continuation
 from streamsafe.engine_sim.validation import BadRequest, validate
 from streamsafe.engine_sim.wire import DONE_EVENT, error_body
+from streamsafe.tokens import estimate_prompt_tokens
 
 __all__ = ["Simulator"]
 
@@ -58,6 +59,7 @@ class Simulator:
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
+            ("POST", "/tokenize"): self._tokenize,
             ("GET", "/v1/models"): self._models,
             ("GET", "/health"): self._health,
             ("GET", "/metrics"): self._metrics,
@@ -171,6 +173,35 @@ class Simulator:
         await respond(send, 200, text.encode(), content_type=_METRICS_TYPE)
 
     # -- completions -------------------------------------------------------------------------
+
+    async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """vLLM's ``POST /tokenize``: a chat (``messages``) or completion (``prompt``) request's
+        prompt tokens, counted as a completion of it would count them (its ``usage``)."""
+        try:
+            body = orjson.loads(await read_body(receive, self.config.max_body_bytes))
+            if not isinstance(body, dict) or not (
+                isinstance(body.get("messages"), list) or isinstance(body.get("prompt"), str)
+            ):
+                raise BadRequest("give 'messages' (a list) or 'prompt' (a string)")
+            count = estimate_prompt_tokens(body)
+        except BodyTooLarge:
+            await respond(send, 413, error_body("request body too large", 413))
+            return
+        except Disconnected:
+            return
+        except orjson.JSONDecodeError as exc:
+            await respond(send, 400, error_body(f"malformed JSON body: {exc}", 400))
+            return
+        except BadRequest as exc:
+            await respond(send, exc.code, error_body(str(exc), exc.code))
+            return
+        answer = {
+            "count": count,
+            "max_model_len": self.config.memory_tokens,
+            "tokens": list(range(count)),
+            "token_strs": None,
+        }
+        await respond(send, 200, orjson.dumps(answer))
 
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._complete(scope, receive, send, chat=True)

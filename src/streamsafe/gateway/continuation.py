@@ -9,7 +9,7 @@ per-chunk path never parses JSON for this.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 
@@ -18,7 +18,18 @@ from streamsafe.gateway.generation import GenerationRequest
 from streamsafe.gateway.store import EventLog
 from streamsafe.sse import DONE
 
-__all__ = ["Partial", "continuation_body", "is_role_chunk", "read_partial", "whole_usage"]
+__all__ = [
+    "Partial",
+    "continuation_body",
+    "is_role_chunk",
+    "owed_usage",
+    "read_partial",
+    "tokenize_body",
+    "whole_usage",
+]
+
+#: The fields of a chunk that a usage chunk owed repeats.
+_STAMP = ("id", "object", "created", "model")
 
 
 def is_role_chunk(payload: bytes) -> bool:
@@ -35,11 +46,15 @@ def is_role_chunk(payload: bytes) -> bool:
 
 @dataclass(slots=True)
 class Partial:
-    """What a broken stream delivered: its text, content chunks and whether it had ended."""
+    """What a broken stream delivered: its text, content chunks, whether it had ended, whether
+    a usage chunk came, and the last chunk's ``id``, ``created`` and ``model`` (a usage chunk
+    owed is stamped with them)."""
 
     text: str
     chunks: int
     finished: bool
+    usage_seen: bool = False
+    stamp: dict[str, object] = field(default_factory=dict)
 
 
 async def read_partial(log: EventLog) -> Partial | None:
@@ -47,26 +62,31 @@ async def read_partial(log: EventLog) -> Partial | None:
     tool calls, several choices, unparsable chunks)."""
     parts: list[str] = []
     chunks = 0
-    finished = False
+    finished = usage_seen = False
+    stamp: dict[str, object] = {}
     for payload in await log.read(0):
         if payload == DONE or payload.startswith(ERROR_PREFIXES):
             return None
         try:
-            choices = orjson.loads(payload).get("choices") or ()
+            chunk = orjson.loads(payload)
+            choices = chunk.get("choices") or ()
         except (orjson.JSONDecodeError, AttributeError):
             return None
+        usage_seen = usage_seen or isinstance(chunk.get("usage"), dict)
+        stamp = {k: chunk[k] for k in _STAMP if k in chunk}
         for choice in choices:
             if choice.get("index", 0) != 0:
                 return None
             delta = choice.get("delta") or {}
             if delta.get("tool_calls"):
                 return None
-            content = delta.get("content")
+            # A chat chunk's delta, or a completion chunk's text.
+            content = delta.get("content") if delta else choice.get("text")
             if content:
                 parts.append(content)
                 chunks += 1
             finished = finished or bool(choice.get("finish_reason"))
-    return Partial("".join(parts), chunks, finished)
+    return Partial("".join(parts), chunks, finished, usage_seen, stamp)
 
 
 def continuation_body(req: GenerationRequest, partial: Partial) -> bytes | None:
@@ -111,3 +131,41 @@ def whole_usage(payload: bytes, tokens_before: int) -> bytes:
     usage["completion_tokens"] = completion + tokens_before
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     return orjson.dumps(chunk)
+
+
+def tokenize_body(req: GenerationRequest) -> bytes | None:
+    """The ``/tokenize`` request (vLLM's) that counts the prompt of ``req`` as its completion
+    did, where ``req`` is a stream that asked for usage (``stream_options.include_usage``):
+    a chat's messages and tools with the generation prompt, or a completion's prompt string.
+    ``None`` otherwise."""
+    try:
+        body = orjson.loads(req.body)
+    except orjson.JSONDecodeError:
+        return None
+    options = body.get("stream_options") if isinstance(body, dict) else None
+    if not isinstance(options, dict) or options.get("include_usage") is not True:
+        return None
+    ask: dict[str, object] = {"model": body.get("model")}
+    if req.path.endswith("/chat/completions") and isinstance(body.get("messages"), list):
+        ask["messages"] = body["messages"]
+        ask["add_generation_prompt"] = True
+        for name in ("tools", "chat_template", "chat_template_kwargs"):
+            if name in body:
+                ask[name] = body[name]
+    elif req.path.endswith("/completions") and isinstance(body.get("prompt"), str):
+        ask["prompt"] = body["prompt"]
+    else:
+        return None
+    return orjson.dumps(ask)
+
+
+def owed_usage(partial: Partial, prompt_tokens: int) -> bytes:
+    """The usage chunk a stream that asked for it still owes after the engine dropped it past
+    its last token: no choices, the prompt as the engine's tokenizer counts it, one completion
+    token per content chunk (vLLM streams one token per chunk; the continuation counts alike)."""
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": partial.chunks,
+        "total_tokens": prompt_tokens + partial.chunks,
+    }
+    return orjson.dumps({**partial.stamp, "choices": [], "usage": usage})

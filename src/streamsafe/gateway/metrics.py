@@ -57,6 +57,10 @@ class Counters:
         "Upstream attempts made again: broken streams continued where they stopped, requests "
         "dropped before their answer asked again"
     )
+    usage_recovered: int = _counter(
+        "Usage chunks a stream owed after the engine dropped it past its last token, counted "
+        "by the engine's tokenizer (vLLM's /tokenize)"
+    )
     upstream_timeouts: int = _counter(
         "Upstream attempts past their first-token, idle or total timeout"
     )

@@ -24,8 +24,11 @@ from streamsafe.gateway.attempt_watch import AttemptWatch, UpstreamStalled, Upst
 from streamsafe.gateway.attempts import Attempts, OneEngine
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.continuation import (
+    Partial,
     continuation_body,
+    owed_usage,
     read_partial,
+    tokenize_body,
 )
 from streamsafe.gateway.endings import BrokenAttempt, Endings, Finish
 from streamsafe.gateway.engines import Engines
@@ -174,8 +177,8 @@ class Relay:
             partial = None
             if gen.stream and gen.length and (route is None or route.upstream_done):
                 partial = await read_partial(gen.log)
-            if partial is not None and partial.finished:  # only [DONE] was missing
-                gen.length = await gen.log.append((DONE,))
+            if partial is not None and partial.finished:  # only the end was missing
+                gen.length = await gen.log.append(await self._owed_end(gen, attempts, partial))
                 attempts.succeeded()
                 self._finish(gen, State.DONE)
                 return
@@ -214,6 +217,19 @@ class Relay:
             gen.continuations += 1
             self.counters.continued += 1
             log.info("%s: %s; asking upstream again (%d)", gen.id, broken.why, tries)
+
+    async def _owed_end(
+        self, gen: Generation, attempts: Attempts, partial: Partial
+    ) -> tuple[bytes, ...]:
+        """The end a stream still owes when the engine dropped it after its last token:
+        ``[DONE]``, after the usage chunk its request asked for where the engine's tokenizer
+        can count the prompt (docs/design.md, Continuation)."""
+        ask = None if partial.usage_seen else tokenize_body(gen.request)
+        prompt = None if ask is None else await attempts.upstream.prompt_tokens(ask)
+        if prompt is None:
+            return (DONE,)
+        self.counters.usage_recovered += 1
+        return (owed_usage(partial, prompt), DONE)
 
     async def attempt(
         self,

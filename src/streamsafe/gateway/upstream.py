@@ -27,6 +27,7 @@ from collections.abc import Mapping
 
 import httpcore2
 import httpx2
+import orjson
 
 from streamsafe.gateway.asyncio_backend import AsyncioBackend
 from streamsafe.gateway.breaker import Breaker
@@ -58,6 +59,9 @@ _JSON_LINE = header_lines({"content-type": "application/json"})
 #: Upstream failures in a row that open the breaker where the upstream's health does not cover
 #: the engine (Llama Stack masks an engine's death as an ordinary 500).
 FAILURES_TO_TRIP = 3
+
+#: Seconds the engine's tokenizer gets to count a prompt (``Upstream.prompt_tokens``).
+_TOKENIZE_TIMEOUT = 5.0
 
 
 def is_engine_death(body: bytes) -> bool:
@@ -298,6 +302,28 @@ class Upstream:
         if _healthy_status(response.status_code):
             self.alive_at = asyncio.get_running_loop().time()
         return response.status_code
+
+    async def prompt_tokens(self, body: bytes) -> int | None:
+        """The prompt tokens of ``body`` (a ``/tokenize`` request) as the engine counts them, or
+        ``None`` where it cannot say: no tokenizer route, no answer within
+        :data:`_TOKENIZE_TIMEOUT`, or an answer without a count."""
+        path = self.kind.tokenize_path
+        if path is None:
+            return None
+        try:
+            response = await self.client.post(
+                path,
+                content=body,
+                headers={"content-type": "application/json"},
+                timeout=_TOKENIZE_TIMEOUT,
+            )
+            answer = orjson.loads(response.content) if response.status_code == 200 else None
+        except (httpx2.HTTPError, orjson.JSONDecodeError):
+            return None
+        count = answer.get("count") if isinstance(answer, dict) else None
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            return None
+        return count
 
     def _judge(self, status: int | None) -> None:
         if status is None:

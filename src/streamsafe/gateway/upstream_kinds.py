@@ -135,6 +135,8 @@ class UpstreamKind:
     forwarded unchanged (Llama Stack has many APIs besides inference). ``can_continue``: a broken
     chat stream can be continued from its partial answer. ``masks_errors``: failures after the
     response started arrive as ``"NNN: ..."`` messages whose prefix is the status.
+    ``tokenize_path``: where the upstream counts a request's prompt tokens (vLLM's
+    ``/tokenize``), or ``None`` where it cannot.
     """
 
     name: KindName
@@ -145,6 +147,7 @@ class UpstreamKind:
     passthrough: bool
     can_continue: bool
     masks_errors: bool
+    tokenize_path: str | None = None
 
     def route(self, path: str) -> CompletionRoute | None:
         """The completion route served at ``path``, or ``None``."""
@@ -189,6 +192,7 @@ KINDS: Mapping[KindName, UpstreamKind] = {
         passthrough=False,
         can_continue=True,
         masks_errors=False,
+        tokenize_path="/tokenize",
     ),
     "llama-stack": UpstreamKind(
         name="llama-stack",
