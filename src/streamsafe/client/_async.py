@@ -15,10 +15,17 @@ import httpx2
 import orjson
 
 from streamsafe.client._answers import finished, is_event_stream, text_of
-from streamsafe.client._async_support import AsyncCloseAlias, AsyncSleep, default_sleep, loop_over
+from streamsafe.client._async_support import (
+    GENERATOR_RUNNING,
+    AsyncCloseAlias,
+    AsyncSleep,
+    default_sleep,
+    loop_over,
+    wake_reader,
+)
 from streamsafe.client._call import MAX_ERROR_BODY, Call
 from streamsafe.client._settings import NOT_GIVEN, Hook, Settings, make_settings, override
-from streamsafe.client.errors import APIResponseError, StreamError, StreamsafeError
+from streamsafe.client.errors import APIResponseError, StreamClosed, StreamError, StreamsafeError
 from streamsafe.client.timeouts import Timeouts
 from streamsafe.client.types import (
     APIObject,
@@ -59,7 +66,8 @@ class AsyncStream(AsyncCloseAlias, Generic[T]):
         self._type = chunk_type
         self._call = call
         self._client = client
-        self._closed = False
+        self._closed = False  # the caller closed it (or a loop over it was left early)
+        self._ended = False  # it was read to its end
         self._iterator = self._iter()
 
     @property
@@ -78,9 +86,13 @@ class AsyncStream(AsyncCloseAlias, Generic[T]):
         return self._call.resumes if self._call else 0
 
     def __aiter__(self) -> AsyncIterator[T]:
+        if self._closed and not self._ended:
+            raise _closed_error(self._call, self.chunks)
         return loop_over(self._iterator, self)
 
     async def __anext__(self) -> T:
+        if self._closed and not self._ended:
+            raise _closed_error(self._call, self.chunks)
         return await self._iterator.__anext__()
 
     async def __aenter__(self) -> AsyncStream[T]:
@@ -95,11 +107,16 @@ class AsyncStream(AsyncCloseAlias, Generic[T]):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the connection now (idempotent, and safe to call while a close started by
-        leaving a loop early is under way)."""
-        if not self._closed:
-            self._closed = True
+        """Close the connection now. Idempotent; safe while a close started by leaving a loop
+        early is under way, and while another task reads the stream: its loop ends there,
+        and the stream is never resumed after it."""
+        self._closed = True
+        try:
             await self._iterator.aclose()
+        except GENERATOR_RUNNING:
+            # Another reader is inside it, maybe waiting for bytes: wake it; it sees the close
+            # and its loop ends.
+            wake_reader(self.response)
         await self.response.aclose()
 
     async def _iter(self) -> AsyncGenerator[T, None]:
@@ -117,6 +134,7 @@ class AsyncStream(AsyncCloseAlias, Generic[T]):
                 async for raw in response.aiter_bytes():
                     for ev in decoder.feed(raw):
                         if ev.is_done:
+                            self._ended = True
                             return
                         if ev.id is not None and call is not None:
                             if skip_through is not None:
@@ -131,7 +149,7 @@ class AsyncStream(AsyncCloseAlias, Generic[T]):
                             raise _bad_event(call, ev.raw, chunks) from None
                         if type(data) is not dict:
                             raise _bad_event(call, ev.raw, chunks)
-                        if "error" in data:
+                        if "error" in data and data["error"] is not None:
                             raise _stream_error(call, data, chunks)
                         chunk = make(data)
                         chunks.append(chunk)
@@ -140,13 +158,21 @@ class AsyncStream(AsyncCloseAlias, Generic[T]):
                         raise httpx2.ReadTimeout("total timeout")
                 decoder.close()
                 if finished(chunks):
+                    self._ended = True
                     return
-            except httpx2.TransportError as exc:
-                failure = exc
-            except (SSEError, httpx2.DecodingError) as exc:
-                raise _unreadable(call, exc, chunks) from exc
+            except Exception as exc:
+                if self._closed:
+                    return  # closed by the caller, maybe from another task: the loop ends
+                if isinstance(exc, httpx2.TransportError):
+                    failure = exc
+                elif isinstance(exc, (SSEError, httpx2.DecodingError)):
+                    raise _unreadable(call, exc, chunks) from exc
+                else:
+                    raise
             finally:
                 await response.aclose()
+            if self._closed:
+                return
             if call is None or self._client is None:
                 raise StreamsafeError(f"stream broke: {failure or 'truncated before [DONE]'}")
             outcome = call.stream_failure(failure, len(chunks))
@@ -161,6 +187,16 @@ def _int_id(value: str | None) -> int | None:
         return int(value)
     except ValueError:
         return None
+
+
+def _closed_error(call: Call | None, chunks: list[Any]) -> StreamClosed:
+    kw = call.kw() if call is not None else {}
+    return StreamClosed(
+        f"the stream was closed after {len(chunks)} chunks, before its end",
+        chunks=chunks,
+        text=text_of(chunks),
+        **kw,
+    )
 
 
 def _bad_event(call: Call | None, raw: bytes, chunks: list[Any]) -> StreamsafeError:
@@ -272,6 +308,12 @@ class AsyncClient(AsyncCloseAlias):
         other.models = _Models(other)
         return other
 
+    @property
+    def is_closed(self) -> bool:
+        """True once the connection pool is closed: calls then raise, and streams still being
+        read end with :class:`~streamsafe.client.errors.StreamInterrupted`, never resumed."""
+        return self._http.is_closed
+
     async def aclose(self) -> None:
         """Close the connection pool (if this client created it)."""
         if self._owns_http:
@@ -290,6 +332,8 @@ class AsyncClient(AsyncCloseAlias):
     ) -> tuple[httpx2.Response | None, Outcome | None, StreamsafeError | None]:
         """One request. Returns the committed 2xx response, or the outcome and error of a
         failed attempt (its response already closed)."""
+        if self._http.is_closed:
+            raise call.closed_client()
         ext = call.timeout_extension()
         try:
             request = self._http.build_request(
@@ -351,6 +395,8 @@ class AsyncClient(AsyncCloseAlias):
         """A committed stream broke: resume it (same key, Last-Event-ID) while the retry core
         says so, or raise StreamInterrupted with what arrived."""
         while True:
+            if self._http.is_closed:
+                raise call.closed_mid_stream(chunks) from cause
             decision = call.decide(outcome)
             if not decision.resume:
                 raise call.interrupted(outcome, decision, chunks) from cause
@@ -407,6 +453,9 @@ class AsyncClient(AsyncCloseAlias):
             raise APIResponseError(
                 f"response is not a JSON object: {raw[:200]!r}", body=data, **call.kw()
             )
+        if data.get("error") is not None:
+            headers = {k.lower(): v for k, v in response.headers.items()}
+            raise call.error_answer(data, headers)
         return result(data)
 
     async def _post(

@@ -11,10 +11,20 @@ from typing import Generic, Protocol, TypeVar
 
 import httpx2
 
-__all__ = ["AsyncCloseAlias", "AsyncSleep", "default_sleep", "loop_over"]
+__all__ = [
+    "GENERATOR_RUNNING",
+    "AsyncCloseAlias",
+    "AsyncSleep",
+    "default_sleep",
+    "loop_over",
+    "wake_reader",
+]
 
 T = TypeVar("T")
 
+#: What closing a stream's generator raises while another task is inside it
+#: (an async generator already running raises it on ``aclose()``).
+GENERATOR_RUNNING = RuntimeError
 #: How the client waits between attempts (``sleep=`` takes one; tests pass a fake clock's).
 AsyncSleep = Callable[[float], Awaitable[None]]
 #: The default ``sleep``.
@@ -30,6 +40,11 @@ class AsyncCloseAlias:
     async def close(self) -> None:
         """Same as :meth:`aclose`."""
         await self.aclose()
+
+
+def wake_reader(response: httpx2.Response) -> None:
+    """Nothing to do: closing ``response`` wakes a task waiting for its bytes (the synchronous
+    twin must shut the socket down for a thread blocked in a read)."""
 
 
 class _Stream(Protocol):
@@ -72,6 +87,9 @@ class _Loop(Generic[T]):
         stream = self._stream
         if stream._closed or stream.response.is_closed:
             return
+        # Closed from now on: a second loop over the stream raises StreamClosed at once rather
+        # than read on until the close below runs.
+        stream._closed = True
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:

@@ -19,6 +19,7 @@ from streamsafe.client._settings import RetryEvent, Settings
 from streamsafe.client.errors import (
     APIConnectionError,
     APIResponseError,
+    APIStatusError,
     APITimeoutError,
     RetryBudgetExhausted,
     StreamError,
@@ -246,6 +247,29 @@ class Call:
             text=text,
             **self.kw(),
         )
+
+    def closed_client(self) -> APIConnectionError:
+        """The error for a request on a closed client: a mistake to fix, never retried."""
+        return APIConnectionError(f"cannot send to {self.url}: the client is closed", **self.kw())
+
+    def closed_mid_stream(self, chunks: list[Any]) -> StreamInterrupted:
+        """A stream whose client was closed while it was read: never resumed."""
+        return StreamInterrupted(
+            f"stream interrupted after {len(chunks)} chunks: its client was closed",
+            reason="client closed",
+            chunks=chunks,
+            text=text_of(chunks),
+            **self.kw(),
+        )
+
+    def error_answer(self, data: dict[str, Any], headers: dict[str, str]) -> APIStatusError:
+        """The error for a 2xx answer whose body is an error object: a server that had to send
+        its status before the work ended (the gateway's JSON keep-alive) reports a failure
+        that way. Its ``code`` is the status where it is one; else 500."""
+        error = data.get("error")
+        code = error.get("code") if isinstance(error, dict) else None
+        status = code if isinstance(code, int) and 400 <= code <= 599 else 500
+        return status_error(status, data, headers, **self.kw())
 
     def stream_error(self, data: dict[str, Any], chunks: list[Any]) -> StreamError:
         error = data.get("error")

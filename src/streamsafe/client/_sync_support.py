@@ -4,14 +4,21 @@ from ``_async.py`` and imports these)."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Protocol, TypeVar
 
-__all__ = ["CloseAlias", "Sleep", "default_sleep", "loop_over"]
+import httpx2
+
+__all__ = ["GENERATOR_RUNNING", "CloseAlias", "Sleep", "default_sleep", "loop_over", "wake_reader"]
 
 T = TypeVar("T")
 
+#: What closing a stream's generator raises while another thread is inside it
+#: (a generator already executing raises it on ``close()``).
+GENERATOR_RUNNING = ValueError
 #: How the client waits between attempts (``sleep=`` takes one; tests pass a fake clock's).
 Sleep = Callable[[float], None]
 #: The default ``sleep``.
@@ -21,6 +28,17 @@ default_sleep: Sleep = time.sleep
 class CloseAlias:
     """Nothing to add: a synchronous class's ``close()`` is its only name (the asynchronous
     twin adds ``close`` beside ``aclose``)."""
+
+
+def wake_reader(response: httpx2.Response) -> None:
+    """Wake a thread blocked reading ``response``: closing a socket does not interrupt a
+    ``recv`` another thread is inside, shutting it down does (the connection is given up
+    anyway: a response closed before its end is never reused)."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 class _Stream(Protocol):

@@ -17,8 +17,11 @@
     │                                    a stream answered without an event stream, an event
     │                                    stream the SSE decoder cannot read; .body)
     ├── StreamError                      the server sent an error event inside a stream
-    ├── StreamInterrupted                a committed stream broke and could not be resumed;
-    │                                    carries .chunks and .text received so far
+    ├── StreamInterrupted                a committed stream broke and could not be resumed
+    │                                    (or its client was closed); carries .chunks and
+    │                                    .text received so far
+    ├── StreamClosed                     a stream read after its caller closed it before its
+    │                                    end (close(), a with block, a loop left early)
     ├── RetryBudgetExhausted             the client's RetryBudget stopped a retry (.last_error)
     └── SSEError                         bytes that are not an event stream, from
                                          streamsafe.sse's decoder used directly (also a
@@ -54,6 +57,7 @@ __all__ = [
     "RetryBudgetExhausted",
     "SSEError",
     "ServiceUnavailableError",
+    "StreamClosed",
     "StreamError",
     "StreamInterrupted",
     "StreamsafeError",
@@ -177,6 +181,13 @@ class StreamInterrupted(_Partial):
     def __init__(self, message: str, *, reason: str, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.reason = reason
+
+
+class StreamClosed(_Partial):
+    """A stream was read after its caller closed it before its end (``close()``, leaving its
+    ``with`` block, or a loop over it left early): nothing more can come. ``chunks`` and ``text``
+    are what arrived before the close. A stream read to its end just ends again, as an
+    exhausted iterator does."""
 
 
 class RetryBudgetExhausted(StreamsafeError):
