@@ -177,8 +177,8 @@ def test_a_chunk_whose_error_is_null_is_an_ordinary_chunk() -> None:
         await req.write(encode_event(chunk(2, None, "stop")) + DONE_EVENT, more=False)
 
     with serve(FakeServer(handler)) as srv, Client(base_url=srv.url + "/v1") as client:
-        with client.chat.completions.create(**ARGS) as stream:
-            assert "".join(c.choices[0].delta.content or "" for c in stream) == "ab"
+        stream = client.chat.completions.create(**ARGS)
+        assert "".join(c.choices[0].delta.content or "" for c in stream) == "ab"
 
 
 def test_a_plain_answer_that_carries_an_error_raises_it() -> None:

@@ -12,7 +12,17 @@ from hypothesis import strategies as st
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.fair_queue import AdmissionCore
 from streamsafe.gateway.generation import Generation, GenerationRequest, State
-from streamsafe.gateway.pacing import COMMIT, HEARTBEAT, SHED, STEP_BACK, WAIT, Pacing, StreamRules
+from streamsafe.gateway.pacing import (
+    COMMIT,
+    HEARTBEAT,
+    MIN_CLIENT_HEARTBEAT,
+    SHED,
+    STEP_BACK,
+    WAIT,
+    Pacing,
+    StreamRules,
+    heartbeat_within,
+)
 from streamsafe.gateway.store import MemoryEventLog
 from streamsafe.gateway.subscriber import wait_for_change
 
@@ -124,10 +134,29 @@ def test_a_client_that_said_its_read_timeout_hears_from_the_stream_twice_within_
         step, timeout = pacing.step(gen, now)
         if step in (COMMIT, HEARTBEAT):
             if last_byte is not None:
-                assert now - last_byte <= min(heartbeat, patience / 2) + 1e-9
+                assert now - last_byte <= heartbeat_within(heartbeat, patience) + 1e-9
             last_byte = now
         if step != COMMIT:
             now += tick if timeout is None else min(tick, timeout)
+
+
+@given(
+    heartbeat=st.floats(0.01, 30.0),
+    patience=st.one_of(st.none(), st.floats(-1.0, 120.0)),
+)
+def test_heartbeats_come_twice_within_a_stated_read_timeout_but_never_spin(
+    heartbeat: float, patience: float | None
+) -> None:
+    beat = heartbeat_within(heartbeat, patience)
+    assert 0 < beat <= heartbeat
+    if patience is None or patience <= 0:
+        assert beat == heartbeat
+    else:
+        # Twice within the read timeout where that is a quarter second or more apart; a client
+        # stating less (x-stainless-read-timeout: 0.0001 made the gateway write 56,000
+        # heartbeats in 3 s) gets one every quarter second, or the operator's shorter interval.
+        assert beat <= patience / 2 or beat == min(heartbeat, MIN_CLIENT_HEARTBEAT)
+        assert beat >= min(heartbeat, MIN_CLIENT_HEARTBEAT)
 
 
 def test_no_heartbeat_when_heartbeats_are_off() -> None:

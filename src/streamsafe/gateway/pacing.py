@@ -19,6 +19,7 @@ from streamsafe.gateway.wait_plan import plan_wait
 __all__ = [
     "COMMIT",
     "HEARTBEAT",
+    "MIN_CLIENT_HEARTBEAT",
     "SHED",
     "STEP_BACK",
     "WAIT",
@@ -33,12 +34,21 @@ __all__ = [
 WAIT, COMMIT, HEARTBEAT, SHED, STEP_BACK = 0, 1, 2, 3, 4
 
 
+#: Fewest seconds between heartbeats that a client's stated read timeout can ask for: a client
+#: saying it waits 0.0001 s must not make the gateway spin writing heartbeats (the operator's
+#: own ``heartbeat`` may still be shorter).
+MIN_CLIENT_HEARTBEAT = 0.25
+
+
 def heartbeat_within(heartbeat: float, patience: float | None) -> float:
     """Seconds between heartbeats for a client that waits ``patience`` seconds for a read
     (``None``: it did not say): ``heartbeat``, or less, so that one comes at least twice within
-    its read timeout. Stainless clients (``x-stainless-read-timeout``) never retry a timeout
-    inside the body, so it must not fire there."""
-    return heartbeat if patience is None or patience <= 0 else min(heartbeat, patience / 2)
+    its read timeout, but no less than :data:`MIN_CLIENT_HEARTBEAT` on the client's word.
+    Stainless clients (``x-stainless-read-timeout``) never retry a timeout inside the body, so
+    it must not fire there."""
+    if patience is None or patience <= 0:
+        return heartbeat
+    return min(heartbeat, max(patience / 2, MIN_CLIENT_HEARTBEAT))
 
 
 @dataclass(frozen=True, slots=True)
