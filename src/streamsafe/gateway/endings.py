@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from streamsafe.gateway.attempt_watch import UpstreamStalled
 from streamsafe.gateway.attempts import Attempts
-from streamsafe.gateway.errors import Failure, error_body
+from streamsafe.gateway.errors import Failure, error_body, upstream_refusal
 from streamsafe.gateway.generation import Generation, State
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.upstream import is_engine_death, parse_retry_after
@@ -74,6 +74,7 @@ class Endings:
         """An error status from upstream, with its (bounded) body. Before any event it is the
         caller's answer; a continuation refused before any work (429, or a 5xx that is not the
         engine's death) is asked again after ``Retry-After``."""
+        status, body = upstream_refusal(status, body)
         dead = status >= 500 and is_engine_death(body)
         if status >= 500:
             self._counters.upstream_failures += 1

@@ -26,6 +26,7 @@ __all__ = [
     "send_bad_request",
     "send_failure",
     "send_internal_error",
+    "upstream_refusal",
 ]
 
 #: How an error payload (an upstream error event, an error body) starts.
@@ -50,6 +51,26 @@ def error_body(message: str, type_: str, code: int, param: str | None = None) ->
     return orjson.dumps(
         {"error": {"message": message, "type": type_, "param": param, "code": code}}
     )
+
+
+def upstream_refusal(status: int, body: bytes) -> tuple[int, bytes]:
+    """The status and body a caller gets for an upstream's answer other than 200: as they came
+    where the body is JSON (vLLM's and OpenAI's error objects, Llama Stack's ``detail``), an
+    error object holding the text where it is not (an HTML error page from a proxy), and 502 for
+    an answer that is not an error status at all (a 204, a redirect)."""
+    if not 400 <= status <= 599:
+        text = body[:500].decode("utf-8", "replace").strip()
+        message = f"upstream answered {status} instead of a completion" + (
+            f": {text}" if text else ""
+        )
+        return 502, error_body(message, "upstream_error", 502)
+    try:
+        if isinstance(orjson.loads(body), dict):
+            return status, body
+    except orjson.JSONDecodeError:
+        pass
+    text = body[:1000].decode("utf-8", "replace").strip() or f"upstream answered {status}"
+    return status, error_body(text, _ERROR_TYPES.get(status, "upstream_error"), status)
 
 
 @dataclass(slots=True)

@@ -63,6 +63,7 @@ class EventStream(asyncio.Protocol):
         self._decoder: SSEDecoder | None = None
         self._sink: EventSink | None = None
         self._complete = False
+        self._interim = False  # the head just parsed was a 1xx: the real one follows
         self._keep_alive = False
         self._release_on_complete = False
         self._closed = False
@@ -83,7 +84,7 @@ class EventStream(asyncio.Protocol):
         self._decoder = None
         self._sink = None
         self._one = None
-        self._complete = self._keep_alive = self._release_on_complete = False
+        self._complete = self._keep_alive = self._release_on_complete = self._interim = False
         self._head = self._loop.create_future()
         self._end = self._loop.create_future()
         self._transport.write(request)
@@ -182,7 +183,14 @@ class EventStream(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         assert self._parser is not None
-        self.status = self._parser.get_status_code()
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:
+            # An interim answer (100 Continue, 103 Early Hints): the final one follows on the
+            # same connection; a connection that ends first never gave a head.
+            self.headers = []
+            self._interim = True
+            return
+        self.status = status
         self._keep_alive = self._parser.should_keep_alive()
         if self._head is not None and not self._head.done():
             self._head.set_result(None)
@@ -196,6 +204,9 @@ class EventStream(asyncio.Protocol):
         # A stream's body is decoded once the whole read is parsed (see data_received).
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
         self._complete = True
         if self._end is not None and not self._end.done():
             self._end.set_result(None)
