@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 from gateway_helpers import (
     Stack,
     chat_body,
@@ -166,6 +167,29 @@ def test_resume_past_the_end_of_a_finished_stream_is_400_and_at_its_end_is_empty
     done = post_stream(stack.url, body, _keyed("past-end", **{"Last-Event-ID": str(last)}))
     assert done.status_code == 200 and sse_payloads(done.text) == []
     assert stack.sim.stats()["generations_started"] == 1
+
+
+def test_resume_of_a_live_stream_past_where_it_ends_gets_an_error_not_an_empty_stream() -> None:
+    import threading
+
+    with make_stack(fast_sim(itl_ms=15.0)) as s:
+        body = chat_body(max_tokens=20)
+        first: list[object] = []
+        runner = threading.Thread(
+            target=lambda: first.append(post_stream(s.url, body, _keyed("live-past")))
+        )
+        runner.start()
+        wait_for(lambda: s.sim.stats()["tokens_generated"] > 0, what="the stream under way")
+        past = post_stream(s.url, body, _keyed("live-past", **{"Last-Event-ID": "100000"}))
+        runner.join(10)
+        # Committed before the generation ended (early commit), so the refusal is an error
+        # event: the stream ended cleanly with no event at all before.
+        assert past.status_code == 200
+        events = sse_payloads(past.text)
+        assert [d for _, d in events][-1] == "[DONE]"
+        error = orjson.loads(events[0][1])["error"]
+        assert error["param"] == "Last-Event-ID" and "100000" in error["message"]
+        assert s.sim.stats()["generations_started"] == 1
 
 
 def test_resume_of_unknown_generation_is_410(stack: Stack) -> None:

@@ -344,11 +344,7 @@ class Gateway:
         except NotResumable:
             raise BadRequest(410, "the stream to resume is no longer held by the gateway") from None
         except ResumePastEnd as exc:
-            msg = (
-                f"Last-Event-ID {exc.last_event_id} is past the end of the stream "
-                f"(its last event is {exc.length - 1})"
-            )
-            raise BadRequest(400, msg, param="Last-Event-ID") from None
+            raise BadRequest(400, exc.message, param="Last-Event-ID") from None
         sub = Subscriber(gen, client_read_timeout(scope), last_attempt(scope))
         sub.listen(scope, receive)
         try:

@@ -135,6 +135,19 @@ class ResumePastEnd(Exception):
         self.last_event_id = last_event_id
         self.length = length
 
+    @property
+    def message(self) -> str:
+        """What the client is told."""
+        return (
+            f"Last-Event-ID {self.last_event_id} is past the end of the stream "
+            f"(its last event is {self.length - 1})"
+        )
+
+    def failure(self) -> Failure:
+        """The 400 it is, or the error event it becomes once the stream committed."""
+        body = error_body(self.message, "invalid_request_error", 400, "Last-Event-ID")
+        return Failure(400, body)
+
 
 async def send_bad_request(send: Send, exc: BadRequest) -> None:
     """Answer ``exc`` (401 also asks for a bearer token)."""

@@ -31,7 +31,7 @@ from streamsafe._asgi import (
     respond,
 )
 from streamsafe.gateway.admission import Admission, retry_after_seconds
-from streamsafe.gateway.errors import error_body, send_failure
+from streamsafe.gateway.errors import Failure, ResumePastEnd, error_body, send_failure
 from streamsafe.gateway.fair_queue import QUEUED
 from streamsafe.gateway.generation import Generation, State
 from streamsafe.gateway.pacing import (
@@ -229,7 +229,12 @@ async def serve_stream(
             await send({"type": "http.response.body", "body": body, "more_body": True})
             continue
         if gen.finished:
-            await _end(gen, send, start_msg, pacing.committed, drop_done, reset_on_failure)
+            # A resume from past what the generation came to (its Last-Event-ID was never
+            # sent) is refused as a finished generation's is, or told in an error event.
+            past = ResumePastEnd(cursor - 1, gen.length).failure() if cursor > gen.length else None
+            await _end(
+                gen, send, start_msg, pacing.committed, drop_done, reset_on_failure, past=past
+            )
             return
         place = gen.waiter
         queued = place is not None and place.state == QUEUED and not pacing.committed
@@ -320,18 +325,20 @@ async def _end(
     drop_done: bool,
     reset_on_failure: Callable[[], None] | None,
     last: bytes = b"",
+    past: Failure | None = None,
 ) -> None:
     """Every event went out (but ``last``, the framed final events, sent with the end) and
     ``gen`` finished: close the stream. A failure before anything was committed keeps its real
     status; after commit it becomes an error event (vLLM's way), and the stream ends with
-    ``reset_on_failure`` where one is given."""
-    failure = gen.failure
+    ``reset_on_failure`` where one is given. ``past``: the subscriber resumed from past the
+    end, which is its failure whatever the generation's."""
+    failure = past or gen.failure
     if not committed:
         if failure is not None:
             await send_failure(send, failure)
             return
         await send(start_msg)
-    reset = reset_on_failure if gen.state is State.FAILED else None
+    reset = reset_on_failure if past is not None or gen.state is State.FAILED else None
     tail = last
     if failure is not None:
         tail += encode_event(failure.as_event())
