@@ -114,6 +114,7 @@ class Connection(Protocol):
     def drain(self) -> Awaitable[None]: ...
     def resume_reading(self) -> None: ...
     def response_complete(self, cycle: RequestCycle) -> None: ...
+    def close_lingering(self) -> None: ...
 
 
 class RequestCycle:
@@ -384,5 +385,8 @@ class RequestCycle:
         self.complete = True
         self._wake()
         if not self.keep_alive:
-            self.transport.close()
+            if self.more_body:  # answered before its body was read: the rest must not reset it
+                self.conn.close_lingering()
+            else:
+                self.transport.close()
         self.conn.response_complete(self)

@@ -261,7 +261,7 @@ class HttpProtocol(FlowControl, asyncio.Protocol):
     def response_complete(self, cycle: RequestCycle) -> None:
         """``cycle``'s response is out: answer the next pipelined request, or wait for one."""
         self.server_state.total_requests += 1
-        if cycle is not self.current or self.transport.is_closing():
+        if cycle is not self.current or self._lingering or self.transport.is_closing():
             return
         self.current = None
         if self.pipeline:
@@ -360,11 +360,20 @@ class HttpProtocol(FlowControl, asyncio.Protocol):
         for cycle in (current, parsing, *self.pipeline):
             if cycle is not None and not cycle.complete:
                 cycle.lost()  # whatever the app sends now is dropped
+        if self._lingering or self.transport.is_closing():
+            return
+        self.transport.write(error_response(status, message, retry_after))
+        self.close_lingering()
+
+    def close_lingering(self) -> None:
+        """Close after the last answer without losing it to a reset: end our side, then read and
+        drop what the client still sends (the rest of a request body answered early) for a
+        moment, as nginx's ``lingering_close``, and close."""
         transport = self.transport
         if self._lingering or transport.is_closing():
             return
         self._lingering = True
-        transport.write(error_response(status, message, retry_after))
+        self._disarm()
         if not transport.can_write_eof():
             transport.close()
             return
