@@ -52,6 +52,7 @@ class Seen:
     body: bytes
     disconnected: threading.Event = field(default_factory=threading.Event)
     names: list[str] = field(default_factory=list)  # every header name, repeats kept
+    query: str = ""
 
     def json(self) -> Any:
         return orjson.loads(self.body)
@@ -132,7 +133,8 @@ class FakeServer:
                 break
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         names = [k.decode().lower() for k, _ in scope["headers"]]
-        seen = Seen(scope["method"], scope["path"], headers, body, names=names)
+        query = scope.get("query_string", b"").decode()
+        seen = Seen(scope["method"], scope["path"], headers, body, names=names, query=query)
         index = len(self.requests)
         self.requests.append(seen)
         req = Req(seen, index, receive, send)

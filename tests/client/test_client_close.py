@@ -2,7 +2,7 @@
 loop and is never resumed; a stream read after a close raises instead of ending as if whole; a
 closed client fails with the client's own errors. And two answers that only look like errors
 (``"error": null`` in a chunk) or only look like successes (a 200 carrying an error) are read for
-what they are."""
+what they are; and code written for openai-python's client runs unchanged."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import asyncio
 import threading
 from typing import Any
 
+import orjson
 import pytest
 from client_fakes import FakeServer, Req, chunk, completion, events, serve
 
@@ -195,3 +196,37 @@ def test_a_plain_answer_that_carries_an_error_raises_it() -> None:
             client.chat.completions.create(**plain)
         assert info.value.status_code == 503
         assert client.chat.completions.create(**plain).choices[0].message.content == "fine"
+
+
+def test_code_written_for_openai_python_runs_unchanged() -> None:
+    import httpx
+    import httpx2
+
+    async def handler(req: Req) -> None:
+        await req.status(200, completion("fine"))
+
+    app = FakeServer(handler)
+    with serve(app) as srv:
+        # max_retries and an httpx Timeout, as openai.OpenAI takes them (TypeErrors before).
+        timeout = httpx.Timeout(7.0, connect=2.0)
+        with Client(base_url=srv.url + "/v1", max_retries=5, timeout=timeout) as client:
+            assert client.settings.retry.max_retries == 5
+            phases = client.settings.timeouts
+            assert (phases.connect, phases.first_byte, phases.idle) == (2.0, 7.0, 7.0)
+            other = client.with_options(max_retries=0, timeout=httpx2.Timeout(3.0))
+            assert other.settings.retry.max_retries == 0
+            assert other.settings.timeouts.first_byte == 3.0
+            assert client.with_options(max_retries=None).settings.retry.max_retries == 5
+            reply = client.chat.completions.create(
+                model="fake", messages=ARGS["messages"], extra_query={"api-version": "1"}
+            )
+            # Results dump as pydantic models do (model_dump was None, so calling it failed).
+            assert reply.model_dump() == completion("fine")
+            assert reply.model_dump() is not reply.to_dict()
+            assert orjson.loads(reply.model_dump_json()) == completion("fine")
+            assert orjson.loads(reply.to_json()) == completion("fine")
+            with pytest.raises(TypeError):
+                Client(base_url=srv.url + "/v1", max_retries=-1)
+    seen = app.requests[0]
+    assert seen.query == "api-version=1"  # it went into the JSON body before
+    assert "api-version" not in orjson.loads(seen.body)

@@ -71,6 +71,15 @@ def _default_budget(clock: Callable[[], float] | None) -> RetryBudget:
     return RetryBudget() if clock is None else RetryBudget(clock=clock)
 
 
+def _with_max_retries(retry: RetryPolicy, max_retries: int | None) -> RetryPolicy:
+    """``retry`` with openai-python's ``max_retries`` where one is given."""
+    if max_retries is None:
+        return retry
+    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+        raise TypeError(f"max_retries must be a whole number >= 0, not {max_retries!r}")
+    return dataclasses.replace(retry, max_retries=max_retries)
+
+
 def make_settings(
     *,
     base_url: str | None,
@@ -80,6 +89,7 @@ def make_settings(
     streaming: StreamingConfig | None,
     budget: RetryBudget | None,
     default_headers: Mapping[str, str] | None,
+    max_retries: int | None = None,
     on_retry: Hook | None,
     on_resume: Hook | None,
     clock: Callable[[], float] | None,
@@ -91,7 +101,7 @@ def make_settings(
         base_url=base.rstrip("/"),
         api_key=key or None,
         timeouts=Timeouts() if timeout is NOT_GIVEN else Timeouts.of(timeout),
-        retry=retry or RetryPolicy(),
+        retry=_with_max_retries(retry or RetryPolicy(), max_retries),
         streaming=streaming or StreamingConfig(),
         budget=_default_budget(clock) if budget is NOT_GIVEN else budget,
         headers=dict(default_headers or {}),
@@ -109,6 +119,7 @@ OPTION_NAMES = frozenset(
         "api_key",
         "timeout",
         "retry",
+        "max_retries",
         "streaming",
         "budget",
         "default_headers",
@@ -120,7 +131,9 @@ OPTION_NAMES = frozenset(
 )
 # ``None`` for these means "keep what the client has" (openai-python's with_options does the
 # same for base_url and api_key); for budget and timeout it is a value (off, no limits).
-_NONE_KEEPS = frozenset({"base_url", "api_key", "retry", "streaming", "default_headers"})
+_NONE_KEEPS = frozenset(
+    {"base_url", "api_key", "retry", "max_retries", "streaming", "default_headers"}
+)
 
 
 def override(settings: Settings, changes: dict[str, Any]) -> Settings:
@@ -144,6 +157,9 @@ def override(settings: Settings, changes: dict[str, Any]) -> Settings:
             out["headers"] = {**settings.headers, **(value or {})}
         elif name == "rand":
             out["random"] = value
-        else:
+        elif name != "max_retries":
             out[name] = value
+    max_retries = changes.get("max_retries")
+    if max_retries is not None and max_retries is not NOT_GIVEN:
+        out["retry"] = _with_max_retries(out.get("retry", settings.retry), max_retries)
     return settings.replace(**out) if out else settings

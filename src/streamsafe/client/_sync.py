@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar, overload
+from urllib.parse import urlencode
 
 import httpx2
 import orjson
@@ -225,7 +226,8 @@ class Client(CloseAlias):
     ``base_url`` falls back to ``OPENAI_BASE_URL``, then ``http://localhost:8000/v1``;
     ``api_key`` to ``OPENAI_API_KEY`` (no ``Authorization`` header without one).
     ``timeout``: a :class:`Timeouts` or a number of seconds for every phase but total.
-    ``retry`` (default :class:`RetryPolicy()`) governs plain calls, ``streaming`` (default
+    ``retry`` (default :class:`RetryPolicy()`) governs plain calls (``max_retries``,
+    openai-python's spelling, sets its ``max_retries``), ``streaming`` (default
     :class:`StreamingConfig()`) streams; ``budget`` (default a fresh :class:`RetryBudget`,
     shared by every call of this client and its ``with_options`` copies; ``None`` disables)
     throttles retries while a backend keeps failing. ``on_retry`` / ``on_resume`` are called
@@ -241,6 +243,7 @@ class Client(CloseAlias):
         api_key: str | None = None,
         timeout: Timeouts | float | None = NOT_GIVEN,
         retry: RetryPolicy | None = None,
+        max_retries: int | None = None,
         streaming: StreamingConfig | None = None,
         budget: RetryBudget | None = NOT_GIVEN,
         http_client: httpx2.Client | None = None,
@@ -256,6 +259,7 @@ class Client(CloseAlias):
             api_key=api_key,
             timeout=timeout,
             retry=retry,
+            max_retries=max_retries,
             streaming=streaming,
             budget=budget,
             default_headers=default_headers,
@@ -492,6 +496,11 @@ def _body(base: dict[str, Any], params: dict[str, Any], extra_body: Any) -> dict
     return body
 
 
+def _with_query(path: str, extra_query: Mapping[str, Any] | None) -> str:
+    """``path`` with openai-python's ``extra_query`` as its query string."""
+    return f"{path}?{urlencode(extra_query, doseq=True)}" if extra_query else path
+
+
 def _options(
     timeout: Any, retry: Any, streaming: Any, extra_headers: Any, idempotency_key: Any
 ) -> dict[str, Any]:
@@ -532,6 +541,7 @@ class _ChatCompletions:
         streaming: StreamingConfig | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_body: Mapping[str, Any] | None = None,
+        extra_query: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
         **params: Any,
     ) -> ChatCompletion | Stream[ChatCompletionChunk]:
@@ -543,7 +553,8 @@ class _ChatCompletions:
             body["stream"] = True
         opts = _options(timeout, retry, streaming, extra_headers, idempotency_key)
         cls = ChatCompletionChunk if stream else ChatCompletion
-        return self._client._post("/chat/completions", body, opts, cls, stream)  # type: ignore[no-any-return]
+        path = _with_query("/chat/completions", extra_query)
+        return self._client._post(path, body, opts, cls, stream)  # type: ignore[no-any-return]
 
 
 class _Chat:
@@ -579,6 +590,7 @@ class _Completions:
         streaming: StreamingConfig | None = None,
         extra_headers: Mapping[str, str] | None = None,
         extra_body: Mapping[str, Any] | None = None,
+        extra_query: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
         **params: Any,
     ) -> Completion | Stream[Completion]:
@@ -587,7 +599,8 @@ class _Completions:
         if stream:
             body["stream"] = True
         opts = _options(timeout, retry, streaming, extra_headers, idempotency_key)
-        return self._client._post("/completions", body, opts, Completion, stream)  # type: ignore[no-any-return]
+        path = _with_query("/completions", extra_query)
+        return self._client._post(path, body, opts, Completion, stream)  # type: ignore[no-any-return]
 
 
 class _Models:

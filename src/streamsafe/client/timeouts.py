@@ -35,13 +35,17 @@ class Timeouts:
     """Default ``None``: a long generation is legitimate; set it to bound a call end to end."""
 
     @classmethod
-    def of(cls, value: Timeouts | float | None) -> Timeouts:
+    def of(cls, value: Any) -> Timeouts:
         """A :class:`Timeouts` from a number (every phase but ``total``; as openai-python's
-        ``timeout=``), ``None`` (no limits) or a :class:`Timeouts`."""
+        ``timeout=``), ``None`` (no limits), a :class:`Timeouts`, or an ``httpx.Timeout`` /
+        ``httpx2.Timeout`` (its ``read`` bounds both the first byte and every gap after)."""
         if isinstance(value, Timeouts):
             return value
         if value is None:
             return cls(None, None, None, None, None, None)
+        if all(hasattr(value, phase) for phase in ("connect", "read", "write", "pool")):
+            read = value.read
+            return cls(value.connect, value.write, value.pool, read, read)
         v = float(value)
         return cls(connect=v, write=v, pool=v, first_byte=v, idle=v)
 

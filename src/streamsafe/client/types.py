@@ -8,8 +8,11 @@ optional field of openai-python's models); ``to_dict()`` gives the plain dict ba
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from typing import Any
+
+import orjson
 
 __all__ = [
     "APIObject",
@@ -56,6 +59,19 @@ class APIObject:
     def to_dict(self) -> dict[str, Any]:
         """The parsed JSON object itself (not a copy)."""
         return self._data
+
+    def to_json(self) -> str:
+        """The object as JSON text."""
+        return orjson.dumps(self._data).decode()
+
+    def model_dump(self, **_: Any) -> dict[str, Any]:
+        """A copy of the object as plain data (openai-python's pydantic spelling; its options
+        are accepted and ignored: every field the server sent is in it, as sent)."""
+        return copy.deepcopy(self._data)
+
+    def model_dump_json(self, **_: Any) -> str:
+        """The object as JSON text (openai-python's pydantic spelling)."""
+        return self.to_json()
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, APIObject):
