@@ -167,6 +167,21 @@ def test_a_first_token_that_does_not_come_is_cut_and_asked_again() -> None:
         assert s.gw.stats()["upstream_timeouts"] == 1
 
 
+def test_a_non_streamed_answer_longer_than_the_first_token_timeout_is_waited_for() -> None:
+    # Its headers come only with the whole answer: a first-token bound cut it and asked the
+    # engine to start over, every time (three generations, a 504 and an open breaker before).
+    sim = fast_sim(itl_ms=20.0)
+    body = chat_body("a long plain answer", max_tokens=40, stream=False)
+    with make_stack(sim, first_token_timeout=0.3, max_continuations=2) as s:
+        with httpx2.Client(timeout=20) as client:
+            resp = client.post(s.url + "/v1/chat/completions", json=body)
+        assert resp.status_code == 200
+        assert resp.json()["choices"][0]["message"]["content"] == expected_text(body, 40)
+        assert s.sim.stats()["generations_started"] == 1
+        gw = s.gw.stats()
+        assert gw["upstream_timeouts"] == 0 and not gw["breaker_open"]
+
+
 def test_a_stream_that_goes_silent_is_cut_and_continued() -> None:
     sim = fast_sim(faults=_faults("hang:4:1@fresh#1"))
     body = chat_body("silence", max_tokens=12)

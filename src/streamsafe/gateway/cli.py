@@ -168,8 +168,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--first-token-timeout",
         type=float,
         default=60.0,
-        help="seconds from sending upstream to the first event before the attempt is cut and "
-        "asked again (default 60; 0: none)",
+        help="seconds from sending upstream to a stream's first event before the attempt is cut "
+        "and asked again (default 60; 0: none; non-streamed calls: total timeout only)",
     )
     p.add_argument(
         "--idle-timeout",

@@ -81,6 +81,10 @@ class Relay:
             idle=config.idle_timeout,
             total=config.total_timeout,
         )
+        #: A non-streamed answer's headers come when the whole answer is done, so neither a
+        #: first-token nor an idle bound tells a stalled engine from a long answer there: only
+        #: the total bounds it (cutting it would only make the engine start it over).
+        self.whole_answer_timeouts = UpstreamTimeouts(None, None, config.total_timeout)
 
     async def run(self, gen: Generation, cut: str | None = None) -> None:
         """Admit ``gen``, call upstream, and end it; the body of its reader task. Cancelling the
@@ -244,7 +248,8 @@ class Relay:
         continuing = gen.continuations > 0 and gen.length > 0
         response: httpx2.Response | None = None
         try:
-            async with AttemptWatch(self.timeouts, total_deadline) as watch:
+            bounds = self.timeouts if gen.stream else self.whole_answer_timeouts
+            async with AttemptWatch(bounds, total_deadline) as watch:
                 if gen.stream:
                     return await self._streams.attempt(gen, body, watch, continuing, attempts)
                 opened = await self._streams.open(gen, body, continuing, attempts)
