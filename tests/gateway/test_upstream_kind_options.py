@@ -20,6 +20,7 @@ from gateway_helpers import (
 )
 
 from streamsafe.engine_sim import Fault, expected_text
+from streamsafe.gateway.completion_id import own_completion_id
 
 
 def _post_json(url: str, body: dict[str, object], out: list[httpx2.Response]) -> None:
@@ -50,12 +51,47 @@ def test_collapse_identical_attaches_a_fresh_call_to_the_running_copy() -> None:
         _post_json(s.url, body, out)  # no retry marker, no key: a fresh call
         first.join(20)
         assert [r.status_code for r in out] == [200, 200]
-        assert out[0].json() == out[1].json()
+        first_answer, second_answer = out[0].json(), out[1].json()
+        # Two callers, one generation, two completion ids: behind Llama Stack each call stores
+        # its answer under its id, and a second insert of the same id failed with a 500.
+        assert second_answer.pop("id").startswith(first_answer.pop("id") + "-")
+        assert first_answer == second_answer
         assert s.sim.stats()["generations_started"] == 1
         assert s.gw.stats()["attached"] == 1
         # Within grace (0 here) only: after the copy finished, the same prompt is new work.
         _post_json(s.url, body, out)
         assert s.sim.stats()["generations_started"] == 2
+
+
+def test_collapsed_identical_streams_each_carry_one_completion_id_of_their_own() -> None:
+    with make_stack(fast_sim(itl_ms=10.0), collapse_identical=True) as s:
+        body = chat_body("same stream", max_tokens=20)
+        out: list[httpx2.Response] = []
+        first = threading.Thread(target=lambda: out.append(post_stream(s.url, body)))
+        first.start()
+        wait_for(lambda: s.sim.stats()["tokens_generated"] > 2, what="the first copy streams")
+        second = post_stream(s.url, body)
+        first.join(20)
+        streams = [out[0], second]
+        ids = []
+        for resp in streams:
+            chunks = [orjson.loads(d) for _, d in sse_payloads(resp.text) if d != "[DONE]"]
+            assert len({c["id"] for c in chunks}) == 1  # one id through the stream
+            ids.append(chunks[0]["id"])
+            assert content_of(sse_payloads(resp.text)) == expected_text(body, 20)
+        assert ids[1].startswith(ids[0] + "-")
+        assert s.sim.stats()["generations_started"] == 1
+        # A retry marked as one is the same caller: the engine's id as it came.
+        retry = post_stream(s.url, body, {"x-stainless-retry-count": "1"})
+        assert orjson.loads(sse_payloads(retry.text)[0][1])["id"] == ids[0]
+
+
+def test_own_completion_id_changes_only_a_leading_id() -> None:
+    rename = own_completion_id(b"ab12")
+    assert rename(b'{"id":"chatcmpl-1","object":"x"}') == b'{"id":"chatcmpl-1-ab12","object":"x"}'
+    assert rename(b'{ "id" : "c-2", "n": 1}') == b'{ "id" : "c-2-ab12", "n": 1}'
+    for unchanged in (b"[DONE]", b'{"event":{"id":"x"}}', b'{"error":{"message":"m"}}'):
+        assert rename(unchanged) == unchanged
 
 
 def test_json_keepalive_sends_whitespace_then_the_answer() -> None:

@@ -59,7 +59,9 @@ async def test_in_front_json_keepalive_answers_every_non_streamed_call(
     assert result.gateway is not None and result.gateway["retries_seen"] == 0
 
 
-@pytest.mark.parametrize(("api", "stream"), [("native", False), ("native", True)])
+@pytest.mark.parametrize(
+    ("api", "stream"), [("native", False), ("native", True), ("openai", False), ("openai", True)]
+)
 async def test_behind_the_engine_makes_one_generation_per_call(
     llama_stack_tier: LlamaStackTier, api: Api, stream: bool
 ) -> None:

@@ -28,6 +28,7 @@ from streamsafe._asgi import (
     serve_lifespan,
 )
 from streamsafe.gateway.admission import Admission
+from streamsafe.gateway.completion_id import own_completion_id
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.engines import Engines
 from streamsafe.gateway.errors import (
@@ -346,6 +347,12 @@ class Gateway:
         except ResumePastEnd as exc:
             raise BadRequest(400, exc.message, param="Last-Event-ID") from None
         sub = Subscriber(gen, client_read_timeout(scope), last_attempt(scope))
+        if gen.request is not req and not (
+            req.idempotency_key or req.retry or req.last_event_id is not None
+        ):
+            # Joined only by being identical (collapse_identical): another caller's answer,
+            # so a completion id of its own.
+            sub.rename = own_completion_id()
         sub.listen(scope, receive)
         try:
             if req.stream:

@@ -59,7 +59,16 @@ _JSON_HEARTBEAT_MSG: Message = {"type": "http.response.body", "body": b" ", "mor
 class Subscriber:
     """One client reading one generation; ``gone`` once it disconnected."""
 
-    __slots__ = ("_notice", "_watcher", "gen", "gone", "hold", "last_attempt", "patience")
+    __slots__ = (
+        "_notice",
+        "_watcher",
+        "gen",
+        "gone",
+        "hold",
+        "last_attempt",
+        "patience",
+        "rename",
+    )
 
     def __init__(
         self, gen: Generation, patience: float | None = None, last_attempt: bool = False
@@ -72,6 +81,9 @@ class Subscriber:
         self.last_attempt = last_attempt
         #: Seconds after which it was told to come back (0: it was not).
         self.hold = 0.0
+        #: Rewrites each payload before it is sent (a completion id of its own, see
+        #: :mod:`streamsafe.gateway.completion_id`); ``None``: the bytes as logged.
+        self.rename: Callable[[bytes], bytes] | None = None
         self._notice: OnDisconnect | None = None
         self._watcher: asyncio.Task[None] | None = None
 
@@ -142,6 +154,8 @@ async def serve_json(
                 status, body = gen.failure.status, gen.failure.body
             elif gen.state is State.DONE:
                 status, (body,) = 200, await gen.log.read(0)
+                if sub.rename is not None:
+                    body = sub.rename(body)
             else:
                 status = 502
                 body = error_body("the generation was aborted", "upstream_error", 502)
@@ -220,6 +234,8 @@ async def serve_stream(
             n = len(batch)
             if drop_done and batch[-1] == DONE:
                 batch.pop()
+            if sub.rename is not None:
+                batch = [sub.rename(p) for p in batch]
             body = encode_events(batch, cursor, gen.multiline)
             cursor += n
             pacing.flowing = cursor > preamble
@@ -263,6 +279,7 @@ async def serve_stream(
             and pacing.flowing
             and writer is not None
             and read_now is not None
+            and sub.rename is None
         ):
             # Caught up on a flowing stream: the relay writes what comes next itself, until
             # something else happens (see streamsafe.gateway.fanout).
