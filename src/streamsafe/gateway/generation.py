@@ -72,6 +72,9 @@ class GenerationRequest:
     #: The route it came on: its wire format and how the upstream ends a stream. ``None``:
     #: vLLM's ``/v1/chat/completions`` or ``/v1/completions`` (as ``path`` says).
     route: CompletionRoute | None = None
+    #: Client headers sent upstream with it, as header lines (Llama Stack's
+    #: ``X-LlamaStack-Provider-Data``: a provider's per-request keys); part of the fingerprint.
+    forward: bytes = b""
 
 
 class Generation:

@@ -38,6 +38,8 @@ def record_of(gen: Generation) -> dict[str, bytes | str | int]:
         "stream": "1" if gen.stream else "0",
         "key": gen.key or "",
         "state": gen.state.value,
+        # The client headers it is sent upstream with: a replica that takes it over sends them.
+        "forward": req.forward,
     }
 
 
@@ -51,6 +53,7 @@ def request_of(record: dict[str, bytes]) -> GenerationRequest:
         cost=int(record["cost"]),
         stream=record["stream"] == b"1",
         route=_route(record.get("route", b"")),
+        forward=record.get("forward", b""),
     )
 
 

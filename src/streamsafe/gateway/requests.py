@@ -80,8 +80,16 @@ def completion_request(
             "Idempotency-Key",
         )
     last_id = _last_event_id(scope)
+    provider_data = header(scope, b"x-llamastack-provider-data")
+    forward = (
+        b"" if provider_data is None else b"x-llamastack-provider-data: %s\r\n" % provider_data
+    )
+    # Requests that reach the upstream with other provider keys are not the same work.
     fingerprint = hashlib.blake2b(
-        upstream_path.encode() + b"\0" + orjson.dumps(body, option=orjson.OPT_SORT_KEYS),
+        upstream_path.encode()
+        + b"\0"
+        + orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+        + (b"\0" + forward if forward else b""),
         digest_size=16,
     ).digest()
     return GenerationRequest(
@@ -96,6 +104,7 @@ def completion_request(
         last_event_id=last_id,
         no_upstream_retry=header(scope, b"x-llamastack-streaming") == b"true",
         route=route,
+        forward=forward,
     )
 
 

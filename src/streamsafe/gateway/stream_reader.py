@@ -74,7 +74,7 @@ class StreamReader:
         upstream = attempts.upstream
         try:
             conn = await upstream.open_events(
-                req.path, body, retry_connect=not req.no_upstream_retry
+                req.path, body, retry_connect=not req.no_upstream_retry, headers=req.forward
             )
         except OSError as exc:
             return await self._endings.unreachable(gen, exc)
@@ -152,7 +152,7 @@ class StreamReader:
                 "POST",
                 req.path,
                 content=body,
-                headers={"content-type": "application/json"},
+                headers=_headers(req.forward),
                 retry_connect=not req.no_upstream_retry,
             )
         except httpx2.ConnectError as exc:
@@ -225,3 +225,13 @@ def _read_on() -> None:
 
 def _latin1(value: bytes | None) -> str | None:
     return None if value is None else value.decode("latin-1")
+
+
+def _headers(forward: bytes) -> dict[str, str]:
+    """A non-streamed request's headers: JSON, and the client's own it carries (header lines)."""
+    headers = {"content-type": "application/json"}
+    for line in forward.decode("latin-1").split("\r\n"):
+        name, sep, value = line.partition(": ")
+        if sep:
+            headers[name] = value
+    return headers

@@ -209,15 +209,17 @@ class Upstream:
             return response
 
     async def open_events(
-        self, path: str, body: bytes, *, retry_connect: bool = True
+        self, path: str, body: bytes, *, retry_connect: bool = True, headers: bytes = b""
     ) -> EventStream:
         """POST a streaming completion on the hot path (:mod:`streamsafe.gateway.event_stream`)
         and return the exchange once the request is written; connect retries as :meth:`open`.
-        Raises ``OSError`` when no connection could be made."""
+        ``headers``: header lines of the request's own. Raises ``OSError`` when no connection
+        could be made."""
+        lines = _JSON_LINE + headers if headers else _JSON_LINE
         attempt = 0
         while True:
             try:
-                conn = await self._events.request(b"POST", path, body, _JSON_LINE)
+                conn = await self._events.request(b"POST", path, body, lines)
             except OSError:  # refused, unreachable, or the connect timed out
                 if not await self._may_retry_connect(retry_connect, attempt):
                     raise
