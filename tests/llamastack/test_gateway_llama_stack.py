@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from conftest import MODEL, LlamaStackTier
-from streamsafe.engine_sim import SimConfig, Simulator
+from streamsafe.engine_sim import Fault, SimConfig, Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.serving import ServerThread
 from streamsafe.sse import SSEDecoder
@@ -93,6 +93,28 @@ def test_native_stream_carries_ids_and_resumes_exactly_once(tier: LlamaStackTier
         assert len(text.split()) == 29  # Llama Stack's own answer: the last token dropped
         assert sim.stats()["generations_started"] == 1
         assert gateway.stats()["resumed"] == 1
+
+
+def test_a_native_stream_whose_first_token_does_not_come_is_asked_again(
+    tier: LlamaStackTier,
+) -> None:
+    # Llama Stack sends its start event at once; the engine then holds the first token past the
+    # gateway's first-token bound. That start event counted as relayed, so the stream ended
+    # with a 504 error event; it is asked again, and the repeated start event dropped.
+    sim = tier.engine(itl_ms=2.0, faults=(Fault.parse("stall:5:1@fresh#1"),))
+    with (
+        _gateway(tier.url, upstream_kind="llama-stack", first_token_timeout=1.0) as (gw, url),
+        httpx2.Client(timeout=30) as client,
+    ):
+        r = client.post(url + "/v1/inference/chat-completion", json=_native("held", 10))
+        payloads = [orjson.loads(p) for _, p in _events(r.content)]
+        assert "error" not in payloads[-1], payloads[-1]
+        types = [p["event"]["event_type"] for p in payloads]
+        assert types[0] == "start" and types.count("start") == 1 and types[-1] == "complete"
+        text = "".join(p["event"]["delta"]["text"] for p in payloads)
+        assert len(text.split()) == 9  # Llama Stack's own answer: the last token dropped
+        assert gw.stats()["upstream_timeouts"] == 1 and gw.stats()["continued"] == 1
+    assert sim.stats()["faults_injected"]["stall"] == 1
 
 
 def test_bad_native_requests_are_refused_before_llama_stack(tier: LlamaStackTier) -> None:

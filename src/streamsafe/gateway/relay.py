@@ -203,7 +203,10 @@ class Relay:
                 if self._breaker.is_open:
                     await self._endings.fail_broken(gen, broken)
                     return
-            elif gen.length == 0:
+            elif gen.length <= (route.preamble if route is not None else 0):
+                # Nothing of the answer relayed (at most the events the upstream sends before
+                # the first token, which the next attempt repeats and the sink drops): asked
+                # again as it was; the engine aborted what it lost.
                 body = gen.request.body
             else:
                 # Where the upstream cannot continue a partial answer (Llama Stack, a generic

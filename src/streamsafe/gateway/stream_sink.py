@@ -45,6 +45,7 @@ class StreamSink:
         "_pending",
         "_preamble",
         "_ready",
+        "_repeated",
         "_stop",
         "_watch",
         "done",
@@ -84,6 +85,9 @@ class StreamSink:
         # first-token wait.
         route = gen.request.route
         self._preamble = route.preamble if route is not None else 0
+        # An attempt asked again after the log got only those events sends them again: the
+        # log has them.
+        self._repeated = gen.length if continuing and gen.length <= self._preamble else 0
         self.errored = False
         #: The last payload appended (how a stream without ``[DONE]`` is told whole).
         self.last = b""
@@ -107,6 +111,12 @@ class StreamSink:
                 del payloads[0]
                 if not payloads:
                     return
+        if self._repeated:
+            n = min(self._repeated, len(payloads))
+            del payloads[:n]
+            self._repeated -= n
+            if not payloads:
+                return
         malformed = None
         for i, p in enumerate(payloads):
             if p.startswith(ERROR_PREFIXES):
@@ -161,6 +171,7 @@ class StreamSink:
             or self.done
             or self.malformed
             or self.skip_role
+            or self._repeated
             or self.tokens_before
             or not self._watch.flowing
             or gen.state is not _RUNNING
