@@ -184,16 +184,10 @@ class Simulator:
             ):
                 raise BadRequest("give 'messages' (a list) or 'prompt' (a string)")
             count = estimate_prompt_tokens(body)
-        except BodyTooLarge:
-            await respond(send, 413, error_body("request body too large", 413))
-            return
         except Disconnected:
             return
-        except orjson.JSONDecodeError as exc:
-            await respond(send, 400, error_body(f"malformed JSON body: {exc}", 400))
-            return
-        except BadRequest as exc:
-            await respond(send, exc.code, error_body(str(exc), exc.code))
+        except (BodyTooLarge, orjson.JSONDecodeError, BadRequest) as exc:
+            await _refuse(send, exc)
             return
         answer = {
             "count": count,
@@ -213,9 +207,9 @@ class Simulator:
         engine = self.engine
         try:
             raw = await read_body(receive, self.config.max_body_bytes)
-        except BodyTooLarge:
+        except BodyTooLarge as exc:
             engine.count("requests_received")
-            await respond(send, 413, error_body("request body too large", 413))
+            await _refuse(send, exc)
             return
         except Disconnected:
             raw = b""  # refused below as malformed; nobody reads the answer
@@ -224,14 +218,8 @@ class Simulator:
             job = validate(orjson.loads(raw), chat, self.config)
             continuation = split_continuation(job.body) is not None
             faults = self._faults.draw(scope.get("headers", ()), continuation)
-        except orjson.JSONDecodeError as exc:
-            await respond(send, 400, error_body(f"malformed JSON body: {exc}", 400))
-            return
-        except BadRequest as exc:
-            await respond(send, exc.code, error_body(str(exc), exc.code))
-            return
-        except ValueError as exc:  # a bad x-sim-fault header
-            await respond(send, 400, error_body(str(exc), 400))
+        except (BadRequest, ValueError) as exc:  # ValueError: bad JSON, a bad x-sim-fault header
+            await _refuse(send, exc)
             return
         if engine.dead:
             await respond(send, 500, error_body(engine.dead_message, 500))
@@ -253,6 +241,20 @@ class Simulator:
             await respond(send, fault.status, error_body(msg, fault.status), headers=headers)
             return
         await Completion(engine, self.config, job, faults).serve(receive, send)
+
+
+async def _refuse(send: Send, exc: Exception) -> None:
+    """The JSON error vLLM gives a request it cannot take: a body over the limit (413), JSON
+    that does not parse, a request it refuses (its status), a bad ``x-sim-fault`` header."""
+    if isinstance(exc, BodyTooLarge):
+        code, message = 413, "request body too large"
+    elif isinstance(exc, orjson.JSONDecodeError):
+        code, message = 400, f"malformed JSON body: {exc}"
+    elif isinstance(exc, BadRequest):
+        code, message = exc.code, str(exc)
+    else:
+        code, message = 400, str(exc)
+    await respond(send, code, error_body(message, code))
 
 
 _LLAMA_STACK_PREFIX = "/v1/openai/v1/"
