@@ -86,7 +86,8 @@ class StreamSink:
         route = gen.request.route
         self._preamble = route.preamble if route is not None else 0
         # An attempt asked again after the log got only those events sends them again: the
-        # log has them.
+        # log has them. They come before the first token, so never through :meth:`one`
+        # (which takes only a flowing stream's reads).
         self._repeated = gen.length if continuing and gen.length <= self._preamble else 0
         self.errored = False
         #: The last payload appended (how a stream without ``[DONE]`` is told whole).
@@ -171,7 +172,6 @@ class StreamSink:
             or self.done
             or self.malformed
             or self.skip_role
-            or self._repeated
             or self.tokens_before
             or not self._watch.flowing
             or gen.state is not _RUNNING
