@@ -9,10 +9,12 @@ from gateway_helpers import chat_body, content_of, fast_sim, make_stack, post_st
 from streamsafe.engine_sim import Fault, expected_text
 from streamsafe.gateway.continuation import (
     Partial,
-    continuation_body,
+    Reshape,
+    continuation_for,
     owed_usage,
     read_partial,
     tokenize_body,
+    with_token_ids,
 )
 from streamsafe.gateway.event_log import MemoryEventLog
 from streamsafe.gateway.generation import GenerationRequest
@@ -63,23 +65,137 @@ def _request(path: str, body: dict[str, object]) -> GenerationRequest:
     return GenerationRequest("t", path, orjson.dumps(body), b"fp", 1, True)
 
 
-def test_continuation_body_asks_only_for_the_tokens_still_owed() -> None:
+def test_a_continuation_by_text_asks_only_for_the_tokens_still_owed() -> None:
     body = chat_body("q", max_tokens=10)
-    out = continuation_body(_request("/v1/chat/completions", body), Partial("a b c", 3, False))
-    assert out is not None
-    cont = orjson.loads(out)
+    ask = continuation_for(_request("/v1/chat/completions", body), Partial("a b c", 3, False))
+    assert ask is not None and ask.path == "/v1/chat/completions" and ask.reshape is None
+    cont = orjson.loads(ask.body)
     assert cont["messages"][-1] == {"role": "assistant", "content": "a b c"}
     assert cont["continue_final_message"] is True
     assert cont["add_generation_prompt"] is False
     assert cont["max_tokens"] == 7
     assert cont["messages"][:-1] == body["messages"]
+    assert ask.tokens_before == 3
 
 
-def test_only_single_choice_chat_streams_are_continued() -> None:
+def test_only_single_choice_streams_are_continued_and_completions_only_by_ids() -> None:
     partial = Partial("a", 1, False)
-    assert continuation_body(_request("/v1/completions", {"prompt": "p"}), partial) is None
+    assert continuation_for(_request("/v1/completions", {"prompt": "p"}), partial) is None
     two = {**chat_body("q"), "n": 2}
-    assert continuation_body(_request("/v1/chat/completions", two), partial) is None
+    assert continuation_for(_request("/v1/chat/completions", two), partial) is None
+    by_ids = Partial("a", 1, False, token_ids=[5], prompt_ids=[1, 2])
+    assert continuation_for(_request("/v1/chat/completions", two), by_ids) is None
+
+
+def test_a_continuation_by_ids_sends_the_prompt_and_the_answer_so_far_as_ids() -> None:
+    body = {
+        **chat_body("q", max_tokens=10),
+        "temperature": 0.0,
+        "seed": 3,
+        "stop": ["x"],
+        "messages": [{"role": "user", "content": "q"}],
+        "stream_options": {"include_usage": True},
+        "min_tokens": 4,
+    }
+    # Three tokens in two chunks (one special token came with empty text).
+    partial = Partial("a b", 2, False, token_ids=[7, 8, 2], prompt_ids=[1, 5, 6])
+    ask = continuation_for(_request("/v1/chat/completions", body), partial)
+    assert ask is not None and ask.path == "/v1/completions" and ask.tokens_before == 3
+    cont = orjson.loads(ask.body)
+    assert cont["prompt"] == [1, 5, 6, 7, 8, 2]
+    assert cont["max_tokens"] == 7 and cont["min_tokens"] == 1
+    assert (cont["temperature"], cont["seed"], cont["stop"]) == (0.0, 3, ["x"])
+    assert cont["stream"] is True and cont["return_token_ids"] is True
+    assert cont["stream_options"] == {"include_usage": True}
+    assert "messages" not in cont and "continue_final_message" not in cont
+    # max_completion_tokens, the newer name, counts first; a completion stays on its route.
+    newer = {**body, "max_completion_tokens": 6}
+    ask = continuation_for(_request("/v1/chat/completions", newer), partial)
+    assert ask is not None and orjson.loads(ask.body)["max_tokens"] == 3
+    prompt = {"model": "m", "prompt": "p", "stream": True, "max_tokens": 5}
+    ask = continuation_for(_request("/v1/openai/v1/completions", prompt), partial)
+    assert ask is not None and ask.path == "/v1/openai/v1/completions"
+
+
+def test_what_a_completion_by_ids_cannot_carry_is_continued_by_text() -> None:
+    partial = Partial("a", 1, False, token_ids=[7], prompt_ids=[1])
+    for extra in ({"logprobs": True}, {"response_format": {"type": "json_object"}}):
+        ask = continuation_for(
+            _request("/v1/chat/completions", {**chat_body("q"), **extra}), partial
+        )
+        assert ask is not None and ask.path == "/v1/chat/completions" and ask.reshape is None
+
+
+async def test_read_partial_takes_token_ids_only_where_every_token_came_with_its_id() -> None:
+    def chunk(delta: dict[str, object], ids: list[int] | None, **extra: object) -> bytes:
+        choice: dict[str, object] = {"index": 0, "delta": delta, "finish_reason": None}
+        if ids is not None:
+            choice["token_ids"] = ids
+        return orjson.dumps({"id": "c", "choices": [choice], **extra})
+
+    role = chunk({"role": "assistant", "content": ""}, None, prompt_token_ids=[1, 2])
+    log = await _log_of(
+        role, chunk({"content": "a"}, [5]), chunk({}, [9]), chunk({"content": "bc"}, [6, 7])
+    )
+    partial = await read_partial(log)
+    assert partial is not None
+    assert partial.token_ids == [5, 9, 6, 7] and partial.prompt_ids == [1, 2]
+    assert (partial.text, partial.chunks, partial.tokens) == ("abc", 2, 4)
+    missing = await read_partial(await _log_of(role, chunk({"content": "a"}, None)))
+    assert missing is not None and missing.token_ids is None and missing.tokens == 1
+    no_prompt = await read_partial(await _log_of(chunk({"content": "a"}, [5])))
+    assert no_prompt is not None and no_prompt.token_ids is None
+
+
+def test_reshape_makes_a_completion_chunk_the_callers_chat_chunk() -> None:
+    stamp = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 7, "model": "m"}
+    reshape = Reshape(stamp, chat=True)
+    first = {
+        "index": 0,
+        "text": " x",
+        "finish_reason": None,
+        "prompt_token_ids": [1],
+        "token_ids": [4],
+    }
+    out = orjson.loads(
+        reshape(
+            orjson.dumps(
+                {
+                    "id": "cmpl-9",
+                    "object": "text_completion",
+                    "created": 9,
+                    "model": "m",
+                    "choices": [first],
+                }
+            )
+        )
+    )
+    assert out == {
+        **stamp,
+        "choices": [
+            {"index": 0, "delta": {"content": " x"}, "finish_reason": None, "token_ids": [4]}
+        ],
+    }
+    end = {"index": 0, "text": "", "finish_reason": "length", "token_ids": [3]}
+    out = orjson.loads(reshape(orjson.dumps({"id": "cmpl-9", "choices": [end]})))
+    assert out["choices"][0]["delta"] == {} and out["choices"][0]["finish_reason"] == "length"
+    usage = orjson.loads(
+        reshape(orjson.dumps({"id": "cmpl-9", "choices": [], "usage": {"prompt_tokens": 4}}))
+    )
+    assert usage == {**stamp, "choices": [], "usage": {"prompt_tokens": 4}}
+    for raw in (b"[DONE]", b'{"error": {"message": "x"}}'):
+        assert reshape(raw) == raw
+    completion = Reshape({"id": "cmpl-1", "created": 1}, chat=False)
+    out = orjson.loads(completion(orjson.dumps({"id": "cmpl-9", "created": 2, "choices": [first]})))
+    assert out["id"] == "cmpl-1" and out["choices"][0]["text"] == " x"
+    assert "prompt_token_ids" not in out["choices"][0]
+
+
+def test_a_stream_asks_for_token_ids_unless_the_caller_said() -> None:
+    asked = with_token_ids({"model": "m", "stream": True})
+    assert asked is not None and orjson.loads(asked)["return_token_ids"] is True
+    assert with_token_ids({"model": "m", "return_token_ids": False}) is None
+    assert with_token_ids({"model": "m", "n": 2}) is None
 
 
 def test_tokenize_body_asks_for_the_prompt_only_where_usage_was_asked() -> None:

@@ -15,7 +15,7 @@ import contextlib
 import enum
 import itertools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from streamsafe.gateway.errors import Failure
@@ -26,6 +26,7 @@ from streamsafe.gateway.upstream_kinds import CompletionRoute
 
 __all__ = [
     "GENERATION_OVERHEAD_BYTES",
+    "Continuation",
     "Generation",
     "GenerationRequest",
     "State",
@@ -77,6 +78,20 @@ class GenerationRequest:
     forward: bytes = b""
 
 
+@dataclass(frozen=True, slots=True)
+class Continuation:
+    """What the latest attempt of a broken stream asks upstream instead of the request itself
+    (see docs/design.md, Continuation): ``body`` to ``path``; ``tokens_before`` delivered before
+    it (its usage is made whole with them); ``reshape``, where its chunks come in another format
+    than the caller's (a chat answer continued on the completion route by token ids), turns each
+    into the caller's."""
+
+    path: str
+    body: bytes
+    tokens_before: int
+    reshape: Callable[[bytes], bytes] | None = None
+
+
 class Generation:
     """One upstream request and everything that follows from it.
 
@@ -90,6 +105,7 @@ class Generation:
     __slots__ = (
         "_waiters",
         "admitted_at",
+        "continuation",
         "continuations",
         "cost",
         "created_at",
@@ -109,7 +125,6 @@ class Generation:
         "task",
         "tenant",
         "timer",
-        "tokens_before",
         "upstream_status",
         "version",
         "waiter",
@@ -156,8 +171,9 @@ class Generation:
         self.finished_at: float | None = None
         #: Upstream attempts after the first (continuations and requests asked again).
         self.continuations = 0
-        #: Tokens delivered before the latest continuation (its usage is made whole with them).
-        self.tokens_before = 0
+        #: What the latest attempt asks instead of the request, where it continues a broken
+        #: stream (``None``: the request as it came).
+        self.continuation: Continuation | None = None
         #: Some payload holds a newline, so framing takes the slow path.
         self.multiline = False
         #: Its place in admission, from when it asks for one until it gives it back.

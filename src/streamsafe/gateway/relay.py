@@ -25,7 +25,7 @@ from streamsafe.gateway.attempts import Attempts, OneEngine
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.continuation import (
     Partial,
-    continuation_body,
+    continuation_for,
     owed_usage,
     read_partial,
     tokenize_body,
@@ -164,14 +164,13 @@ class Relay:
         timeouts = self.timeouts
         loop = asyncio.get_running_loop()
         total_deadline = None if timeouts.total is None else loop.time() + timeouts.total
-        body = gen.request.body
         tries = 0
         while True:
             if cut is not None:
                 broken: BrokenAttempt | None = BrokenAttempt(cut, 502)
                 cut = None
             else:
-                broken = await self.attempt(gen, body, attempts, total_deadline)
+                broken = await self.attempt(gen, attempts, total_deadline)
             if broken is None:
                 return
             attempts.cut()
@@ -207,19 +206,18 @@ class Relay:
                 # Nothing of the answer relayed (at most the events the upstream sends before
                 # the first token, which the next attempt repeats and the sink drops): asked
                 # again as it was; the engine aborted what it lost.
-                body = gen.request.body
+                gen.continuation = None
             else:
                 # Where the upstream cannot continue a partial answer (Llama Stack, a generic
                 # OpenAI server), the subscribers get an error event: never an answer that
                 # looks whole but is not.
                 continuation = None
                 if partial is not None and attempts.upstream.kind.can_continue:
-                    continuation = continuation_body(gen.request, partial)
-                if partial is None or continuation is None:
+                    continuation = continuation_for(gen.request, partial)
+                if continuation is None:
                     await self._endings.fail_broken(gen, broken)
                     return
-                body = continuation
-                gen.tokens_before = partial.chunks
+                gen.continuation = continuation
             tries += 1
             gen.continuations += 1
             self.counters.continued += 1
@@ -232,7 +230,11 @@ class Relay:
         ``[DONE]``, after the usage chunk its request asked for where the engine's tokenizer
         can count the prompt (docs/design.md, Continuation)."""
         ask = None if partial.usage_seen else tokenize_body(gen.request)
-        prompt = None if ask is None else await attempts.upstream.prompt_tokens(ask)
+        prompt = None
+        if ask is not None:
+            # The prompt's ids came with the stream where the engine sent them: no question.
+            ids = partial.prompt_ids
+            prompt = len(ids) if ids is not None else await attempts.upstream.prompt_tokens(ask)
         if prompt is None:
             return (DONE,)
         self.counters.usage_recovered += 1
@@ -241,21 +243,22 @@ class Relay:
     async def attempt(
         self,
         gen: Generation,
-        body: bytes,
         attempts: Attempts,
         total_deadline: float | None = None,
     ) -> BrokenAttempt | None:
-        """One upstream request for ``gen`` with ``body``, within the upstream timeouts.
-        Returns why it broke where another attempt may repair it (this engine or, for a pool,
-        another), ``None`` where the generation has ended (done or failed)."""
+        """One upstream request for ``gen`` (its request, or the continuation it has), within the
+        upstream timeouts. Returns why it broke where another attempt may repair it (this engine
+        or, for a pool, another), ``None`` where the generation has ended (done or failed)."""
         continuing = gen.continuations > 0 and gen.length > 0
+        ask = gen.continuation
+        path, body = (gen.request.path, gen.request.body) if ask is None else (ask.path, ask.body)
         response: httpx2.Response | None = None
         try:
             bounds = self.timeouts if gen.stream else self.whole_answer_timeouts
             async with AttemptWatch(bounds, total_deadline) as watch:
                 if gen.stream:
-                    return await self._streams.attempt(gen, body, watch, continuing, attempts)
-                opened = await self._streams.open(gen, body, continuing, attempts)
+                    return await self._streams.attempt(gen, path, body, watch, continuing, attempts)
+                opened = await self._streams.open(gen, path, body, continuing, attempts)
                 if not isinstance(opened, httpx2.Response):
                     return opened
                 response = opened

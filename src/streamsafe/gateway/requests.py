@@ -15,6 +15,7 @@ import orjson
 
 from streamsafe._asgi import BodyTooLarge, Disconnected, Receive, Scope, header, read_body
 from streamsafe.gateway.admission import request_cost
+from streamsafe.gateway.continuation import with_token_ids
 from streamsafe.gateway.errors import BadRequest
 from streamsafe.gateway.generation import GenerationRequest
 from streamsafe.gateway.upstream_kinds import CompletionRoute, Wire, cost_view
@@ -92,13 +93,17 @@ def completion_request(
         + (b"\0" + forward if forward else b""),
         digest_size=16,
     ).digest()
+    stream = body.get("stream") is True
+    # A stream asks vLLM for its token ids, so a broken one is continued exactly (the fingerprint
+    # above is the caller's body: retries still find it).
+    upstream_body = (with_token_ids(body) if stream and route.token_ids else None) or raw
     return GenerationRequest(
         tenant=tenant,
         path=upstream_path,
-        body=raw,
+        body=upstream_body,
         fingerprint=fingerprint,
         cost=request_cost(cost_view(route.wire, body), default_max_tokens),
-        stream=body.get("stream") is True,
+        stream=stream,
         idempotency_key=key.decode("ascii") if key is not None else None,
         retry=_retry_count(scope) >= 1,
         last_event_id=last_id,

@@ -51,6 +51,7 @@ class StreamReader:
     async def attempt(
         self,
         gen: Generation,
+        path: str,
         body: bytes,
         watch: AttemptWatch,
         continuing: bool,
@@ -59,12 +60,13 @@ class StreamReader:
         """One attempt: on the read callback with one engine, through the pool's failover
         with several."""
         if isinstance(attempts, OneEngine):
-            return await self._one_engine(gen, body, watch, continuing, attempts)
-        return await self._pool(gen, body, watch, continuing, attempts)
+            return await self._one_engine(gen, path, body, watch, continuing, attempts)
+        return await self._pool(gen, path, body, watch, continuing, attempts)
 
     async def _one_engine(
         self,
         gen: Generation,
+        path: str,
         body: bytes,
         watch: AttemptWatch,
         continuing: bool,
@@ -74,7 +76,7 @@ class StreamReader:
         upstream = attempts.upstream
         try:
             conn = await upstream.open_events(
-                req.path, body, retry_connect=not req.no_upstream_retry, headers=req.forward
+                path, body, retry_connect=not req.no_upstream_retry, headers=req.forward
             )
         except OSError as exc:
             return await self._endings.unreachable(gen, exc)
@@ -108,12 +110,13 @@ class StreamReader:
     async def _pool(
         self,
         gen: Generation,
+        path: str,
         body: bytes,
         watch: AttemptWatch,
         continuing: bool,
         attempts: Attempts,
     ) -> BrokenAttempt | None:
-        opened = await self.open(gen, body, continuing, attempts)
+        opened = await self.open(gen, path, body, continuing, attempts)
         if not isinstance(opened, httpx2.Response):
             return opened
         response = opened
@@ -141,16 +144,16 @@ class StreamReader:
             await response.aclose()
 
     async def open(
-        self, gen: Generation, body: bytes, continuing: bool, attempts: Attempts
+        self, gen: Generation, path: str, body: bytes, continuing: bool, attempts: Attempts
     ) -> httpx2.Response | BrokenAttempt | None:
-        """Send ``body`` through ``attempts`` (the pool's failover, or one engine for a
+        """Send ``body`` to ``path`` through ``attempts`` (the pool's failover, or one engine for a
         non-streaming request): the accepted response, its body unread, for the caller to
         close; else how the attempt ended (see :meth:`attempt`)."""
         req = gen.request
         try:
             response = await attempts.open(
                 "POST",
-                req.path,
+                path,
                 content=body,
                 headers=_headers(req.forward),
                 retry_connect=not req.no_upstream_retry,

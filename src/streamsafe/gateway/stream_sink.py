@@ -53,6 +53,7 @@ class StreamSink:
         "gen",
         "last",
         "malformed",
+        "reshape",
         "skip_role",
         "tokens_before",
     )
@@ -76,7 +77,10 @@ class StreamSink:
         self._finish = finish
         # A continuation opens with the assistant's role chunk again; the log has it.
         self.skip_role = continuing
-        self.tokens_before = gen.tokens_before if continuing else 0
+        ask = gen.continuation if continuing else None
+        self.tokens_before = ask.tokens_before if ask is not None else 0
+        #: Turns a continuation's chunks into the caller's format (one asked by token ids).
+        self.reshape = ask.reshape if ask is not None else None
         self._append_now = gen.log.append_nowait
         self._append_one = gen.log.append_one
         self._pending: list[bytes] = []
@@ -106,6 +110,9 @@ class StreamSink:
         state = gen.state  # not gen.finished: a property call, once per read
         if self.done or self.malformed or (state is not _RUNNING and state is not _QUEUED):
             return
+        reshape = self.reshape
+        if reshape is not None:
+            payloads[:] = [reshape(p) for p in payloads]
         if self.skip_role:
             self.skip_role = False
             if is_role_chunk(payloads[0]):
@@ -173,6 +180,7 @@ class StreamSink:
             or self.malformed
             or self.skip_role
             or self.tokens_before
+            or self.reshape is not None
             or not self._watch.flowing
             or gen.state is not _RUNNING
             or not payload

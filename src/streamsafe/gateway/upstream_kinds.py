@@ -105,7 +105,10 @@ class CompletionRoute:
     the gateway ends the stream it serves with ``data: [DONE]`` (llama-stack-client 0.2.x
     JSON-decodes every event, so routes it calls must not). ``preamble``: events the upstream
     sends before the engine's first token (Llama Stack's native chat sends its ``start`` event
-    at once); heartbeats go on until events past them flow.
+    at once); heartbeats go on until events past them flow. ``token_ids``: the upstream sends
+    the token ids of a stream on request (vLLM's ``return_token_ids``), so the gateway asks for
+    them and a broken stream is continued by ids, exactly (see
+    :mod:`streamsafe.gateway.continuation`).
     """
 
     path: str
@@ -114,6 +117,7 @@ class CompletionRoute:
     upstream_done: bool
     client_done: bool
     preamble: int = 0
+    token_ids: bool = False
 
     @property
     def reset_on_failure(self) -> bool:
@@ -171,7 +175,22 @@ KINDS: Mapping[KindName, UpstreamKind] = {
         health_covers_engine=True,
         models_path="/v1/models",
         routes=_routes(
-            *_OPENAI_ROUTES,
+            CompletionRoute(
+                "/v1/chat/completions",
+                "/v1/chat/completions",
+                Wire.OPENAI_CHAT,
+                True,
+                True,
+                token_ids=True,
+            ),
+            CompletionRoute(
+                "/v1/completions",
+                "/v1/completions",
+                Wire.OPENAI_COMPLETION,
+                True,
+                True,
+                token_ids=True,
+            ),
             # Llama Stack's OpenAI aliases, served in Llama Stack's way (no [DONE]) so
             # llama-stack-client 0.2.x can talk to a gateway standing in for Llama Stack.
             CompletionRoute(
@@ -180,6 +199,7 @@ KINDS: Mapping[KindName, UpstreamKind] = {
                 Wire.OPENAI_CHAT,
                 True,
                 False,
+                token_ids=True,
             ),
             CompletionRoute(
                 "/v1/openai/v1/completions",
@@ -187,6 +207,7 @@ KINDS: Mapping[KindName, UpstreamKind] = {
                 Wire.OPENAI_COMPLETION,
                 True,
                 False,
+                token_ids=True,
             ),
         ),
         passthrough=False,
