@@ -280,3 +280,52 @@ def test_a_continuation_without_max_tokens_gets_only_the_default_tokens_still_ow
 
     assert answer["usage"]["prompt_tokens"] == estimate_prompt_tokens(plain) + 5
     assert answer["usage"]["completion_tokens"] == 7
+
+
+def test_errorevent_and_pause_specs_parse_and_print_back():
+    for spec in ("errorevent:503:1", "errorevent:429:0.5#2", "pause:5:6:1", "pause:0:0.5:1@fresh"):
+        assert Fault.parse(str(Fault.parse(spec))) == Fault.parse(spec)
+    pause = Fault.parse("pause:5:6:1")
+    assert (pause.after, pause.stall_s) == (5, 6.0)
+    for bad in ("errorevent:200:1", "errorevent:503", "pause:1:1", "pause:-1:1:1", "pause:1:-2:1"):
+        with pytest.raises(ValueError, match="fault"):
+            Fault.parse(bad)
+
+
+def test_errorevent_fault_refuses_a_stream_in_vllms_second_form(serve, body):
+    """A 200, then a first event that is vLLM 0.32's error object carrying 503, then [DONE]:
+    no generation starts. A plain call gets the status."""
+    import orjson
+
+    sim, server = serve()
+    headers = {"x-sim-fault": "errorevent:503:1"}
+    with httpx2.Client(timeout=10) as http:
+        with http.stream(
+            "POST", _url(server), json=body(max_tokens=3, stream=True), headers=headers
+        ) as r:
+            assert r.status_code == 200
+            decoder = SSEDecoder()
+            data = [ev.data for chunk in r.iter_bytes() for ev in decoder.feed(chunk)]
+        plain = http.post(_url(server), json=body(max_tokens=3), headers=headers)
+    assert data[-1] == "[DONE]" and len(data) == 2
+    error = orjson.loads(data[0])["error"]
+    assert error["code"] == 503 and error["type"] == "Service Unavailable"
+    assert list(error) == ["message", "type", "param", "code"] and error["param"] is None
+    assert plain.status_code == 503 and plain.json()["error"]["code"] == 503
+    stats = sim.stats()
+    assert stats["faults_injected"]["errorevent"] == 2 and stats["generations_started"] == 0
+
+
+def test_pause_fault_goes_silent_mid_stream_then_finishes_the_answer(serve, body):
+    import orjson
+
+    sim, server = serve()
+    req = body(max_tokens=6, stream=True)
+    started = time.monotonic()
+    data, error = _stream_raw(server, req, {"x-sim-fault": "pause:3:0.3:1"})
+    assert error is None and data[-1] == "[DONE]"
+    assert time.monotonic() - started >= 0.3
+    chunks = [orjson.loads(d)["choices"][0]["delta"] for d in data[:-1]]
+    text = "".join(delta.get("content") or "" for delta in chunks)
+    assert text == expected_text(req, 6)
+    assert sim.stats()["faults_injected"]["pause"] == 1

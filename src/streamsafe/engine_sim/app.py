@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import time
 from collections.abc import Awaitable, Callable
+from http import HTTPStatus
 from typing import Any
 
 import orjson
@@ -42,6 +44,10 @@ from streamsafe.tokens import estimate_prompt_tokens
 __all__ = ["Simulator"]
 
 _METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+]
 
 
 class Simulator:
@@ -240,7 +246,26 @@ class Simulator:
             msg = f"injected fault: status {fault.status}"
             await respond(send, fault.status, error_body(msg, fault.status), headers=headers)
             return
+        if faults.error_event is not None:
+            engine.count("faults_errorevent")
+            await _refuse_in_stream(send, faults.error_event.status, job.stream)
+            return
         await Completion(engine, self.config, job, faults).serve(receive, send)
+
+
+async def _refuse_in_stream(send: Send, code: int, stream: bool) -> None:
+    """vLLM 0.32's load shedding in its second form: a streaming request answered 200, then one
+    error event carrying ``code`` (its shape exactly: ``type`` the status's phrase, ``param``
+    null) and ``[DONE]``; a non-streaming one gets the status."""
+    msg = "injected fault: the engine is currently busy and cannot accept new requests"
+    if not stream:
+        await respond(send, code, error_body(msg, code))
+        return
+    error = {"message": msg, "type": HTTPStatus(code).phrase, "param": None, "code": code}
+    event = b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+    start = {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS}
+    await send(start)
+    await send({"type": "http.response.body", "body": event + DONE_EVENT, "more_body": False})
 
 
 async def _refuse(send: Send, exc: Exception) -> None:

@@ -50,8 +50,9 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="SPEC",
-        help="inject a fault, repeatable: status:CODE:P[:RETRY_AFTER], cut:N:P, cut:LO-HI:P, "
-        "stall:SECONDS:P, reset:P, hang:N:P, malformed:N:P, nodone:P; each optionally followed "
+        help="inject a fault, repeatable: status:CODE:P[:RETRY_AFTER], errorevent:CODE:P, "
+        "cut:N:P, cut:LO-HI:P, stall:SECONDS:P, pause:N:SECONDS:P, reset:P, hang:N:P, "
+        "malformed:N:P, nodone:P; each optionally followed "
         "by @fresh or @continuation (which requests) and #TIMES (at most that many)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of faults and text (default 0)")

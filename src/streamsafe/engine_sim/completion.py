@@ -149,6 +149,12 @@ class Completion:
             state = gen.state
             if self.gone or state == GenState.ABORTED:
                 return
+            if faults.pause_after is not None and events_out >= faults.pause_after:
+                faults.pause_after = None
+                await self._pause(faults.pause_s)
+                if self.gone:
+                    return
+                state = gen.state
             n = gen.generated
             parts: list[bytes] = []
             if n > gen.sent and role_pending:
@@ -195,6 +201,12 @@ class Completion:
                 return
             await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
             gen.sent = n
+
+    async def _pause(self, seconds: float) -> None:
+        """The pause fault: nothing sent for ``seconds`` (or until the client leaves)."""
+        self.engine.count("faults_pause")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.gone_event.wait(), seconds)
 
     async def _hang(
         self,

@@ -9,7 +9,9 @@ from typing import Literal, cast
 
 __all__ = ["Fault", "FaultKind", "FaultTarget", "SimConfig"]
 
-FaultKind = Literal["status", "cut", "stall", "reset", "hang", "malformed", "nodone"]
+FaultKind = Literal[
+    "status", "errorevent", "cut", "stall", "pause", "reset", "hang", "malformed", "nodone"
+]
 #: Which requests a fault may hit: ``any``, ``fresh`` ones, or ``continuation`` requests
 #: (``continue_final_message: true``).
 FaultTarget = Literal["any", "fresh", "continuation"]
@@ -24,11 +26,17 @@ class Fault:
 
     - ``status:CODE:P[:RETRY_AFTER]``: answer ``CODE`` with an OpenAI-style error body before any
       work; 429 and 503 carry ``Retry-After`` (default 1 s, as a shedding server sends).
+    - ``errorevent:CODE:P``: a streaming request is answered 200, then a first event that is an
+      error carrying ``CODE`` and ``[DONE]``, before any work: vLLM 0.32's second form of load
+      shedding (``--max-num-queued-reqs``). A non-streaming one gets the status, as ``status``.
     - ``cut:N:P`` or ``cut:LO-HI:P``: close the connection abruptly after N data events (or a
       count drawn from [LO, HI]), with no ``[DONE]`` and no error event, as a crashed proxy does.
       Streaming requests only.
     - ``stall:SECONDS:P``: hold the request that long before it reaches the engine, so the first
       token is late by that much (headers still go out at once unless held for the first token).
+    - ``pause:N:SECONDS:P``: after N data events the stream goes silent for SECONDS, then goes
+      on (what was generated meanwhile follows at once), as from an engine that stalls in the
+      middle of an answer. Streaming requests only.
     - ``reset:P``: reset the connection (TCP RST) before any response byte, as an engine process
       killed mid-request or a proxy does.
     - ``hang:N:P``: after N data events the stream goes silent with the connection open, as from
@@ -44,16 +52,16 @@ class Fault:
     kind: FaultKind
     #: Chance per request, in [0, 1].
     probability: float
-    #: ``status``: the HTTP status to answer.
+    #: ``status``, ``errorevent``: the HTTP status to answer (or carry in the error event).
     status: int = 0
     #: ``status``: Retry-After seconds sent with 429/503 (None: no header).
     retry_after: float | None = None
     #: ``cut``: the fewest and most data events sent before the cut.
     cut_low: int = 0
     cut_high: int = 0
-    #: ``stall``: seconds of delay before the request is admitted.
+    #: ``stall``: seconds of delay before the request is admitted; ``pause``: seconds of silence.
     stall_s: float = 0.0
-    #: ``hang``, ``malformed``: data events sent before the fault.
+    #: ``hang``, ``malformed``, ``pause``: data events sent before the fault.
     after: int = 0
     #: Which requests it may hit (see :data:`FaultTarget`).
     target: FaultTarget = "any"
@@ -63,12 +71,12 @@ class Fault:
     def __post_init__(self) -> None:
         if not 0.0 <= self.probability <= 1.0:
             raise ValueError(f"fault probability must be in [0, 1], got {self.probability}")
-        if self.kind == "status" and not 400 <= self.status <= 599:
-            raise ValueError(f"status fault needs a 4xx/5xx code, got {self.status}")
+        if self.kind in ("status", "errorevent") and not 400 <= self.status <= 599:
+            raise ValueError(f"{self.kind} fault needs a 4xx/5xx code, got {self.status}")
         if self.kind == "cut" and not 0 <= self.cut_low <= self.cut_high:
             raise ValueError(f"cut fault needs 0 <= LO <= HI, got {self.cut_low}-{self.cut_high}")
-        if self.kind == "stall" and self.stall_s < 0:
-            raise ValueError(f"stall fault needs seconds >= 0, got {self.stall_s}")
+        if self.kind in ("stall", "pause") and self.stall_s < 0:
+            raise ValueError(f"{self.kind} fault needs seconds >= 0, got {self.stall_s}")
         if self.after < 0:
             raise ValueError(f"{self.kind} fault needs N >= 0, got {self.after}")
         if self.target not in _TARGETS:
@@ -84,8 +92,9 @@ class Fault:
 
     @classmethod
     def parse(cls, spec: str) -> Fault:
-        """Parse ``status:503:0.1``, ``cut:20:0.05``, ``cut:5-40:0.2``, ``stall:0.5:1``,
-        ``reset:0.1``, ``hang:3:1``, ``malformed:4:1``, ``nodone:1``, each optionally followed by
+        """Parse ``status:503:0.1``, ``errorevent:503:0.1``, ``cut:20:0.05``, ``cut:5-40:0.2``,
+        ``stall:0.5:1``, ``pause:5:6:1``, ``reset:0.1``, ``hang:3:1``, ``malformed:4:1``,
+        ``nodone:1``, each optionally followed by
         ``@fresh`` / ``@continuation`` and ``#TIMES``.
 
         Raises ValueError with the expected forms on anything else."""
@@ -104,8 +113,9 @@ class Fault:
         except ValueError as exc:
             raise ValueError(f"bad fault spec {spec!r}: {exc}") from None
         raise ValueError(
-            f"bad fault spec {spec!r}: expected status:CODE:P[:RETRY_AFTER], cut:N:P, "
-            "cut:LO-HI:P, stall:SECONDS:P, reset:P, hang:N:P, malformed:N:P or nodone:P, "
+            f"bad fault spec {spec!r}: expected status:CODE:P[:RETRY_AFTER], errorevent:CODE:P, "
+            "cut:N:P, cut:LO-HI:P, stall:SECONDS:P, pause:N:SECONDS:P, reset:P, hang:N:P, "
+            "malformed:N:P or nodone:P, "
             "optionally followed by @fresh or @continuation and #TIMES"
         )
 
@@ -126,8 +136,12 @@ class Fault:
             low = int(lo)
             high = int(hi) if hi else low
             return cls("cut", float(parts[2]), cut_low=low, cut_high=high)
+        if kind == "errorevent" and len(parts) == 3:
+            return cls("errorevent", float(parts[2]), status=int(parts[1]))
         if kind == "stall" and len(parts) == 3:
             return cls("stall", float(parts[2]), stall_s=float(parts[1]))
+        if kind == "pause" and len(parts) == 4:
+            return cls("pause", float(parts[3]), after=int(parts[1]), stall_s=float(parts[2]))
         if kind in ("hang", "malformed") and len(parts) == 3:
             return cls(cast(FaultKind, kind), float(parts[2]), after=int(parts[1]))
         if kind in ("reset", "nodone") and len(parts) == 2:
@@ -146,8 +160,12 @@ class Fault:
                 else f"{self.cut_low}-{self.cut_high}"
             )
             text = f"cut:{n}:{p}"
+        elif self.kind == "errorevent":
+            text = f"errorevent:{self.status}:{p}"
         elif self.kind == "stall":
             text = f"stall:{self.stall_s:g}:{p}"
+        elif self.kind == "pause":
+            text = f"pause:{self.after}:{self.stall_s:g}:{p}"
         elif self.kind in ("hang", "malformed"):
             text = f"{self.kind}:{self.after}:{p}"
         else:

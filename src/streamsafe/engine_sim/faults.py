@@ -36,12 +36,16 @@ _quiet_cut = _QuietCut()
 
 @dataclass
 class Drawn:
-    """The faults one request drew: an error status, a cut after so many events, a stall, a
-    reset before any answer, a hang, a malformed chunk, a missing ``[DONE]``."""
+    """The faults one request drew: an error status (or a 200 whose first event is an error),
+    a cut after so many events, a stall, a pause mid-stream, a reset before any answer, a hang,
+    a malformed chunk, a missing ``[DONE]``."""
 
     status: Fault | None = None
+    error_event: Fault | None = None
     cut_after: int | None = None
     stall_s: float = 0.0
+    pause_after: int | None = None
+    pause_s: float = 0.0
     reset: bool = False
     hang_after: int | None = None
     malformed_after: int | None = None
@@ -84,12 +88,17 @@ class FaultDraw:
                 if fault.times is not None:
                     hits[fault] = hits.get(fault, 0) + 1
                 kind = fault.kind
-                if kind == "status" and out.status is None:
+                if kind == "status" and out.status is None and out.error_event is None:
                     out.status = fault
+                elif kind == "errorevent" and out.status is None and out.error_event is None:
+                    out.error_event = fault
                 elif kind == "cut" and out.cut_after is None:
                     out.cut_after = rng.randint(fault.cut_low, fault.cut_high)
                 elif kind == "stall":
                     out.stall_s += fault.stall_s
+                elif kind == "pause" and out.pause_after is None:
+                    out.pause_after = fault.after
+                    out.pause_s = fault.stall_s
                 elif kind == "reset":
                     out.reset = True
                 elif kind == "hang" and out.hang_after is None:
