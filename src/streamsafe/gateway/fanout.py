@@ -19,6 +19,7 @@ import asyncio
 from collections.abc import Sequence
 
 from streamsafe._asgi import BodyWriter
+from streamsafe.gateway.keepalive import KEEPALIVE_LINE, Keepalive
 from streamsafe.sse import DONE, encode_events
 
 __all__ = ["Fanout"]
@@ -40,21 +41,30 @@ _Members = list[_Member] | tuple[()]
 class Fanout:
     """The members of one generation (see the module docstring)."""
 
-    __slots__ = ("_members",)
+    __slots__ = ("_keepalive", "_members")
 
     def __init__(self) -> None:
         # A list only while it has members (see Generation._waiters).
         self._members: _Members = ()
+        # Only while it has members with heartbeats on.
+        self._keepalive: Keepalive | None = None
 
     def __bool__(self) -> bool:
         return bool(self._members)
 
-    async def serve(self, writer: BodyWriter, cursor: int) -> int:
+    async def serve(self, writer: BodyWriter, cursor: int, beat: float = 0.0) -> int:
         """Join at ``cursor`` (the log's length: everything before went out) and return the
-        cursor once released."""
+        cursor once released. ``beat``: the most seconds it may go without a byte (0: no
+        heartbeats)."""
         released = asyncio.get_running_loop().create_future()
         member = _Member(writer, cursor, released)
         self._members = [*self._members, member]
+        if beat > 0:
+            keepalive = self._keepalive
+            if keepalive is None:
+                self._keepalive = Keepalive(beat, self._heartbeat)
+            else:
+                keepalive.tighten(beat)
         try:
             await released
         except asyncio.CancelledError:
@@ -86,6 +96,9 @@ class Fanout:
             self._write(members, b"id: %d\ndata: %s\n\n" % (index, payload), index, index + 1)
 
     def _write(self, members: _Members, body: bytes, first: int, after: int) -> None:
+        keepalive = self._keepalive
+        if keepalive is not None:
+            keepalive.wrote()
         declined: list[_Member] | None = None
         for member in members:
             if member.cursor == first and member.writer(body):
@@ -99,14 +112,28 @@ class Fanout:
                 self._remove(member)
                 member.released.set_result(None)
 
+    def _heartbeat(self) -> None:
+        """The generation was silent a heartbeat interval: a comment line to every member. A
+        writer that declines leaves the member as it is: its client has bytes to read."""
+        for member in self._members:
+            member.writer(KEEPALIVE_LINE)
+
     def release_all(self) -> None:
         """Hand every member back to its own loop."""
         members = self._members
         if members:
             self._members = ()
+            self._stop_keepalive()
             for member in members:
                 if not member.released.done():
                     member.released.set_result(None)
 
     def _remove(self, member: _Member) -> None:
         self._members = [m for m in self._members if m is not member] or ()
+        if not self._members:
+            self._stop_keepalive()
+
+    def _stop_keepalive(self) -> None:
+        keepalive, self._keepalive = self._keepalive, None
+        if keepalive is not None:
+            keepalive.close()

@@ -34,6 +34,7 @@ from streamsafe.gateway.admission import Admission, retry_after_seconds
 from streamsafe.gateway.errors import Failure, ResumePastEnd, error_body, send_failure
 from streamsafe.gateway.fair_queue import QUEUED
 from streamsafe.gateway.generation import Generation, State
+from streamsafe.gateway.keepalive import KEEPALIVE_LINE, QuietWait
 from streamsafe.gateway.pacing import (
     COMMIT,
     HEARTBEAT,
@@ -47,12 +48,8 @@ from streamsafe.sse import DONE, DONE_EVENT, encode_event, encode_events
 
 __all__ = ["Subscriber", "serve_json", "serve_stream", "wait_for_change"]
 
-# One comment line with no blank line after it: a blank line would end an event, and the
-# Stainless clients' decoders (llama-stack-client, openai) dispatch an empty event there once an
-# ``id:`` has been seen, which llama-stack-client then fails to JSON-decode. A comment line is
-# ignored and the next event's lines simply follow it.
-_HEARTBEAT = b": keep-alive\n"
-_HEARTBEAT_MSG: Message = {"type": "http.response.body", "body": _HEARTBEAT, "more_body": True}
+# A bare comment line (see streamsafe.gateway.keepalive.KEEPALIVE_LINE for why no blank line).
+_HEARTBEAT_MSG: Message = {"type": "http.response.body", "body": KEEPALIVE_LINE, "more_body": True}
 _JSON_HEARTBEAT_MSG: Message = {"type": "http.response.body", "body": b" ", "more_body": True}
 
 
@@ -209,7 +206,36 @@ async def serve_stream(
     for clients that would read a clean end as a complete answer). The first ``preamble`` events
     come before the first token (Llama Stack's ``start`` event), so heartbeats go on past them.
     ``writer``: the server's direct body writer, with which a subscriber that keeps up is served
-    from the relay's read callback (:mod:`streamsafe.gateway.fanout`)."""
+    from the relay's read callback (:mod:`streamsafe.gateway.fanout`).
+
+    Once events flow, a stream silent for a heartbeat interval (the engine stalled mid-answer)
+    gets a ``: keep-alive`` comment too, from the fan-out's timer or, for a subscriber its own
+    loop serves, from :class:`~streamsafe.gateway.keepalive.QuietWait`'s: neither sets a timer
+    per chunk."""
+    # Heartbeats once events flow, every ``beat`` seconds of silence (0: heartbeats are off).
+    beat = heartbeat_within(rules.heartbeat, sub.patience) if rules.heartbeat > 0 else 0.0
+    quiet = QuietWait(beat)
+    try:
+        await _serve_stream(
+            sub, start, send, rules, drop_done, admission, reset_on_failure, preamble, writer, quiet
+        )
+    finally:
+        quiet.close()
+
+
+async def _serve_stream(
+    sub: Subscriber,
+    start: int,
+    send: Send,
+    rules: StreamRules,
+    drop_done: bool,
+    admission: Admission,
+    reset_on_failure: Callable[[], None] | None,
+    preamble: int,
+    writer: BodyWriter | None,
+    quiet: QuietWait,
+) -> None:
+    """:func:`serve_stream`'s loop, ``quiet`` its wait once events flow."""
     gen = sub.gen
     pacing = Pacing(rules, start > preamble, time.monotonic(), sub.patience, sub.last_attempt)
     cursor = start
@@ -243,6 +269,7 @@ async def serve_stream(
                 await _end(gen, send, start_msg, True, drop_done, reset_on_failure, body)
                 return
             await send({"type": "http.response.body", "body": body, "more_body": True})
+            quiet.wrote()
             continue
         if gen.finished:
             # A resume from past what the generation came to (its Last-Event-ID was never
@@ -273,18 +300,17 @@ async def serve_stream(
             await send(_HEARTBEAT_MSG)
         if gen.version != version:  # changed while a heartbeat or the headers went out
             continue
-        if (
-            timeout is None
-            and pacing.committed
-            and pacing.flowing
-            and writer is not None
-            and read_now is not None
-            and sub.rename is None
-        ):
-            # Caught up on a flowing stream: the relay writes what comes next itself, until
-            # something else happens (see streamsafe.gateway.fanout).
-            cursor = await gen.fanout.serve(writer, cursor)
-            continue
+        if timeout is None and pacing.committed and pacing.flowing:
+            if writer is not None and read_now is not None and sub.rename is None:
+                # Caught up on a flowing stream: the relay writes what comes next itself, until
+                # something else happens (see streamsafe.gateway.fanout).
+                cursor = await gen.fanout.serve(writer, cursor, quiet.beat)
+                continue
+            if quiet.beat > 0:
+                if await quiet.wait(gen):
+                    await send(_HEARTBEAT_MSG)
+                    quiet.wrote()
+                continue
         await wait_for_change(gen, timeout)
 
 

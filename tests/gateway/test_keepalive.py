@@ -1,0 +1,142 @@
+"""Heartbeats once a stream flows: a stall of the engine in the middle of an answer, shorter than
+the gateway's idle timeout, never reaches a client's read timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from gateway_helpers import MODEL, fast_sim, make_stack
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamsafe.engine_sim import Fault, expected_text
+from streamsafe.gateway.config import GatewayConfig
+from streamsafe.gateway.fanout import Fanout
+from streamsafe.gateway.generation import Generation, GenerationRequest, State
+from streamsafe.gateway.keepalive import KEEPALIVE_LINE, TICK, QuietWait, quiet_beat
+from streamsafe.gateway.store import MemoryEventLog
+
+
+@given(
+    beat=st.floats(0.01, 10.0),
+    writes=st.lists(st.floats(0.0, 100.0), max_size=40).map(sorted),
+)
+def test_a_stream_is_never_silent_longer_than_the_beat_nor_beaten_sooner(
+    beat: float, writes: list[float]
+) -> None:
+    """The timer looks when :func:`quiet_beat` says; writes fall anywhere in between. Every
+    silence is at most ``beat``, and no heartbeat follows a byte sooner than ``beat - TICK``."""
+    end = 100.0 + beat
+    last, look = 0.0, beat  # the timer is first armed one beat after the start
+    sent = [0.0]  # every byte that went out: writes and heartbeats
+    pending = list(writes)
+    while look <= end:
+        while pending and pending[0] <= look:
+            last = pending.pop(0)
+            sent.append(last)
+        due, at = quiet_beat(last, look, beat)
+        assert at > look
+        if due:
+            assert look - last >= beat - TICK
+            last = look
+            sent.append(look)
+        look = at
+    sent += pending
+    assert all(b - a <= beat + 1e-9 for a, b in itertools.pairwise(sorted(sent)))
+
+
+def _generation() -> Generation:
+    req = GenerationRequest(
+        tenant="t", path="/v1/chat/completions", body=b"{}", fingerprint=b"f", cost=1, stream=True
+    )
+    gen = Generation("gen-1", req, MemoryEventLog(), None, 0.0)
+    gen.state = State.RUNNING
+    return gen
+
+
+@pytest.mark.timeout(10)
+async def test_a_fanout_member_gets_a_heartbeat_when_the_generation_goes_quiet() -> None:
+    fanout = Fanout()
+    written: list[bytes] = []
+    beaten = asyncio.Event()
+
+    def writer(body: bytes) -> bool:
+        written.append(body)
+        if body == KEEPALIVE_LINE:
+            beaten.set()
+        return True
+
+    member = asyncio.create_task(fanout.serve(writer, 0, 0.05))
+    await asyncio.sleep(0)
+    fanout.publish_one(b'{"a":1}', 0)
+    await asyncio.wait_for(beaten.wait(), 5)
+    assert written[0] == b'id: 0\ndata: {"a":1}\n\n' and written[1] == KEEPALIVE_LINE
+    fanout.release_all()
+    assert await member == 1
+    assert fanout._keepalive is None  # the timer went with the last member
+
+
+@pytest.mark.timeout(10)
+async def test_a_fanout_without_heartbeats_sets_no_timer() -> None:
+    fanout = Fanout()
+    member = asyncio.create_task(fanout.serve(lambda body: True, 0, 0.0))
+    await asyncio.sleep(0)
+    assert fanout._keepalive is None
+    fanout.release_all()
+    await member
+
+
+@pytest.mark.timeout(10)
+async def test_a_loop_served_subscriber_is_woken_for_a_heartbeat_and_leaves_no_waiter() -> None:
+    gen = _generation()
+    quiet = QuietWait(0.05)
+    try:
+        assert await quiet.wait(gen) is True  # nothing changed: a heartbeat is due
+        assert not gen._waiters  # the timer's wake-up took its waiter off the list
+        quiet.wrote()
+        waiting = asyncio.create_task(quiet.wait(gen))
+        await asyncio.sleep(0)
+        gen.publish([b'{"a":1}'], 0)
+        assert await waiting is False  # woken by the event, not the timer
+    finally:
+        quiet.close()
+
+
+# -- end to end -----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_openai_streams_with_a_2s_read_timeout_survive_a_6s_stall_mid_stream() -> None:
+    """Issue 20, item 4: 8 unmodified openai streams (2 s read timeout, 2 retries) through a
+    gateway with its default settings, the engine silent 6 s in the middle of every answer: all
+    whole and exact, each one engine generation (no client retried)."""
+    import openai
+
+    sim = fast_sim(faults=(Fault.parse("pause:4:6:1"),))
+    defaults = GatewayConfig(upstream="http://unused")
+    with make_stack(sim, heartbeat=defaults.heartbeat) as s:
+        assert defaults.idle_timeout is not None and defaults.idle_timeout > 6
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", timeout=2.0, max_retries=2)
+
+        def one(i: int) -> tuple[str, str]:
+            messages = [{"role": "user", "content": f"stall {i}"}]
+            stream = client.chat.completions.create(
+                model=MODEL,
+                messages=messages,
+                max_tokens=12,
+                stream=True,  # type: ignore[arg-type]
+            )
+            text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+            body = {"model": MODEL, "messages": messages, "max_tokens": 12, "stream": True}
+            return text, expected_text(body, 12)
+
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(one, range(8)))
+        assert all(text == expected for text, expected in results)
+        stats = s.sim.stats()
+        assert stats["faults_injected"]["pause"] == 8
+        assert stats["requests_received"] == 8 and stats["generations_started"] == 8
+        assert s.gw.registry.counters.continued == 0  # not even the gateway asked again
