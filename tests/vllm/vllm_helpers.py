@@ -1,0 +1,98 @@
+"""Helpers for the tests against the real vLLM: the gateway in front of it, requests straight
+to it, and waiting on what its log says."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+import orjson
+
+from server_stops import stop_later
+from streamsafe.bench.vllm_engine import VLLMEngine
+from streamsafe.gateway import Gateway, GatewayConfig
+from streamsafe.serving import ServerThread
+
+
+@dataclass
+class GatewayRun:
+    gw: Gateway
+    server: ServerThread
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+
+@contextlib.contextmanager
+def gateway(vllm: VLLMEngine, **config: Any) -> Iterator[GatewayRun]:
+    """The gateway in front of ``vllm`` (default flags unless given), on its own loopback server;
+    stopped in the background when the block ends."""
+    gw = Gateway(GatewayConfig(upstream=vllm.url, **config))
+    server = ServerThread(gw).start()
+    try:
+        yield GatewayRun(gw, server)
+    finally:
+        stop_later(server)
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
+    """The first truthy value of ``predicate()``, polled; fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not met within {timeout} s: {what or predicate}")
+        time.sleep(0.02)
+
+
+def chat_body(vllm: VLLMEngine, content: str, max_tokens: int, seed: int, **extra: Any) -> dict:
+    """A greedy chat request, tagged with ``seed`` (greedy ignores it; vLLM logs it, so a test
+    counts its own requests with ``vllm.requests_received(seed=...)``)."""
+    return {
+        "model": vllm.model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "seed": seed,
+        **extra,
+    }
+
+
+def greedy_text(vllm: VLLMEngine, content: str, max_tokens: int, seed: int) -> str:
+    """The answer vLLM gives straight, unary: what every other path must give."""
+    r = httpx2.post(
+        vllm.url + "/v1/chat/completions",
+        json=chat_body(vllm, content, max_tokens, seed),
+        timeout=60.0,
+        trust_env=False,
+    )
+    r.raise_for_status()
+    text: str = r.json()["choices"][0]["message"]["content"]
+    return text
+
+
+def stream_text(events: list[tuple[int | None, str]]) -> str:
+    """The content of the chat chunks among SSE ``events`` (id, data)."""
+    parts = []
+    for _, data in events:
+        if data == "[DONE]":
+            continue
+        for choice in orjson.loads(data).get("choices", ()):
+            parts.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(parts)
+
+
+def sse_events(text: str) -> list[tuple[int | None, str]]:
+    """(id, data) of each event in an SSE body."""
+    from streamsafe.sse import SSEDecoder
+
+    return [
+        (None if ev.id is None else int(ev.id), ev.data) for ev in SSEDecoder().feed(text.encode())
+    ]
