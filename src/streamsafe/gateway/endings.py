@@ -10,16 +10,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from streamsafe.gateway.attempt_watch import UpstreamStalled
-from streamsafe.gateway.attempts import Attempts
+from streamsafe.gateway.attempts import Attempts, OneEngine
 from streamsafe.gateway.errors import Failure, error_body, upstream_refusal
+from streamsafe.gateway.failover import REFUSAL_STATUSES
 from streamsafe.gateway.generation import Generation, State
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.upstream import is_engine_death, parse_retry_after
 from streamsafe.sse import DONE
 
-__all__ = ["BrokenAttempt", "Endings", "Finish", "dropped"]
+__all__ = ["REFUSAL_WAIT", "BrokenAttempt", "Endings", "Finish", "dropped"]
 
 log = logging.getLogger("streamsafe.gateway")
+
+#: Seconds before a refusal without ``Retry-After`` is asked again (vLLM sends none): the
+#: ``Retry-After`` the gateway itself gives with its own 503s.
+REFUSAL_WAIT = 1
 
 #: Called once a generation has ended, with its final state (done, failed or aborted).
 Finish = Callable[[Generation, State], None]
@@ -70,10 +75,17 @@ class Endings:
         retry_after_header: str | None,
         continuing: bool,
         attempts: Attempts,
+        *,
+        in_band: bool = False,
     ) -> BrokenAttempt | None:
-        """An error status from upstream, with its (bounded) body. Before any event it is the
-        caller's answer; a continuation refused before any work (429, or a 5xx that is not the
-        engine's death) is asked again after ``Retry-After``."""
+        """An error status from upstream, with its (bounded) body, or (``in_band``) the status
+        an error event before any token refused the attempt with (vLLM's load shedding answers
+        200, then such an event). Before any event it is the caller's answer. A refusal before
+        any work (429, or a 5xx that is not the engine's death) is asked again after
+        ``Retry-After`` (:data:`REFUSAL_WAIT` where none came) instead, where the caller can no
+        longer be told its status: a continuation, or a generation whose response already
+        committed. So is one refused in-band by an engine of a pool, which the pool's failover
+        did not see (it fails over on statuses): the next attempt goes to another engine."""
         status, body = upstream_refusal(status, body)
         dead = status >= 500 and is_engine_death(body)
         if status >= 500:
@@ -83,10 +95,16 @@ class Endings:
         elif status >= 500:
             attempts.failed(f"upstream {status}")
         retry_after = parse_retry_after(retry_after_header)
+        if retry_after is None and status in REFUSAL_STATUSES:
+            retry_after = REFUSAL_WAIT  # a 429 or 503 always says when to come back
         failure = Failure(status, body, retry_after)
-        if continuing and not dead and (status == 429 or status >= 500):
-            why = f"upstream refused the continuation with {status}"
-            return BrokenAttempt(why, status, failure=failure, retry_after=retry_after or 0)
+        committed = gen.waiter is not None and gen.waiter.committed
+        again = continuing or committed or (in_band and not isinstance(attempts, OneEngine))
+        if again and not dead and (status == 429 or status >= 500):
+            what = "the continuation" if continuing else "the request"
+            why = f"upstream refused {what} with {status}" + (" (in-band)" if in_band else "")
+            wait = retry_after if retry_after is not None else REFUSAL_WAIT
+            return BrokenAttempt(why, status, failure=failure, retry_after=wait)
         await self.fail(gen, failure)
         return None
 

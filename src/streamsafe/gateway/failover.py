@@ -5,6 +5,10 @@ have produced anything a subscriber saw, so the gateway may retry it: once on th
 where the status says "try again" (429/503 with a short ``Retry-After``, a 500), otherwise on
 another engine, and a 400 that says the context is too long on the configured larger model. Other
 4xx are the caller's answer and are passed through.
+
+An engine may also refuse in-band: vLLM's load shedding (``--max-num-queued-reqs``) answers a
+stream either 503 or 200 with a first event that is an error carrying 503.
+:func:`refusal_status` tells such an event from a failure, so it is taken as the status it carries.
 """
 
 from __future__ import annotations
@@ -13,18 +17,28 @@ import dataclasses
 import enum
 import math
 
+import orjson
+
 __all__ = [
+    "REFUSAL_STATUSES",
     "RETRYABLE_STATUSES",
     "SAME_ENGINE_STATUSES",
     "Failover",
     "FailoverStep",
     "failover_step",
+    "refusal_status",
 ]
 
 #: Statuses that say "this engine cannot take it now" before any token: another engine may.
 RETRYABLE_STATUSES = frozenset((429, 500, 502, 503, 504))
 #: Statuses worth one more attempt on the same engine (transient by their meaning).
 SAME_ENGINE_STATUSES = frozenset((429, 500, 503))
+#: Statuses that refuse a request before any work: an error event before the first token that
+#: carries one is that refusal, not a failure.
+REFUSAL_STATUSES = frozenset((429, 503))
+#: Words of an error's ``type`` or ``code`` that say the same where its status does not.
+_RATE_LIMITED = ("rate_limit", "rate limit", "ratelimit", "too many requests", "too_many_requests")
+_OVERLOADED = ("overloaded", "service unavailable", "service_unavailable", "server_busy")
 #: Markers of vLLM's and OpenAI's "prompt plus max_tokens exceed the context" 400s.
 _CONTEXT_MARKERS = (b"context length", b"context_length", b"maximum context", b"too long")
 
@@ -86,6 +100,30 @@ def failover_step(
         if delay <= max_same_engine_wait and delay < remaining:
             return FailoverStep(Failover.SAME_ENGINE, delay)
     return FailoverStep(Failover.OTHER_ENGINE)
+
+
+def refusal_status(payload: bytes, status: int) -> int | None:
+    """The refusal an error event sent before the first token stands for: 503 or 429 where it
+    carries one (``status``, as the upstream's kind read it), else 429 where its ``type`` or
+    ``code`` says rate-limited and 503 where they say overloaded (OpenAI's ``rate_limit_exceeded``,
+    Anthropic's ``overloaded_error``); ``None`` for any other error (a failure). vLLM 0.32's
+    form: ``{"error": {"message": ..., "type": "Service Unavailable", "param": null, "code":
+    503}}``. Parsed once per attempt, never per chunk."""
+    if status in REFUSAL_STATUSES:
+        return status
+    try:
+        body = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return None
+    words = f"{error.get('type')} {error.get('code')}".lower()
+    if any(word in words for word in _RATE_LIMITED):
+        return 429
+    if any(word in words for word in _OVERLOADED):
+        return 503
+    return None
 
 
 def _says_context_too_long(body: bytes) -> bool:

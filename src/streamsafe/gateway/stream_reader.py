@@ -87,15 +87,16 @@ class StreamReader:
             except UpstreamClosed as exc:
                 return dropped(attempts, str(exc))
             status = conn.status
-            gen.upstream_status = status
             upstream.alive_at = asyncio.get_running_loop().time()
             if status != 200:
+                gen.upstream_status = status
                 error = await conn.read_body(MAX_ERROR_BODY)
                 retry_after = conn.header(b"retry-after")
                 return await self._endings.refused(
                     gen, status, error, _latin1(retry_after), continuing, attempts
                 )
-            gen.wake()  # upstream accepted the request: an early commit may go now
+            # A 200 alone does not commit early: vLLM refuses in-band too (a first event that is
+            # an error carrying 503), which must reach a caller not yet answered as its status.
             watch.follow(conn)
             end = conn.stream_events(sink.events, one=sink.one)
             while not sink.in_process and not end.done():
@@ -103,7 +104,7 @@ class StreamReader:
                 await sink.flush()
             broke = await end
             await sink.flush()
-            return await self._ended(gen, sink, broke, attempts)
+            return await self._ended(gen, sink, broke, continuing, attempts)
         finally:
             conn.release(finished=sink.done)
 
@@ -121,8 +122,8 @@ class StreamReader:
             return opened
         response = opened
         try:
-            gen.wake()  # upstream accepted the request: an early commit may go now
-            # A malformed chunk stops the loop below; closing the response aborts the rest.
+            # A malformed chunk or a refusal stops the loop below; closing the response aborts
+            # the rest. (A 200 alone does not commit early: see _one_engine.)
             sink = self._sink(gen, watch, continuing, _read_on, attempts)
             decoder = SSEDecoder()
             broke: str | None = None
@@ -133,13 +134,13 @@ class StreamReader:
                     if payloads:
                         sink.events(payloads)
                         await sink.flush()
-                        if sink.done or sink.malformed or gen.finished:
+                        if sink.done or sink.malformed or sink.refusal or gen.finished:
                             break
             except SSEError as exc:
                 broke = f"{_BROKEN_STREAM}: {exc}"
             except httpx2.HTTPError as exc:
                 broke = type(exc).__name__
-            return await self._ended(gen, sink, broke, attempts)
+            return await self._ended(gen, sink, broke, continuing, attempts)
         finally:
             await response.aclose()
 
@@ -163,9 +164,9 @@ class StreamReader:
         except httpx2.HTTPError as exc:
             return dropped(attempts, type(exc).__name__)
         status = response.status_code
-        gen.upstream_status = status
         if status == 200:
             return response
+        gen.upstream_status = status
         try:
             error = await read_bounded(response)
         finally:
@@ -192,9 +193,20 @@ class StreamReader:
         )
 
     async def _ended(
-        self, gen: Generation, sink: StreamSink, broke: str | None, attempts: Attempts
+        self,
+        gen: Generation,
+        sink: StreamSink,
+        broke: str | None,
+        continuing: bool,
+        attempts: Attempts,
     ) -> BrokenAttempt | None:
-        """How an attempt ended once its body ended or broke (``broke``: why)."""
+        """How an attempt ended once its body ended or broke (``broke``: why). One whose first
+        event refused it (vLLM's load shedding in-band) ends as the status it carries would."""
+        if sink.refusal is not None:
+            status, error = sink.refusal
+            return await self._endings.refused(
+                gen, status, error, None, continuing, attempts, in_band=True
+            )
         if sink.malformed:
             return BrokenAttempt("upstream sent a malformed chunk", 502)
         if sink.done or gen.finished:

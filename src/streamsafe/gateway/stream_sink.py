@@ -13,6 +13,7 @@ from streamsafe.gateway.attempt_watch import AttemptWatch
 from streamsafe.gateway.attempts import Attempts
 from streamsafe.gateway.continuation import is_role_chunk, whole_usage
 from streamsafe.gateway.errors import ERROR_PREFIXES
+from streamsafe.gateway.failover import refusal_status
 from streamsafe.gateway.generation import Generation, State
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.upstream import is_engine_death
@@ -37,6 +38,7 @@ class StreamSink:
     Stack) is ended by the stream reader once the body is complete, from :attr:`last`."""
 
     __slots__ = (
+        "_answer_at",
         "_append_now",
         "_append_one",
         "_attempts",
@@ -53,6 +55,7 @@ class StreamSink:
         "gen",
         "last",
         "malformed",
+        "refusal",
         "reshape",
         "skip_role",
         "tokens_before",
@@ -93,6 +96,14 @@ class StreamSink:
         # log has them. They come before the first token, so never through :meth:`one`
         # (which takes only a flowing stream's reads).
         self._repeated = gen.length if continuing and gen.length <= self._preamble else 0
+        # The log's length where this attempt's answer starts: an error event there, before any
+        # token of it, may be a refusal (see :attr:`refusal`).
+        self._answer_at = max(gen.length if continuing else 0, self._preamble)
+        #: The status and body of an error event that came before any token of this attempt
+        #: and refuses it (:func:`~streamsafe.gateway.failover.refusal_status`: vLLM's load
+        #: shedding answers 200, then such an event): never appended; the attempt stopped
+        #: there, to be taken as that status.
+        self.refusal: tuple[int, bytes] | None = None
         self.errored = False
         #: The last payload appended (how a stream without ``[DONE]`` is told whole).
         self.last = b""
@@ -108,7 +119,12 @@ class StreamSink:
     def events(self, payloads: list[bytes]) -> None:
         gen = self.gen
         state = gen.state  # not gen.finished: a property call, once per read
-        if self.done or self.malformed or (state is not _RUNNING and state is not _QUEUED):
+        if (
+            self.done
+            or self.malformed
+            or self.refusal is not None
+            or (state is not _RUNNING and state is not _QUEUED)
+        ):
             return
         reshape = self.reshape
         if reshape is not None:
@@ -128,6 +144,13 @@ class StreamSink:
         malformed = None
         for i, p in enumerate(payloads):
             if p.startswith(ERROR_PREFIXES):
+                if gen.length + i <= self._answer_at and not self._watch.flowing:
+                    refusal = self._refusal(p)
+                    if refusal is not None:
+                        self.refusal = (refusal, p)
+                        del payloads[i:]
+                        self._stop()  # the engine did nothing; its [DONE] is not relayed
+                        break
                 self.errored = True
                 attempts = self._attempts
                 if is_engine_death(p):
@@ -152,8 +175,8 @@ class StreamSink:
             del payloads[malformed:]
             self.malformed = True
             self._stop()  # the rest of this attempt is not relayed; the engine aborts it
-            if not payloads:
-                return
+        if not payloads:
+            return
         self.last = payloads[-1]
         self.done = self.last == DONE
         append_now = self._append_now
@@ -165,6 +188,11 @@ class StreamSink:
             return
         gen.length = append_now(payloads)
         self._appended(payloads)
+
+    def _refusal(self, payload: bytes) -> int | None:
+        """The status an error event before any token refuses the attempt with, if it does."""
+        error = parse_error_event(self._attempts.upstream.kind, payload)
+        return None if error is None else refusal_status(payload, error.status)
 
     def one(self, payload: bytes) -> bool:
         """Take the usual read, one plain chunk of an answer already flowing (what

@@ -1,0 +1,234 @@
+"""An engine that refuses a request before any token, by status or in-band (vLLM's load shedding
+answers a stream either 503 or 200 with a first event that is an error carrying 503): the
+refusal is treated as its status, never relayed as a failure where nothing started."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx2
+import orjson
+import pytest
+from gateway_helpers import MODEL, fast_sim, make_stack, sse_payloads, wait_for
+
+from server_stops import stop_later
+from streamsafe.engine_sim import Fault, Simulator, expected_text
+from streamsafe.gateway import Gateway, GatewayConfig
+from streamsafe.gateway.attempts import OneEngine
+from streamsafe.gateway.endings import REFUSAL_WAIT, BrokenAttempt, Endings
+from streamsafe.gateway.failover import refusal_status
+from streamsafe.gateway.fair_queue import AdmissionCore
+from streamsafe.gateway.generation import Generation, GenerationRequest, State
+from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.store import MemoryEventLog
+from streamsafe.serving import ServerThread
+
+pytestmark = pytest.mark.timeout(60)
+
+#: The gateway's own heartbeat setting (make_stack's is shorter, for speed).
+_DEFAULT_HEARTBEAT = GatewayConfig(upstream="http://unused").heartbeat
+
+#: vLLM 0.32's in-band refusal, as its serving layer writes it (json.dumps of its ErrorResponse).
+VLLM_SHED = (
+    b'{"error": {"message": "The engine is currently busy and cannot accept new requests. '
+    b'Please try again later or on a different instance.", "type": "Service Unavailable", '
+    b'"param": null, "code": 503}}'
+)
+
+
+# -- the decision ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "refusal"),
+    [
+        (VLLM_SHED, 503, 503),
+        (b'{"error": {"message": "slow down", "type": "x", "code": 429}}', 429, 429),
+        (b'{"error": {"message": "m", "type": "rate_limit_exceeded"}}', 500, 429),
+        (b'{"error": {"message": "m", "type": "overloaded_error"}}', 500, 503),
+        (b'{"error": {"message": "m", "code": "rate_limit_exceeded"}}', 500, 429),
+        (b'{"error": {"message": "boom", "type": "InternalServerError", "code": 500}}', 500, None),
+        (b'{"error": {"message": "bad", "type": "BadRequestError", "code": 400}}', 400, None),
+        (b'{"error": "not an object"}', 500, None),
+    ],
+)
+def test_an_error_event_is_a_refusal_only_where_it_says_overloaded_or_rate_limited(
+    payload: bytes, status: int, refusal: int | None
+) -> None:
+    assert refusal_status(payload, status) == refusal
+
+
+def _generation(committed: bool) -> Generation:
+    req = GenerationRequest(
+        tenant="t", path="/v1/chat/completions", body=b"{}", fingerprint=b"f", cost=1, stream=True
+    )
+    gen = Generation("gen-1", req, MemoryEventLog(), None, 0.0)
+    gen.state = State.RUNNING
+    gen.waiter, _ = AdmissionCore(1, None, 10).request("t", 1, None, 0.0)
+    gen.waiter.committed = committed
+    return gen
+
+
+class _Engine(OneEngine):
+    def __init__(self) -> None:
+        pass
+
+    def failed(self, why: str) -> None:
+        pass
+
+
+@pytest.mark.parametrize("in_band", [False, True])
+async def test_a_refusal_is_the_callers_status_until_it_committed_then_the_gateway_asks_again(
+    in_band: bool,
+) -> None:
+    finished: list[State] = []
+    endings = Endings(Counters(), lambda gen, state: finished.append(state), lambda: 1)
+    fresh = _generation(committed=False)
+    out = await endings.refused(fresh, 503, VLLM_SHED, None, False, _Engine(), in_band=in_band)
+    assert out is None and finished == [State.FAILED]
+    assert fresh.failure is not None and fresh.failure.status == 503
+    assert fresh.failure.retry_after == REFUSAL_WAIT  # a 503 always says when to come back
+    committed = _generation(committed=True)
+    out = await endings.refused(committed, 503, VLLM_SHED, None, False, _Engine(), in_band=in_band)
+    assert isinstance(out, BrokenAttempt) and out.retry_after == REFUSAL_WAIT
+    assert committed.failure is None and finished == [State.FAILED]
+
+
+# -- through the gateway --------------------------------------------------------------------
+
+
+def _openai_streams(url: str, n: int) -> list[tuple[str, str]]:
+    """(text, expected text) of ``n`` concurrent unmodified openai streams (2 retries)."""
+    import openai
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=10.0, max_retries=2)
+
+    def one(i: int) -> tuple[str, str]:
+        messages = [{"role": "user", "content": f"refused {i}"}]
+        stream = client.chat.completions.create(
+            model=MODEL,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=6,
+            stream=True,
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        body = {"model": MODEL, "messages": messages, "max_tokens": 6, "stream": True}
+        return text, expected_text(body, 6)
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+@pytest.mark.parametrize("form", ["status:503:1", "errorevent:503:1"])
+def test_both_forms_of_vllms_503_reach_callers_as_a_503_their_clients_retry(form: str) -> None:
+    """4 openai streams through a gateway with its defaults, each refused once before any token
+    (the engine's first 4 requests): every caller gets its whole answer; the engine saw 8
+    requests and ran 4 generations."""
+    sim = fast_sim(faults=(Fault.parse(f"{form}#4"),))
+    with make_stack(sim, heartbeat=_DEFAULT_HEARTBEAT) as s:
+        results = _openai_streams(s.url, 4)
+        assert all(text == expected for text, expected in results)
+        stats = s.sim.stats()
+        kind = form.split(":")[0]
+        assert stats["faults_injected"][kind] == 4
+        assert stats["requests_received"] == 8 and stats["generations_started"] == 4
+
+
+def test_an_in_band_refusal_is_answered_with_its_status_and_retry_after_not_an_error_event() -> (
+    None
+):
+    sim = fast_sim(faults=(Fault.parse("errorevent:503:1"),))
+    with make_stack(sim, heartbeat=_DEFAULT_HEARTBEAT) as s:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}
+        r = httpx2.post(s.url + "/v1/chat/completions", json=body, timeout=10)
+        assert r.status_code == 503, r.text
+        assert r.headers["retry-after"] == str(REFUSAL_WAIT)
+        assert r.json()["error"]["code"] == 503
+        assert s.sim.stats()["generations_started"] == 0
+
+
+def test_a_committed_caller_never_sees_a_refusal_the_gateway_asks_again() -> None:
+    """A stream whose response committed while it waited in the gateway's queue (early commit,
+    0.05 s after it arrived) is refused in-band once it reaches the engine: it can no longer be
+    told a status, so the gateway asks again after the refusal's wait, and the caller reads a
+    whole answer. (The refused request is shaped as a continuation only so that the fault,
+    ``@continuation``, hits it and not the stream holding the gateway's one place.)"""
+    sim = fast_sim(itl_ms=20.0, faults=(Fault.parse("errorevent:503:1@continuation#1"),))
+    with make_stack(sim, heartbeat=0.05, max_inflight=1) as s:
+        holder = {**_chat("holder"), "max_tokens": 60}
+        refused = {
+            **_chat("refused"),
+            "messages": [
+                {"role": "user", "content": "refused"},
+                {"role": "assistant", "content": "the"},
+            ],
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+        }
+        with ThreadPoolExecutor(2) as pool, httpx2.Client(timeout=20) as http:
+            first = pool.submit(http.post, s.url + "/v1/chat/completions", json=holder)
+            wait_for(lambda: s.sim.stats()["generations_started"] == 1, what="the holder runs")
+            second = http.post(s.url + "/v1/chat/completions", json=refused)
+            assert first.result().status_code == 200
+        assert second.status_code == 200
+        events = [d for _, d in sse_payloads(second.text)]
+        assert events[-1] == "[DONE]" and len(events) > 2
+        assert all("error" not in orjson.loads(d) for d in events[:-1])
+        stats = s.sim.stats()
+        assert stats["faults_injected"]["errorevent"] == 1
+        assert stats["requests_received"] == 3 and stats["generations_started"] == 2
+        assert s.gw.registry.counters.continued == 1
+
+
+def _chat(content: str) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 5,
+        "stream": True,
+    }
+
+
+@contextlib.contextmanager
+def _pool(*sims: Simulator) -> Iterator[str]:
+    servers = [ServerThread(sim).start() for sim in sims]
+    gw = ServerThread(
+        Gateway(GatewayConfig(upstream=servers[0].url, engines=tuple(s.url for s in servers)))
+    ).start()
+    try:
+        yield gw.url
+    finally:
+        stop_later(gw, *servers)
+
+
+def test_a_pool_takes_an_in_band_refusal_to_another_engine() -> None:
+    shedding = Simulator(fast_sim(faults=(Fault.parse("errorevent:503:1"),)))
+    healthy = Simulator(fast_sim())
+    with _pool(shedding, healthy) as url:
+        bodies: list[dict[str, Any]] = [
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": f"pool {i}"}],
+                "max_tokens": 5,
+                "stream": True,
+            }
+            for i in range(4)
+        ]
+        with httpx2.Client(timeout=20) as http:
+            for body in bodies:
+                r = http.post(url + "/v1/chat/completions", json=body)
+                assert r.status_code == 200, r.text
+                events = sse_payloads(r.text)
+                assert all("error" not in orjson.loads(d) for _, d in events if d != "[DONE]")
+                text = "".join(
+                    (orjson.loads(d)["choices"][0]["delta"].get("content") or "")
+                    for _, d in events
+                    if d != "[DONE]" and orjson.loads(d).get("choices")
+                )
+                assert text == expected_text(body, 5)
+    assert healthy.stats()["generations_started"] == 4
+    shed = shedding.stats()
+    assert shed["faults_injected"]["errorevent"] >= 1 and shed["generations_started"] == 0
