@@ -1,0 +1,95 @@
+"""A network between the gateway and the real vLLM that cuts chosen streams: the first response
+to a chat request carrying a planned marker is passed on for that many SSE events, then the
+connection is reset (no ``[DONE]``, no error event: what a proxy restart or a network blip
+looks like). Everything else, the gateway's continuations included, passes untouched."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+
+from streamsafe.serving import ServerThread
+from streamsafe.sse import SSEDecoder
+
+
+class Cut(Exception):
+    """Raised in the app to drop the connection mid-response."""
+
+
+@dataclass
+class CuttingProxy:
+    """An ASGI app in front of ``upstream``. ``plan[marker] = n``: the first chat request whose
+    body holds ``marker`` is cut after ``n`` events. ``paths`` records every request's path."""
+
+    upstream: str
+    plan: dict[str, int] = field(default_factory=dict)
+    paths: list[str] = field(default_factory=list)
+    cuts: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _cut_at(self, path: str, body: bytes) -> int | None:
+        with self._lock:
+            self.paths.append(path)
+            if not path.endswith("/chat/completions"):
+                return None
+            for marker, n in self.plan.items():
+                if marker.encode() in body:
+                    del self.plan[marker]
+                    return n
+        return None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body = b""
+        more = True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        path = scope["path"]
+        cut_at = self._cut_at(path, body)
+        headers = {
+            k.decode(): v.decode()
+            for k, v in scope["headers"]
+            if k.lower() not in (b"host", b"content-length")
+        }
+        async with (
+            httpx2.AsyncClient(base_url=self.upstream, timeout=120) as client,
+            client.stream(scope["method"], path, headers=headers, content=body) as resp,
+        ):
+            hdrs = [
+                (k.encode(), v.encode())
+                for k, v in resp.headers.items()
+                if k not in ("content-length", "transfer-encoding")
+            ]
+            await send({"type": "http.response.start", "status": resp.status_code, "headers": hdrs})
+            decoder = SSEDecoder()
+            seen = 0
+            async for raw in resp.aiter_raw():
+                if cut_at is not None:
+                    # Pass whole events only, up to the planned count, then reset.
+                    events = decoder.payloads(raw)
+                    if seen + len(events) >= cut_at:
+                        keep = b"".join(b"data: " + e + b"\n\n" for e in events[: cut_at - seen])
+                        await send({"type": "http.response.body", "body": keep, "more_body": True})
+                        with self._lock:
+                            self.cuts += 1
+                        raise Cut
+                    seen += len(events)
+                await send({"type": "http.response.body", "body": raw, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def serve_proxy(proxy: CuttingProxy) -> ServerThread:
+    """The proxy on a loopback port (use as ``with serve_proxy(p) as server:``)."""
+    # A cut is a deliberate reset: keep the server's traceback for it out of the test output.
+    logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)
+    return ServerThread(proxy)
