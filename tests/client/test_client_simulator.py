@@ -119,3 +119,35 @@ def test_a_cut_stream_from_a_non_resumable_engine_is_interrupted_with_its_partia
     assert err.text and expected_text(body(), 12).startswith(err.text)
     assert err.text != expected_text(body(), 12)
     assert sim.stats()["requests_received"] == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("code", [503, 429])
+def test_a_stream_refused_by_its_first_event_is_retried_not_a_stream_error(mode, code):
+    """vLLM's load shedding in its second form: 200, then a first event that is an error
+    carrying 503 (or 429). Nothing started: the client retries it as it would that status."""
+    from streamsafe.engine_sim import Fault
+
+    sim = Simulator(
+        SimConfig(model=MODEL, itl_ms=1.0, faults=(Fault.parse(f"errorevent:{code}:1#2"),))
+    )
+    clock = FakeClock()
+    with serve(sim) as server:
+        [res] = sim_run(mode, server, clock=clock)
+    assert res.error is None and res.text == expected_text(body(), 12)
+    assert len(clock.sleeps) == 2  # two retries, each after its backoff
+    stats = sim.stats()
+    assert stats["faults_injected"]["errorevent"] == 2
+    assert stats["requests_received"] == 3 and stats["generations_started"] == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_stream_refused_by_its_first_event_every_time_raises_the_status_error(mode):
+    from streamsafe.client import StreamError
+
+    sim = Simulator(SimConfig(model=MODEL, itl_ms=1.0))
+    with serve(sim) as server:
+        [res] = sim_run(mode, server, extra_headers={"x-sim-fault": "errorevent:503:1"})
+    assert isinstance(res.error, ServiceUnavailableError)
+    assert not isinstance(res.error, StreamError) and res.error.attempts == 3
+    assert sim.stats()["requests_received"] == 3 and sim.stats()["generations_started"] == 0

@@ -35,7 +35,7 @@ from streamsafe.client.types import (
     Completion,
     ModelList,
 )
-from streamsafe.retry import Outcome, RetryBudget, RetryPolicy, StreamingConfig
+from streamsafe.retry import Outcome, RetryBudget, RetryPolicy, StreamingConfig, refusal_status
 from streamsafe.sse import SSEDecoder, SSEError
 
 __all__ = ["AsyncClient", "AsyncStream"]
@@ -131,6 +131,7 @@ class AsyncStream(AsyncCloseAlias, Generic[T]):
             # After a resume, skip any event the server replays that we already have.
             skip_through = _int_id(call.last_event_id) if call and call.resumes else None
             failure: BaseException | None = None
+            refused: _Refused | None = None
             try:
                 async for raw in response.aiter_bytes():
                     for ev in decoder.feed(raw):
@@ -151,6 +152,10 @@ class AsyncStream(AsyncCloseAlias, Generic[T]):
                         if type(data) is not dict:
                             raise _bad_event(call, ev.raw, chunks)
                         if "error" in data and data["error"] is not None:
+                            if not chunks and call is not None and not call.resumes:
+                                status = refusal_status(data["error"])
+                                if status is not None:  # nothing started: a refusal
+                                    raise _Refused(status, data)
                             raise _stream_error(call, data, chunks)
                         chunk = make(data)
                         chunks.append(chunk)
@@ -164,7 +169,9 @@ class AsyncStream(AsyncCloseAlias, Generic[T]):
             except Exception as exc:
                 if self._closed:
                     return  # closed by the caller, maybe from another task: the loop ends
-                if isinstance(exc, httpx2.TransportError):
+                if isinstance(exc, _Refused):
+                    refused = exc
+                elif isinstance(exc, httpx2.TransportError):
                     failure = exc
                 elif isinstance(exc, (SSEError, httpx2.DecodingError)):
                     raise _unreadable(call, exc, chunks) from exc
@@ -174,11 +181,28 @@ class AsyncStream(AsyncCloseAlias, Generic[T]):
                 await response.aclose()
             if self._closed:
                 return
+            if refused is not None:
+                if call is None or self._client is None:
+                    raise _stream_error(call, refused.data, chunks)
+                headers = response.headers
+                response = await self._client._retry_refused(call, refused, headers)
+                self.response = response
+                continue
             if call is None or self._client is None:
                 raise StreamsafeError(f"stream broke: {failure or 'truncated before [DONE]'}")
             outcome = call.stream_failure(failure, len(chunks))
             response = await self._client._resume(call, outcome, chunks, failure)
             self.response = response
+
+
+class _Refused(Exception):
+    """A stream's first event, before any chunk, refused it (vLLM's load shedding answers 200,
+    then an error carrying 503): nothing started."""
+
+    def __init__(self, status: int, data: dict[str, Any]) -> None:
+        super().__init__(status)
+        self.status = status
+        self.data = data
 
 
 def _int_id(value: str | None) -> int | None:
@@ -392,6 +416,18 @@ class AsyncClient(AsyncCloseAlias):
             if not decision.retry:
                 raise call.give_up_error(err)
             await self._sleep(decision.delay)
+
+    async def _retry_refused(
+        self, call: Call, refused: _Refused, headers: Mapping[str, str]
+    ) -> httpx2.Response:
+        """A stream refused by its first event: the uncommitted refusal of its status, retried
+        as that status would be (``retry_if_nothing_started``), else its error raised."""
+        outcome, err = call.refusal_failure(refused.status, refused.data, headers)
+        decision = call.decide(outcome)
+        if not decision.retry:
+            raise call.give_up_error(err)
+        await self._sleep(decision.delay)
+        return await self._open(call)
 
     async def _resume(
         self, call: Call, outcome: Outcome, chunks: list[Any], cause: BaseException | None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import logging
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import httpx2
@@ -209,6 +210,15 @@ class Call:
         headers = {k.lower(): v for k, v in response.headers.items()}
         err = status_error(response.status_code, parse_error_body(raw), headers, **self.kw())
         return Outcome.status(response.status_code, headers), err
+
+    def refusal_failure(
+        self, status: int, data: dict[str, Any], headers: Mapping[str, str]
+    ) -> tuple[Outcome, StreamsafeError]:
+        """A stream answered 2xx whose first event refused it with ``status`` (vLLM's load
+        shedding in-band): the uncommitted outcome of that status, and the error it raises."""
+        kept = {k.lower(): v for k, v in headers.items()}
+        err = status_error(status, data, kept, **self.kw())
+        return Outcome.refused_in_band(status, kept), err
 
     def stream_failure(self, exc: BaseException | None, events: int) -> Outcome:
         """A committed stream broke: ``exc`` is the transport error, ``None`` for a clean end

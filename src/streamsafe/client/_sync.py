@@ -37,7 +37,7 @@ from streamsafe.client.types import (
     Completion,
     ModelList,
 )
-from streamsafe.retry import Outcome, RetryBudget, RetryPolicy, StreamingConfig
+from streamsafe.retry import Outcome, RetryBudget, RetryPolicy, StreamingConfig, refusal_status
 from streamsafe.sse import SSEDecoder, SSEError
 
 __all__ = ["Client", "Stream"]
@@ -133,6 +133,7 @@ class Stream(CloseAlias, Generic[T]):
             # After a resume, skip any event the server replays that we already have.
             skip_through = _int_id(call.last_event_id) if call and call.resumes else None
             failure: BaseException | None = None
+            refused: _Refused | None = None
             try:
                 for raw in response.iter_bytes():
                     for ev in decoder.feed(raw):
@@ -153,6 +154,10 @@ class Stream(CloseAlias, Generic[T]):
                         if type(data) is not dict:
                             raise _bad_event(call, ev.raw, chunks)
                         if "error" in data and data["error"] is not None:
+                            if not chunks and call is not None and not call.resumes:
+                                status = refusal_status(data["error"])
+                                if status is not None:  # nothing started: a refusal
+                                    raise _Refused(status, data)
                             raise _stream_error(call, data, chunks)
                         chunk = make(data)
                         chunks.append(chunk)
@@ -166,7 +171,9 @@ class Stream(CloseAlias, Generic[T]):
             except Exception as exc:
                 if self._closed:
                     return  # closed by the caller, maybe from another task: the loop ends
-                if isinstance(exc, httpx2.TransportError):
+                if isinstance(exc, _Refused):
+                    refused = exc
+                elif isinstance(exc, httpx2.TransportError):
                     failure = exc
                 elif isinstance(exc, (SSEError, httpx2.DecodingError)):
                     raise _unreadable(call, exc, chunks) from exc
@@ -176,11 +183,28 @@ class Stream(CloseAlias, Generic[T]):
                 response.close()
             if self._closed:
                 return
+            if refused is not None:
+                if call is None or self._client is None:
+                    raise _stream_error(call, refused.data, chunks)
+                headers = response.headers
+                response = self._client._retry_refused(call, refused, headers)
+                self.response = response
+                continue
             if call is None or self._client is None:
                 raise StreamsafeError(f"stream broke: {failure or 'truncated before [DONE]'}")
             outcome = call.stream_failure(failure, len(chunks))
             response = self._client._resume(call, outcome, chunks, failure)
             self.response = response
+
+
+class _Refused(Exception):
+    """A stream's first event, before any chunk, refused it (vLLM's load shedding answers 200,
+    then an error carrying 503): nothing started."""
+
+    def __init__(self, status: int, data: dict[str, Any]) -> None:
+        super().__init__(status)
+        self.status = status
+        self.data = data
 
 
 def _int_id(value: str | None) -> int | None:
@@ -394,6 +418,18 @@ class Client(CloseAlias):
             if not decision.retry:
                 raise call.give_up_error(err)
             self._sleep(decision.delay)
+
+    def _retry_refused(
+        self, call: Call, refused: _Refused, headers: Mapping[str, str]
+    ) -> httpx2.Response:
+        """A stream refused by its first event: the uncommitted refusal of its status, retried
+        as that status would be (``retry_if_nothing_started``), else its error raised."""
+        outcome, err = call.refusal_failure(refused.status, refused.data, headers)
+        decision = call.decide(outcome)
+        if not decision.retry:
+            raise call.give_up_error(err)
+        self._sleep(decision.delay)
+        return self._open(call)
 
     def _resume(
         self, call: Call, outcome: Outcome, chunks: list[Any], cause: BaseException | None

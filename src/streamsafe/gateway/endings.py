@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from streamsafe.gateway.attempt_watch import UpstreamStalled
 from streamsafe.gateway.attempts import Attempts, OneEngine
 from streamsafe.gateway.errors import Failure, error_body, upstream_refusal
-from streamsafe.gateway.failover import REFUSAL_STATUSES
 from streamsafe.gateway.generation import Generation, State
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.upstream import is_engine_death, parse_retry_after
+from streamsafe.retry import REFUSAL_STATUSES
 from streamsafe.sse import DONE
 
 __all__ = ["REFUSAL_WAIT", "BrokenAttempt", "Endings", "Finish", "dropped"]

@@ -19,6 +19,9 @@ import math
 
 import orjson
 
+from streamsafe.retry.refusal import REFUSAL_STATUSES
+from streamsafe.retry.refusal import refusal_status as error_refusal
+
 __all__ = [
     "REFUSAL_STATUSES",
     "RETRYABLE_STATUSES",
@@ -33,12 +36,6 @@ __all__ = [
 RETRYABLE_STATUSES = frozenset((429, 500, 502, 503, 504))
 #: Statuses worth one more attempt on the same engine (transient by their meaning).
 SAME_ENGINE_STATUSES = frozenset((429, 500, 503))
-#: Statuses that refuse a request before any work: an error event before the first token that
-#: carries one is that refusal, not a failure.
-REFUSAL_STATUSES = frozenset((429, 503))
-#: Words of an error's ``type`` or ``code`` that say the same where its status does not.
-_RATE_LIMITED = ("rate_limit", "rate limit", "ratelimit", "too many requests", "too_many_requests")
-_OVERLOADED = ("overloaded", "service unavailable", "service_unavailable", "server_busy")
 #: Markers of vLLM's and OpenAI's "prompt plus max_tokens exceed the context" 400s.
 _CONTEXT_MARKERS = (b"context length", b"context_length", b"maximum context", b"too long")
 
@@ -104,26 +101,17 @@ def failover_step(
 
 def refusal_status(payload: bytes, status: int) -> int | None:
     """The refusal an error event sent before the first token stands for: 503 or 429 where it
-    carries one (``status``, as the upstream's kind read it), else 429 where its ``type`` or
-    ``code`` says rate-limited and 503 where they say overloaded (OpenAI's ``rate_limit_exceeded``,
-    Anthropic's ``overloaded_error``); ``None`` for any other error (a failure). vLLM 0.32's
-    form: ``{"error": {"message": ..., "type": "Service Unavailable", "param": null, "code":
-    503}}``. Parsed once per attempt, never per chunk."""
+    carries one (``status``, as the upstream's kind read it: Llama Stack puts it in the
+    message), else what :func:`streamsafe.retry.refusal_status` (the client's rule too) reads in
+    its ``error``; ``None`` for any other error (a failure). Parsed once per attempt, never per
+    chunk."""
     if status in REFUSAL_STATUSES:
         return status
     try:
         body = orjson.loads(payload)
     except orjson.JSONDecodeError:
         return None
-    error = body.get("error") if isinstance(body, dict) else None
-    if not isinstance(error, dict):
-        return None
-    words = f"{error.get('type')} {error.get('code')}".lower()
-    if any(word in words for word in _RATE_LIMITED):
-        return 429
-    if any(word in words for word in _OVERLOADED):
-        return 503
-    return None
+    return error_refusal(body.get("error")) if isinstance(body, dict) else None
 
 
 def _says_context_too_long(body: bytes) -> bool:

@@ -2,7 +2,8 @@
 
 Settings (:class:`RetryPolicy`, :class:`StreamingConfig`), shared throttling
 (:class:`RetryBudget`), what happened (:class:`Outcome`) and the one decision function
-(:func:`decide`) that turns them into a :class:`Decision`. No I/O, no sleeping, no clock or
+(:func:`decide`) that turns them into a :class:`Decision`; :func:`refusal_status` reads an error a
+server sent in-band before any token as the refusal it is. No I/O, no sleeping, no clock or
 randomness of its own: the caller passes the time and the random draw, so every rule is tested
 without a network or a sleep.
 """
@@ -13,10 +14,12 @@ from streamsafe.retry.budget import RetryBudget
 from streamsafe.retry.decide import decide, nothing_started
 from streamsafe.retry.outcome import TIMEOUT_PHASES, Decision, Outcome
 from streamsafe.retry.policy import DEFAULT_RETRY_STATUSES, RetryPolicy, StreamingConfig
+from streamsafe.retry.refusal import REFUSAL_STATUSES, refusal_status
 from streamsafe.retry.retry_after import parse_retry_after
 
 __all__ = [
     "DEFAULT_RETRY_STATUSES",
+    "REFUSAL_STATUSES",
     "TIMEOUT_PHASES",
     "Decision",
     "Outcome",
@@ -26,4 +29,5 @@ __all__ = [
     "decide",
     "nothing_started",
     "parse_retry_after",
+    "refusal_status",
 ]

@@ -9,12 +9,10 @@ from __future__ import annotations
 from streamsafe.retry.budget import RetryBudget
 from streamsafe.retry.outcome import Decision, Outcome
 from streamsafe.retry.policy import RetryPolicy, StreamingConfig
+from streamsafe.retry.refusal import REFUSAL_STATUSES
 from streamsafe.retry.retry_after import parse_retry_after
 
 __all__ = ["decide", "nothing_started"]
-
-# Statuses that say "I did not take the work": rate limited, unavailable (overload, shedding).
-_REFUSAL_STATUSES = frozenset({429, 503})
 
 
 def _give_up(reason: str) -> Decision:
@@ -35,7 +33,7 @@ def nothing_started(outcome: Outcome) -> bool:
     if outcome.kind == "timeout":
         return outcome.phase in ("connect", "pool")
     if outcome.kind == "status":
-        return outcome.status_code in _REFUSAL_STATUSES or outcome.should_retry_header is True
+        return outcome.status_code in REFUSAL_STATUSES or outcome.should_retry_header is True
     return False
 
 

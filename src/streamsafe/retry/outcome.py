@@ -94,6 +94,16 @@ class Outcome:
         return cls("status", status_code=status_code, headers=_keep(headers))
 
     @classmethod
+    def refused_in_band(
+        cls, status_code: int, headers: Mapping[str, str] | Iterable[tuple[str, str]] | None = None
+    ) -> Outcome:
+        """A stream answered 2xx whose first event, before any chunk, is an error refusing it
+        with ``status_code`` (see :func:`~streamsafe.retry.refusal.refusal_status`): nothing
+        started, so it is the status it carries, not a committed failure."""
+        detail = f"refused by its first event ({status_code})"
+        return cls("status", status_code=status_code, headers=_keep(headers), detail=detail)
+
+    @classmethod
     def broken(cls, *, events: int, resumable: bool, detail: str = "stream broke") -> Outcome:
         """A committed stream ended early after ``events`` events (reset, truncated without
         ``[DONE]``); ``resumable`` where the server answered ``X-Stream-Resumable: true``."""
@@ -135,7 +145,7 @@ class Outcome:
     def describe(self) -> str:
         """A short text for logs: ``status 503``, ``first_byte timeout``, ..."""
         if self.kind == "status":
-            return f"status {self.status_code}"
+            return self.detail or f"status {self.status_code}"
         if self.kind == "connect_error":
             return "connection refused" if self.refused else (self.detail or "connect error")
         if self.kind == "success":
