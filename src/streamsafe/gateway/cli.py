@@ -71,7 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--heartbeat",
         type=float,
         default=5.0,
-        help="seconds between keep-alive comments before the first token (default 5; 0 for none)",
+        help="seconds between keep-alive comments while a stream waits for its first token, "
+        "and of silence after which one goes out mid-stream (default 5; 0 for none)",
     )
     p.add_argument(
         "--json-keepalive",

@@ -47,7 +47,10 @@ class GatewayConfig:
     #: keeps a slow first token from tripping a client's read timeout (the original failure).
     commit: CommitMode = "early"
     #: Seconds between ``: keep-alive`` comments while a committed stream waits for its first
-    #: event (default 5, far below the 60 s read timeout of Stainless clients). 0 sends none.
+    #: event, and of silence after which one goes out once events flow (an engine stalled in
+    #: the middle of an answer). Default 5, far below the 60 s read timeout of Stainless
+    #: clients; a client that states a shorter one (``x-stainless-read-timeout``) gets them at
+    #: half of it, at least 0.25 s apart. 0 sends none.
     heartbeat: float = 5.0
     #: Generations running upstream at once (default 256, vLLM's usual ``--max-num-seqs``).
     #: ``None`` for no limit.
