@@ -49,9 +49,11 @@ __all__ = [
 
 #: The line vLLM 0.32's API server logs (``vllm/entrypoints/serve/utils/request_logger.py``, with
 #: ``--enable-log-requests``) for each generation request it received, before the engine sees
-#: it: ``Received request chatcmpl-5f0c...: params: SamplingParams(...)``. A request its queue
-#: limit refuses is logged too. ``/tokenize`` requests (ids ``tokenize-...``) are not counted:
-#: they generate nothing.
+#: it: ``Received request chatcmpl-5f0c...: params: SamplingParams(...)``. A request refused with
+#: a 503 status by ``--max-num-queued-reqs`` is not logged (that check runs before the line); one
+#: that passed it and was refused when added to the engine (a 200 whose first event is the 503
+#: error) is. ``/tokenize`` requests (ids ``tokenize-...``) are not counted: they generate
+#: nothing.
 RECEIVED = re.compile(r"Received request (?!tokenize-)(\S+): params: ")
 #: The line vLLM 0.32 logs (``vllm/v1/engine/async_llm.py``) when a request's generation was
 #: cancelled because its client left: ``Request chatcmpl-5f0c... aborted.``
