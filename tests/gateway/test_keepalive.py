@@ -7,8 +7,9 @@ import asyncio
 import itertools
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx2
 import pytest
-from gateway_helpers import MODEL, fast_sim, make_stack
+from gateway_helpers import MODEL, chat_body, content_of, fast_sim, make_stack
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -18,6 +19,7 @@ from streamsafe.gateway.fanout import Fanout
 from streamsafe.gateway.generation import Generation, GenerationRequest, State
 from streamsafe.gateway.keepalive import KEEPALIVE_LINE, TICK, QuietWait, quiet_beat
 from streamsafe.gateway.store import MemoryEventLog
+from streamsafe.sse import SSEDecoder
 
 
 @given(
@@ -140,3 +142,38 @@ def test_openai_streams_with_a_2s_read_timeout_survive_a_6s_stall_mid_stream() -
         assert stats["faults_injected"]["pause"] == 8
         assert stats["requests_received"] == 8 and stats["generations_started"] == 8
         assert s.gw.registry.counters.continued == 0  # not even the gateway asked again
+
+
+def _read_with_timeout(url: str, body: dict[str, object], read: float) -> tuple[str, int]:
+    """(the answer's text, keep-alive lines after the first event) of one stream read with a
+    ``read`` s timeout that the client states, as Stainless clients do."""
+    decoder = SSEDecoder()
+    data: list[str] = []
+    beats = 0
+    headers = {"x-stainless-read-timeout": str(read)}
+    with (
+        httpx2.Client(timeout=httpx2.Timeout(10.0, read=read)) as http,
+        http.stream("POST", url + "/v1/chat/completions", json=body, headers=headers) as r,
+    ):
+        assert r.status_code == 200
+        for chunk in r.iter_bytes():
+            if data:
+                beats += chunk.count(b": keep-alive\n")
+            data += [ev.data for ev in decoder.feed(chunk)]
+    assert data[-1] == "[DONE]"
+    return content_of([(None, d) for d in data]), beats
+
+
+@pytest.mark.timeout(60)
+def test_a_subscriber_its_own_loop_serves_gets_heartbeats_mid_stream_too() -> None:
+    """Two identical calls collapse into one generation; the one that joined gets a completion
+    id of its own, so its own loop serves it instead of the fan-out. Both read through a 3 s
+    pause with a 1 s read timeout."""
+    sim = fast_sim(faults=(Fault.parse("pause:3:3:1"),))
+    with make_stack(sim, heartbeat=5.0, collapse_identical=True) as s:
+        body = chat_body("collapsed", max_tokens=8)
+        with ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(lambda _: _read_with_timeout(s.url, body, 1.0), range(2)))
+        assert [text for text, _ in results] == [expected_text(body, 8)] * 2
+        assert all(beats >= 2 for _, beats in results)  # every 0.5 s through 3 s of silence
+        assert s.sim.stats()["requests_received"] == 1
