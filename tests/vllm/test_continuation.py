@@ -12,8 +12,8 @@ from typing import Any
 import httpx2
 import orjson
 import pytest
-from cut_proxy import CuttingProxy, serve_proxy
 
+from streamsafe.bench.cutting_proxy import CuttingProxy, serve_proxy
 from streamsafe.bench.tiny_model import TRIM_TEMPLATE
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.serving import ServerThread

@@ -49,6 +49,8 @@ def render_table(rows: list[dict[str, Any]], title: str) -> Any:
 
 
 def _main(args: argparse.Namespace) -> int:
+    if args.engine == "vllm":
+        return _vllm_main(args)
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -147,6 +149,78 @@ def _llama_stack_rows(console: Any, quick: bool, only: list[int] | None) -> list
     return rows
 
 
+def _vllm_main(args: argparse.Namespace) -> int:
+    """The demo against the real vLLM (see streamsafe.bench.vllm_demo)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from streamsafe.bench.vllm_demo import VLLMDemoSettings, run_vllm_demo
+    from streamsafe.bench.vllm_engine import VLLMUnavailable
+
+    settings = VLLMDemoSettings.quick() if args.quick else VLLMDemoSettings()
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
+    console.print(
+        f"[bold]streamsafe demo --engine vllm[/]: the real vLLM 0.32 (CPU) serving the tiny "
+        f"model; {settings.calls} concurrent plain chats of {settings.storm_tokens} tokens, each "
+        f"longer than its client's timeout, retried by the client (2 retries); then "
+        f"{settings.cuts} greedy streams of {settings.cut_tokens} tokens cut at random points "
+        "between the gateway and vLLM. Starting vLLM (30-60 s)..."
+    )
+
+    def on_row(kind: str, row: dict[str, Any]) -> None:
+        if kind == "storm":
+            console.print(
+                f"  {row['name']}: {row['vllm_requests']} vLLM requests for {row['calls']} "
+                f"calls, {row['exact']}/{row['calls']} answered exactly"
+            )
+        else:
+            console.print(f"  continued {row['name']}: {row['exact']}/{row['streams_cut']} exact")
+
+    try:
+        result = run_vllm_demo(settings, on_row=on_row)
+    except VLLMUnavailable as exc:
+        console.print(f"[red]{exc}[/]")
+        return 2
+    storm = Table(
+        title=f"the report's storm against the real vLLM (client timeout "
+        f"{result['client_timeout_s']:g} s, 2 retries)"
+    )
+    for header in ("path", "calls", "vLLM requests", "per call", "exact", "errors", "seconds"):
+        storm.add_column(header, justify="left" if header in ("path", "errors") else "right")
+    for row in result["storm"]:
+        storm.add_row(
+            row["name"],
+            str(row["calls"]),
+            str(row["vllm_requests"]),
+            f"{row['per_call']:g}",
+            str(row["exact"]),
+            ", ".join(row["errors"]) or "-",
+            f"{row['seconds']:g}",
+        )
+    console.print(storm)
+    cut = Table(
+        title=f"streams cut between the gateway and the real vLLM, continued "
+        f"(greedy, max_tokens {settings.cut_tokens})"
+    )
+    for header in ("continued", "streams cut", "exact", "usage exact", "most extra tokens"):
+        cut.add_column(header, justify="left" if header == "continued" else "right")
+    for row in result["continuation"]:
+        cut.add_row(
+            row["name"],
+            str(row["streams_cut"]),
+            str(row["exact"]),
+            str(row["usage_exact"]),
+            str(row["max_extra_tokens"]),
+        )
+    console.print(cut)
+    if args.json:
+        write_json(args.json, result)
+        console.print(f"wrote {args.json}")
+    return 0
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "demo", help="the reported outage reproduced and prevented, side by side (about a minute)"
@@ -154,4 +228,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--quick", action="store_true", help="a smaller workload (the test suite's)")
     add_output_flags(p, plot=True)
     p.add_argument("--only", help="comma-separated scenario numbers to run (default: all)")
+    p.add_argument(
+        "--engine",
+        choices=("simulator", "vllm"),
+        default="simulator",
+        help="simulator: the fast, embedded default; vllm: the report's storm and cut streams "
+        "against the real vLLM (`make vllm` builds it; a few minutes)",
+    )
     p.set_defaults(func=_main)

@@ -1,7 +1,8 @@
-"""A network between the gateway and the real vLLM that cuts chosen streams: the first response
-to a chat request carrying a planned marker is passed on for that many SSE events, then the
-connection is reset (no ``[DONE]``, no error event: what a proxy restart or a network blip
-looks like). Everything else, the gateway's continuations included, passes untouched."""
+"""A network between the gateway and an engine that cuts chosen streams: the first response to a
+chat request carrying a planned marker is passed on for that many SSE events, then the
+connection is reset (no ``[DONE]``, no error event: what a proxy restart or a network blip looks
+like). Everything else, the gateway's continuations included, passes untouched. The tests and
+``streamsafe demo --engine vllm`` put it between the gateway and the real vLLM."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import httpx2
 
 from streamsafe.serving import ServerThread
 from streamsafe.sse import SSEDecoder
+
+__all__ = ["Cut", "CuttingProxy", "serve_proxy"]
 
 
 class Cut(Exception):
@@ -90,6 +93,11 @@ class CuttingProxy:
 
 def serve_proxy(proxy: CuttingProxy) -> ServerThread:
     """The proxy on a loopback port (use as ``with serve_proxy(p) as server:``)."""
-    # A cut is a deliberate reset: keep the server's traceback for it out of the test output.
-    logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)
+    # A cut is a deliberate reset: keep the server's traceback for it out of the output (a filter,
+    # which outlives the levels the server sets when it starts).
+    logging.getLogger("uvicorn.error").addFilter(_not_a_cut)
     return ServerThread(proxy)
+
+
+def _not_a_cut(record: logging.LogRecord) -> bool:
+    return not (record.exc_info and isinstance(record.exc_info[1], Cut))

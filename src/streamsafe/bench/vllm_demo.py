@@ -1,0 +1,280 @@
+"""``streamsafe demo --engine vllm``: the report's storm and a cut stream against the real vLLM.
+
+The simulator demo shows the mechanism in a minute; this one shows it on the engine the project
+exists to protect, vLLM 0.32 on this machine's CPU serving the tiny model
+(:mod:`streamsafe.bench.vllm_engine`). Everything is counted at vLLM, from its request log.
+
+**The storm.** ``calls`` concurrent plain (non-streamed) chats, each longer than the client's
+timeout, with the clients' own retries (openai's and llama-stack-client's defaults: 2). The
+timeout is set from a calibration run, so a first attempt always times out and the whole answer
+comes within two attempts' time:
+
+- straight to vLLM, every retry is a new generation that starts over, and times out again: about
+  three vLLM requests per call, and no call answered;
+- through the gateway (default flags), a retry (``x-stainless-retry-count``) attaches to the
+  generation already running and gets its answer: one vLLM request per call.
+
+**A cut stream.** Greedy streams cut at a random event between the gateway and vLLM (a network
+that resets the connection), continued by the gateway. By token ids (the default against vLLM)
+and, for comparison, by text (the caller sets ``return_token_ids: false``): how many come back
+exactly as an unbroken stream, how many carry a usage of exactly ``max_tokens``, and the most
+tokens any caller got beyond the unbroken answer (by vLLM's tokenizer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+import orjson
+
+from streamsafe.bench.cutting_proxy import CuttingProxy, serve_proxy
+from streamsafe.bench.vllm_engine import VLLMEngine, VLLMOptions
+from streamsafe.gateway import Gateway, GatewayConfig
+from streamsafe.serving import ServerThread
+
+__all__ = ["VLLMDemoSettings", "run_vllm_demo"]
+
+
+@dataclass(frozen=True)
+class VLLMDemoSettings:
+    """Sizes of one run: ``calls`` in the storm, each ``storm_tokens`` long; ``cuts`` streams of
+    ``cut_tokens`` each way of continuing."""
+
+    calls: int = 8
+    storm_tokens: int = 1000
+    cuts: int = 20
+    cut_tokens: int = 120
+    seed: int = 11
+
+    @classmethod
+    def quick(cls) -> VLLMDemoSettings:
+        return cls(calls=4, storm_tokens=800, cuts=6, cut_tokens=60)
+
+
+def _chat(model: str, content: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        **extra,
+    }
+
+
+@contextlib.contextmanager
+def _gateway(upstream: str) -> Iterator[str]:
+    """The gateway with its default flags in front of ``upstream``; yields its URL."""
+    with ServerThread(Gateway(GatewayConfig(upstream=upstream))) as server:
+        yield server.url
+
+
+def _answer(url: str, body: dict[str, Any]) -> str:
+    r = httpx2.post(url + "/v1/chat/completions", json=body, timeout=300.0, trust_env=False)
+    r.raise_for_status()
+    text: str = r.json()["choices"][0]["message"]["content"]
+    return text
+
+
+def _calibrate(engine: VLLMEngine, s: VLLMDemoSettings) -> tuple[float, list[str]]:
+    """The median time of ``calls`` concurrent plain calls straight to vLLM, with no timeout (the
+    second of two rounds), and their answers (what every path must give)."""
+    bodies = [_chat(engine.model, f"storm {s.seed}-{i}", s.storm_tokens) for i in range(s.calls)]
+
+    def timed(body: dict[str, Any]) -> tuple[float, str]:
+        t0 = time.monotonic()
+        text = _answer(engine.url, body)
+        return time.monotonic() - t0, text
+
+    with ThreadPoolExecutor(s.calls) as pool:
+        list(pool.map(timed, bodies))  # warm-up: the first requests after a start are slower
+        results = list(pool.map(timed, bodies))
+    return statistics.median(r[0] for r in results), [r[1] for r in results]
+
+
+def _openai_calls(base: str, timeout: float) -> Callable[[dict[str, Any]], str]:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base + "/v1", api_key="demo", timeout=timeout, max_retries=2)
+    return lambda body: client.chat.completions.create(**body).choices[0].message.content or ""
+
+
+def _llama_stack_calls(base: str, timeout: float) -> Callable[[dict[str, Any]], str]:
+    from llama_stack_client import LlamaStackClient
+
+    client = LlamaStackClient(base_url=base, timeout=timeout)
+
+    def call(body: dict[str, Any]) -> str:
+        answer: Any = client.chat.completions.create(**body)
+        return str(answer.choices[0].message.content or "")
+
+    return call
+
+
+def _storm_row(
+    name: str,
+    engine: VLLMEngine,
+    call: Callable[[dict[str, Any]], str],
+    bodies: list[dict[str, Any]],
+    wanted: list[str],
+) -> dict[str, Any]:
+    before = len(engine.requests_received())
+
+    def one(i: int) -> str | None:
+        try:
+            return call(bodies[i])
+        except Exception as exc:
+            return type(exc).__name__
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        got = list(pool.map(one, range(len(bodies))))
+    seconds = time.monotonic() - t0
+    # vLLM logs a request when it receives it: wait for the stragglers to show.
+    time.sleep(0.5)
+    requests = len(engine.requests_received()) - before
+    exact = sum(g == w for g, w in zip(got, wanted, strict=True))
+    errors = sorted({g for g, w in zip(got, wanted, strict=True) if g != w and g is not None})
+    return {
+        "name": name,
+        "calls": len(bodies),
+        "vllm_requests": requests,
+        "per_call": round(requests / len(bodies), 2),
+        "exact": exact,
+        "errors": [e for e in errors if len(e) < 40],
+        "seconds": round(seconds, 1),
+    }
+
+
+def storm(engine: VLLMEngine, s: VLLMDemoSettings) -> tuple[float, list[dict[str, Any]]]:
+    """The storm's rows (see the module docstring) and the clients' timeout."""
+    median, wanted = _calibrate(engine, s)
+    # A first attempt always times out; a retry attached at about the timeout plus openai's
+    # backoff (at most 1 s) still has time for the whole answer.
+    timeout = max(0.5, 0.6 * median)
+    bodies = [_chat(engine.model, f"storm {s.seed}-{i}", s.storm_tokens) for i in range(s.calls)]
+    rows = [
+        _storm_row("openai -> vLLM", engine, _openai_calls(engine.url, timeout), bodies, wanted)
+    ]
+    with _gateway(engine.url) as url:
+        rows.append(
+            _storm_row(
+                "openai -> streamsafe -> vLLM", engine, _openai_calls(url, timeout), bodies, wanted
+            )
+        )
+        rows.append(
+            _storm_row(
+                "llama-stack-client 0.2 -> streamsafe -> vLLM",
+                engine,
+                _llama_stack_calls(url, timeout),
+                bodies,
+                wanted,
+            )
+        )
+    return timeout, rows
+
+
+def _stream(url: str, body: dict[str, Any]) -> tuple[str, int, int]:
+    """(content, content chunks, usage.completion_tokens) of one stream."""
+    text: list[str] = []
+    chunks = usage = 0
+    with httpx2.stream(
+        "POST", url + "/v1/chat/completions", json=body, timeout=300.0, trust_env=False
+    ) as resp:
+        for line in resp.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = orjson.loads(line[6:])
+            if isinstance(chunk.get("usage"), dict):
+                usage = chunk["usage"]["completion_tokens"]
+            for choice in chunk.get("choices") or ():
+                content = (choice.get("delta") or {}).get("content")
+                if content:
+                    text.append(content)
+                    chunks += 1
+    return "".join(text), chunks, usage
+
+
+def _tokens(engine: VLLMEngine, text: str) -> int:
+    """Tokens in ``text`` by vLLM's own tokenizer (``/tokenize``)."""
+    r = httpx2.post(
+        engine.url + "/tokenize",
+        json={"model": engine.model, "prompt": text, "add_special_tokens": False},
+        timeout=30.0,
+        trust_env=False,
+    )
+    r.raise_for_status()
+    count: int = r.json()["count"]
+    return count
+
+
+def cut_streams(engine: VLLMEngine, s: VLLMDemoSettings) -> list[dict[str, Any]]:
+    """The continuation rows: the same cuts, continued by token ids and by text."""
+    rng = random.Random(s.seed)
+    usage = {"stream": True, "stream_options": {"include_usage": True}}
+    prompts = [f"cut {s.seed}-{i}" for i in range(s.cuts)]
+    with ThreadPoolExecutor(4) as pool:
+        wanted = list(
+            pool.map(
+                lambda p: _stream(engine.url, _chat(engine.model, p, s.cut_tokens, **usage)),
+                prompts,
+            )
+        )
+    points = [rng.randint(2, max(2, w[1])) for w in wanted]
+    rows = []
+    for name, extra in (("by token ids (default)", {}), ("by text", {"return_token_ids": False})):
+        proxy = CuttingProxy(engine.url)
+        proxy.plan.update(zip(prompts, points, strict=True))
+        with serve_proxy(proxy) as net, _gateway(net.url) as url, ThreadPoolExecutor(4) as pool:
+            got = list(
+                pool.map(
+                    lambda p, extra=extra: _stream(
+                        url, _chat(engine.model, p, s.cut_tokens, **usage, **extra)
+                    ),
+                    prompts,
+                )
+            )
+        rows.append(
+            {
+                "name": name,
+                "streams_cut": proxy.cuts,
+                "exact": sum(g[0] == w[0] for g, w in zip(got, wanted, strict=True)),
+                "usage_exact": sum(g[2] == s.cut_tokens for g in got),
+                # What the callers got beyond the unbroken answer, counted by vLLM's tokenizer
+                # (a usage chunk counts what the gateway believes it sent).
+                "max_extra_tokens": max(
+                    _tokens(engine, g[0]) - _tokens(engine, w[0])
+                    for g, w in zip(got, wanted, strict=True)
+                ),
+            }
+        )
+    return rows
+
+
+def run_vllm_demo(
+    s: VLLMDemoSettings, *, on_row: Callable[[str, dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
+    """Start the real vLLM, run the storm and the cuts, stop it; every figure as a dict."""
+    with VLLMEngine(VLLMOptions()) as engine:
+        timeout, storm_rows = storm(engine, s)
+        for row in storm_rows:
+            if on_row:
+                on_row("storm", row)
+        cut_rows = cut_streams(engine, s)
+        for row in cut_rows:
+            if on_row:
+                on_row("cut", row)
+        return {
+            "vllm_startup_s": round(engine.startup_s or 0.0, 1),
+            "client_timeout_s": round(timeout, 2),
+            "settings": s.__dict__,
+            "storm": storm_rows,
+            "continuation": cut_rows,
+        }
