@@ -231,7 +231,7 @@ class VLLMEngine:
         with httpx2.Client(trust_env=False, timeout=2.0) as client:
             while True:
                 if self._proc.poll() is not None:
-                    if "Address already in use" in self.log_tail(20):
+                    if "address already in use" in self.log_tail(20).lower():
                         return False
                     raise RuntimeError(
                         f"vLLM exited with {self._proc.returncode} before it was healthy; its "
