@@ -173,11 +173,8 @@ def _silent_ids(tok: Any) -> list[int]:
                 silent.append(token_id)
             continue
         text = tok.decode([token_id])
-        if (
-            not text
-            or not all(ch.isprintable() or ch in "\n\t " for ch in text)
-            or not text.isascii()
-        ):
+        printable = all(ch.isprintable() or ch in "\n\t" for ch in text)
+        if not (text and text.isascii() and printable):
             silent.append(token_id)
     return sorted(silent)
 
