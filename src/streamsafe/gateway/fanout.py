@@ -98,7 +98,7 @@ class Fanout:
     def _write(self, members: _Members, body: bytes, first: int, after: int) -> None:
         keepalive = self._keepalive
         if keepalive is not None:
-            keepalive.wrote()
+            keepalive.last = keepalive.clock()  # Keepalive.wrote(), without a call per chunk
         declined: list[_Member] | None = None
         for member in members:
             if member.cursor == first and member.writer(body):

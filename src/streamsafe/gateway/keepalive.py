@@ -46,15 +46,16 @@ class Keepalive:
     """Calls ``on_quiet`` whenever nothing was written for ``beat`` seconds, with one timer
     that reschedules itself from the loop time of the last write; :meth:`close` when done."""
 
-    __slots__ = ("_beat", "_handle", "_loop", "_on_quiet", "_time", "last")
+    __slots__ = ("_beat", "_handle", "_loop", "_on_quiet", "clock", "last")
 
     def __init__(self, beat: float, on_quiet: Callable[[], None]) -> None:
         self._loop = asyncio.get_running_loop()
-        self._time = self._loop.time
+        #: The loop's clock (its ``time``).
+        self.clock = self._loop.time
         self._beat = beat
         self._on_quiet = on_quiet
         #: The loop's time of the last write (or heartbeat).
-        self.last = self._time()
+        self.last = self.clock()
         self._handle: asyncio.TimerHandle | None = self._loop.call_at(self.last + beat, self._fire)
 
     @property
@@ -64,7 +65,7 @@ class Keepalive:
 
     def wrote(self) -> None:
         """Something was written: the silence starts again (a float stored, no timer)."""
-        self.last = self._time()
+        self.last = self.clock()
 
     def tighten(self, beat: float) -> None:
         """Heartbeat at least every ``beat`` seconds from now on (a shorter interval only)."""
@@ -75,7 +76,7 @@ class Keepalive:
         self._handle = self._loop.call_at(self.last + beat, self._fire)
 
     def _fire(self) -> None:
-        now = self._time()
+        now = self.clock()
         due, at = quiet_beat(self.last, now, self._beat)
         if due:
             self.last = now
