@@ -159,9 +159,12 @@ def test_failover_before_the_first_token_and_the_breaker_keeps_traffic_away() ->
 
 
 def test_429_with_retry_after_is_tried_once_more_on_the_same_engine() -> None:
+    # A pool that sheds everything is full: the generation waits for room up to the queue
+    # timeout (docs/design.md, Commit); one shorter than the engine's Retry-After ends the wait
+    # at the first shed, so the caller sees the pool's own bound of attempts.
     with (
         servers({"faults": ["status:429:1.0:1"]}) as (only,),
-        gateway(only.url, only.url + "/") as gw,
+        gateway(only.url, only.url + "/", queue_timeout=0.5) as gw,
     ):
         r = httpx2.post(gw.url + "/v1/chat/completions", json=chat("shed", 4, stream=False))
         assert r.status_code == 429 and r.headers["retry-after"] == "1"

@@ -81,20 +81,31 @@ class _Engine(OneEngine):
 
 
 @pytest.mark.parametrize("in_band", [False, True])
-async def test_a_refusal_is_the_callers_status_until_it_committed_then_the_gateway_asks_again(
-    in_band: bool,
-) -> None:
+async def test_a_shed_is_asked_again_whoever_was_answered(in_band: bool) -> None:
+    # An engine that sheds load is full, not failing: the generation waits for room (the relay
+    # bounds the wait by the queue timeout), committed or not.
     finished: list[State] = []
     endings = Endings(Counters(), lambda gen, state: finished.append(state), lambda: 1)
+    for committed in (False, True):
+        gen = _generation(committed=committed)
+        out = await endings.refused(gen, 503, VLLM_SHED, None, False, _Engine(), in_band=in_band)
+        assert isinstance(out, BrokenAttempt) and out.retry_after == REFUSAL_WAIT
+        assert out.failure is not None and out.failure.status == 503
+        assert gen.failure is None
+    assert finished == []
+
+
+async def test_another_refusal_is_the_callers_status_until_it_committed() -> None:
+    finished: list[State] = []
+    endings = Endings(Counters(), lambda gen, state: finished.append(state), lambda: 1)
+    failing = b'{"error": {"message": "boom", "type": "InternalServerError", "code": 500}}'
     fresh = _generation(committed=False)
-    out = await endings.refused(fresh, 503, VLLM_SHED, None, False, _Engine(), in_band=in_band)
-    assert out is None and finished == [State.FAILED]
-    assert fresh.failure is not None and fresh.failure.status == 503
-    assert fresh.failure.retry_after == REFUSAL_WAIT  # a 503 always says when to come back
+    assert await endings.refused(fresh, 500, failing, None, False, _Engine()) is None
+    assert finished == [State.FAILED]
+    assert fresh.failure is not None and fresh.failure.status == 500
     committed = _generation(committed=True)
-    out = await endings.refused(committed, 503, VLLM_SHED, None, False, _Engine(), in_band=in_band)
-    assert isinstance(out, BrokenAttempt) and out.retry_after == REFUSAL_WAIT
-    assert committed.failure is None and finished == [State.FAILED]
+    out = await endings.refused(committed, 500, failing, None, False, _Engine())
+    assert isinstance(out, BrokenAttempt) and committed.failure is None
 
 
 # -- through the gateway --------------------------------------------------------------------
@@ -123,10 +134,10 @@ def _openai_streams(url: str, n: int) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("form", ["status:503:1", "errorevent:503:1"])
-def test_both_forms_of_vllms_503_reach_callers_as_a_503_their_clients_retry(form: str) -> None:
+def test_both_forms_of_vllms_503_are_asked_again_and_no_caller_sees_them(form: str) -> None:
     """4 openai streams through a gateway with its defaults, each refused once before any token
-    (the engine's first 4 requests): every caller gets its whole answer; the engine saw 8
-    requests and ran 4 generations."""
+    (the engine's first 4 requests): the gateway asks again, every caller gets its whole answer
+    at its first attempt; the engine saw 8 requests and ran 4 generations."""
     sim = fast_sim(faults=(Fault.parse(f"{form}#4"),))
     with make_stack(sim, heartbeat=_DEFAULT_HEARTBEAT) as s:
         results = _openai_streams(s.url, 4)
@@ -135,13 +146,14 @@ def test_both_forms_of_vllms_503_reach_callers_as_a_503_their_clients_retry(form
         kind = form.split(":")[0]
         assert stats["faults_injected"][kind] == 4
         assert stats["requests_received"] == 8 and stats["generations_started"] == 4
+        gw = s.gw.stats()
+        assert gw["engine_sheds"] == 4 and gw["retries_seen"] == 0
 
 
-def test_an_in_band_refusal_is_answered_with_its_status_and_retry_after_not_an_error_event() -> (
-    None
-):
+def test_a_shed_past_the_queue_timeout_is_answered_with_its_status_and_retry_after() -> None:
+    # Never an error event for a caller not yet answered: its status, and when to come back.
     sim = fast_sim(faults=(Fault.parse("errorevent:503:1"),))
-    with make_stack(sim, heartbeat=_DEFAULT_HEARTBEAT) as s:
+    with make_stack(sim, heartbeat=_DEFAULT_HEARTBEAT, queue_timeout=0.5) as s:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}
         r = httpx2.post(s.url + "/v1/chat/completions", json=body, timeout=10)
         assert r.status_code == 503, r.text
@@ -180,7 +192,7 @@ def test_a_committed_caller_never_sees_a_refusal_the_gateway_asks_again() -> Non
         stats = s.sim.stats()
         assert stats["faults_injected"]["errorevent"] == 1
         assert stats["requests_received"] == 3 and stats["generations_started"] == 2
-        assert s.gw.registry.counters.continued == 1
+        assert s.gw.registry.counters.engine_sheds == 1  # asked again, no continuation spent
 
 
 def _chat(content: str) -> dict[str, Any]:

@@ -68,6 +68,16 @@ def _engine_runs_after_each_test(request: pytest.FixtureRequest) -> Iterator[Non
 
 @pytest.fixture
 def start_vllm(vllm_venv: Path) -> Iterator[Callable[..., VLLMEngine]]:
+    yield from _starter(vllm_venv)
+
+
+@pytest.fixture(scope="module")
+def start_vllm_module(vllm_venv: Path) -> Iterator[Callable[..., VLLMEngine]]:
+    """``start_vllm`` for a whole module: its servers stop after the module's last test."""
+    yield from _starter(vllm_venv)
+
+
+def _starter(vllm_venv: Path) -> Iterator[Callable[..., VLLMEngine]]:
     started: list[VLLMEngine] = []
 
     def start(*extra_args: str, **options: Any) -> VLLMEngine:

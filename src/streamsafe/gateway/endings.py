@@ -81,11 +81,13 @@ class Endings:
         """An error status from upstream, with its (bounded) body, or (``in_band``) the status
         an error event before any token refused the attempt with (vLLM's load shedding answers
         200, then such an event). Before any event it is the caller's answer. A refusal before
-        any work (429, or a 5xx that is not the engine's death) is asked again after
-        ``Retry-After`` (:data:`REFUSAL_WAIT` where none came) instead, where the caller can no
-        longer be told its status: a continuation, or a generation whose response already
-        committed. So is one refused in-band by an engine of a pool, which the pool's failover
-        did not see (it fails over on statuses): the next attempt goes to another engine."""
+        any work is asked again after ``Retry-After`` (:data:`REFUSAL_WAIT` where none came)
+        instead: a 429 or 503 always (the engine shed it: it is full, and the generation waits
+        for room within the relay's bound, as in the gateway's own queue), any other 5xx that is
+        not the engine's death where the caller can no longer be told its status (a
+        continuation, or a generation whose response already committed). So is one refused
+        in-band by an engine of a pool, which the pool's failover did not see (it fails over on
+        statuses): the next attempt goes to another engine."""
         status, body = upstream_refusal(status, body)
         dead = status >= 500 and is_engine_death(body)
         if status >= 500:
@@ -99,7 +101,11 @@ class Endings:
             retry_after = REFUSAL_WAIT  # a 429 or 503 always says when to come back
         failure = Failure(status, body, retry_after)
         committed = gen.waiter is not None and gen.waiter.committed
-        again = continuing or committed or (in_band and not isinstance(attempts, OneEngine))
+        # An engine that sheds load (429, 503) is full, not failing: the generation waits for
+        # room as it would in the gateway's own queue (the relay bounds the wait), whoever has
+        # been answered. Other refusals go back to a caller not yet answered.
+        shed = status in REFUSAL_STATUSES
+        again = shed or continuing or committed or (in_band and not isinstance(attempts, OneEngine))
         if again and not dead and (status == 429 or status >= 500):
             what = "the continuation" if continuing else "the request"
             why = f"upstream refused {what} with {status}" + (" (in-band)" if in_band else "")

@@ -69,6 +69,10 @@ class Counters:
         "500s included)"
     )
     passed_through: int = _counter("Requests forwarded unchanged to the upstream (other routes)")
+    engine_sheds: int = _counter(
+        "Upstream attempts the engine shed before any work (429/503, as a status or an error "
+        "event): the generation waited for room and asked again"
+    )
     #: Requests refused by the gateway, by status (its own labelled series).
     errors: dict[int, int] = field(default_factory=dict)
 

@@ -39,6 +39,7 @@ from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.store import LeaseLost
 from streamsafe.gateway.stream_reader import StreamReader
 from streamsafe.gateway.upstream import Upstream
+from streamsafe.retry import REFUSAL_STATUSES
 from streamsafe.sse import DONE
 
 __all__ = ["BrokenAttempt", "Finish", "Relay"]
@@ -165,6 +166,9 @@ class Relay:
         loop = asyncio.get_running_loop()
         total_deadline = None if timeouts.total is None else loop.time() + timeouts.total
         tries = 0
+        # When the engine first shed this generation (429/503): it waits for room from then on
+        # at most queue_timeout, as in the gateway's own queue, and sheds cost no continuation.
+        shed_since: float | None = None
         while True:
             if cut is not None:
                 broken: BrokenAttempt | None = BrokenAttempt(cut, 502)
@@ -185,23 +189,34 @@ class Relay:
                 attempts.succeeded()
                 self._finish(gen, State.DONE)
                 return
+            shed = broken.failure is not None and broken.failure.status in REFUSAL_STATUSES
+            if shed and shed_since is None:
+                shed_since = loop.time()
             if (
                 (broken.stalled is not None and broken.stalled.phase == "total")
-                or tries >= self.config.max_continuations
+                or (tries >= self.config.max_continuations and not shed)
                 or self._breaker.is_open
             ):
                 await self._endings.fail_broken(gen, broken)
                 return
             if broken.retry_after is not None:
-                # Refused before any work: wait as told, within the total timeout.
+                # Refused before any work: wait as told, within the total timeout (and, for an
+                # engine shedding load, the queue timeout since it began).
                 wait = min(float(broken.retry_after), _MAX_REFUSAL_WAIT)
-                if total_deadline is not None and loop.time() + wait >= total_deadline:
+                until = loop.time() + wait
+                if (total_deadline is not None and until >= total_deadline) or (
+                    shed_since is not None and until - shed_since > self.config.queue_timeout
+                ):
                     await self._endings.fail_broken(gen, broken)
                     return
+                self.counters.engine_sheds += shed
                 await asyncio.sleep(wait)
                 if self._breaker.is_open:
                     await self._endings.fail_broken(gen, broken)
                     return
+                if shed:
+                    log.debug("%s: %s; asking again in %g s", gen.id, broken.why, wait)
+                    continue
             elif gen.length <= (route.preamble if route is not None else 0):
                 # Nothing of the answer relayed (at most the events the upstream sends before
                 # the first token, which the next attempt repeats and the sink drops): asked
