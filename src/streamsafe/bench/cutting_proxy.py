@@ -33,6 +33,10 @@ class CuttingProxy:
     paths: list[str] = field(default_factory=list)
     cuts: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    #: One client for every request, made on the server's loop at its start (a client per
+    #: request builds its connection pool and TLS context each time: CPU the engine and the
+    #: gateway share, enough to slow the gateway's health probe past its timeout).
+    _client: httpx2.AsyncClient | None = None
 
     def _cut_at(self, path: str, body: bytes) -> int | None:
         with self._lock:
@@ -49,8 +53,13 @@ class CuttingProxy:
         if scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
+            if self._client is not None:
+                await self._client.aclose()
             await send({"type": "lifespan.shutdown.complete"})
             return
+        if self._client is None:
+            self._client = httpx2.AsyncClient(base_url=self.upstream, timeout=120, trust_env=False)
+        client = self._client
         body = b""
         more = True
         while more:
@@ -64,10 +73,7 @@ class CuttingProxy:
             for k, v in scope["headers"]
             if k.lower() not in (b"host", b"content-length")
         }
-        async with (
-            httpx2.AsyncClient(base_url=self.upstream, timeout=120) as client,
-            client.stream(scope["method"], path, headers=headers, content=body) as resp,
-        ):
+        async with client.stream(scope["method"], path, headers=headers, content=body) as resp:
             hdrs = [
                 (k.encode(), v.encode())
                 for k, v in resp.headers.items()

@@ -163,8 +163,8 @@ def _vllm_main(args: argparse.Namespace) -> int:
         console = Console(width=160)
     console.print(
         f"[bold]streamsafe demo --engine vllm[/]: the real vLLM 0.32 (CPU) serving the tiny "
-        f"model; {settings.calls} concurrent plain chats of {settings.storm_tokens} tokens, each "
-        f"longer than its client's timeout, retried by the client (2 retries); then "
+        f"model; {settings.calls} concurrent plain chats (timeout {settings.timeout_s:g} s, 2 "
+        "retries) while the engine is busy past their timeout; then "
         f"{settings.cuts} greedy streams of {settings.cut_tokens} tokens cut at random points "
         "between the gateway and vLLM. Starting vLLM (30-60 s)..."
     )

@@ -4,15 +4,15 @@ The simulator demo shows the mechanism in a minute; this one shows it on the eng
 exists to protect, vLLM 0.32 on this machine's CPU serving the tiny model
 (:mod:`streamsafe.bench.vllm_engine`). Everything is counted at vLLM, from its request log.
 
-**The storm.** ``calls`` concurrent plain (non-streamed) chats, each longer than the client's
-timeout, with the clients' own retries (openai's and llama-stack-client's defaults: 2). The
-timeout is set from a calibration run, so a first attempt always times out and the whole answer
-comes within two attempts' time:
+**The storm.** ``calls`` concurrent plain (non-streamed) chats with the clients' own retries
+(openai's and llama-stack-client's defaults: 2) and a short timeout, while the engine is busy
+past it (its engine core paused, as a long prefill or a full batch would hold it):
 
-- straight to vLLM, every retry is a new generation that starts over, and times out again: about
-  three vLLM requests per call, and no call answered;
-- through the gateway (default flags), a retry (``x-stainless-retry-count``) attaches to the
-  generation already running and gets its answer: one vLLM request per call.
+- straight to vLLM, every retry is a new request, abandoned in turn: three vLLM requests per
+  call, and no call answered;
+- through the gateway (default flags), the engine busy as long, until every caller timed out
+  once and retried: each retry (``x-stainless-retry-count``) attaches to the generation already
+  waiting, and gets its answer once the engine goes on: one vLLM request per call.
 
 **A cut stream.** Greedy streams cut at a random event between the gateway and vLLM (a network
 that resets the connection), continued by the gateway. By token ids (the default against vLLM)
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -49,14 +49,16 @@ class VLLMDemoSettings:
     ``cut_tokens`` each way of continuing."""
 
     calls: int = 8
-    storm_tokens: int = 1000
+    storm_tokens: int = 48
     cuts: int = 20
     cut_tokens: int = 120
     seed: int = 11
+    #: The clients' timeout for each attempt (the 60 s default, time-compressed).
+    timeout_s: float = 2.0
 
     @classmethod
     def quick(cls) -> VLLMDemoSettings:
-        return cls(calls=4, storm_tokens=800, cuts=6, cut_tokens=60)
+        return cls(calls=4, cuts=6, cut_tokens=60)
 
 
 def _chat(model: str, content: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
@@ -70,10 +72,11 @@ def _chat(model: str, content: str, max_tokens: int, **extra: Any) -> dict[str, 
 
 
 @contextlib.contextmanager
-def _gateway(upstream: str) -> Iterator[str]:
-    """The gateway with its default flags in front of ``upstream``; yields its URL."""
-    with ServerThread(Gateway(GatewayConfig(upstream=upstream))) as server:
-        yield server.url
+def _gateway(upstream: str) -> Iterator[tuple[str, Gateway]]:
+    """The gateway with its default flags in front of ``upstream``: its URL and itself."""
+    gateway = Gateway(GatewayConfig(upstream=upstream))
+    with ServerThread(gateway) as server:
+        yield server.url, gateway
 
 
 def _answer(url: str, body: dict[str, Any]) -> str:
@@ -81,22 +84,6 @@ def _answer(url: str, body: dict[str, Any]) -> str:
     r.raise_for_status()
     text: str = r.json()["choices"][0]["message"]["content"]
     return text
-
-
-def _calibrate(engine: VLLMEngine, s: VLLMDemoSettings) -> tuple[float, list[str]]:
-    """The median time of ``calls`` concurrent plain calls straight to vLLM, with no timeout (the
-    second of two rounds), and their answers (what every path must give)."""
-    bodies = [_chat(engine.model, f"storm {s.seed}-{i}", s.storm_tokens) for i in range(s.calls)]
-
-    def timed(body: dict[str, Any]) -> tuple[float, str]:
-        t0 = time.monotonic()
-        text = _answer(engine.url, body)
-        return time.monotonic() - t0, text
-
-    with ThreadPoolExecutor(s.calls) as pool:
-        list(pool.map(timed, bodies))  # warm-up: the first requests after a start are slower
-        results = list(pool.map(timed, bodies))
-    return statistics.median(r[0] for r in results), [r[1] for r in results]
 
 
 def _openai_calls(base: str, timeout: float) -> Callable[[dict[str, Any]], str]:
@@ -118,27 +105,41 @@ def _llama_stack_calls(base: str, timeout: float) -> Callable[[dict[str, Any]], 
     return call
 
 
+def _wait(predicate: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def _storm_row(
     name: str,
     engine: VLLMEngine,
     call: Callable[[dict[str, Any]], str],
     bodies: list[dict[str, Any]],
     wanted: list[str],
+    busy_until: Callable[[], bool],
 ) -> dict[str, Any]:
+    """One path: the engine busy (paused) until ``busy_until()`` says so, the calls at once."""
     before = len(engine.requests_received())
+    got: list[str | None] = [None] * len(bodies)
 
-    def one(i: int) -> str | None:
+    def one(i: int) -> None:
         try:
-            return call(bodies[i])
+            got[i] = call(bodies[i])
         except Exception as exc:
-            return type(exc).__name__
+            got[i] = type(exc).__name__
 
     t0 = time.monotonic()
-    with ThreadPoolExecutor(len(bodies)) as pool:
-        got = list(pool.map(one, range(len(bodies))))
+    engine.pause()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    _wait(lambda: busy_until() or not any(t.is_alive() for t in threads), 120.0)
+    engine.resume()
+    for t in threads:
+        t.join(300)
     seconds = time.monotonic() - t0
-    # vLLM logs a request when it receives it: wait for the stragglers to show.
-    time.sleep(0.5)
+    _wait(lambda: len(engine.requests_received()) - before >= len(bodies), 5.0)
     requests = len(engine.requests_received()) - before
     exact = sum(g == w for g, w in zip(got, wanted, strict=True))
     errors = sorted({g for g, w in zip(got, wanted, strict=True) if g != w and g is not None})
@@ -155,29 +156,32 @@ def _storm_row(
 
 def storm(engine: VLLMEngine, s: VLLMDemoSettings) -> tuple[float, list[dict[str, Any]]]:
     """The storm's rows (see the module docstring) and the clients' timeout."""
-    median, wanted = _calibrate(engine, s)
-    # A first attempt always times out; a retry attached at about the timeout plus openai's
-    # backoff (at most 1 s) still has time for the whole answer.
-    timeout = max(0.5, 0.6 * median)
+    timeout = s.timeout_s
     bodies = [_chat(engine.model, f"storm {s.seed}-{i}", s.storm_tokens) for i in range(s.calls)]
+    with ThreadPoolExecutor(s.calls) as pool:
+        wanted = list(pool.map(lambda b: _answer(engine.url, b), bodies))
+    # Straight, the engine stays busy until every caller gave up (three attempts each).
     rows = [
-        _storm_row("openai -> vLLM", engine, _openai_calls(engine.url, timeout), bodies, wanted)
+        _storm_row(
+            "openai -> vLLM",
+            engine,
+            _openai_calls(engine.url, timeout),
+            bodies,
+            wanted,
+            lambda: False,
+        )
     ]
-    with _gateway(engine.url) as url:
-        rows.append(
-            _storm_row(
-                "openai -> streamsafe -> vLLM", engine, _openai_calls(url, timeout), bodies, wanted
-            )
-        )
-        rows.append(
-            _storm_row(
-                "llama-stack-client 0.2 -> streamsafe -> vLLM",
-                engine,
-                _llama_stack_calls(url, timeout),
-                bodies,
-                wanted,
-            )
-        )
+    for name, calls in (
+        ("openai -> streamsafe -> vLLM", _openai_calls),
+        ("llama-stack-client 0.2 -> streamsafe -> vLLM", _llama_stack_calls),
+    ):
+        with _gateway(engine.url) as (url, gateway):
+            # The same stall, up to where every caller timed out once and retried: straight,
+            # each retry would be one more generation at vLLM from here on.
+            def retried(gateway: Gateway = gateway) -> bool:
+                return int(gateway.stats()["retries_seen"]) >= s.calls
+
+            rows.append(_storm_row(name, engine, calls(url, timeout), bodies, wanted, retried))
     return timeout, rows
 
 
@@ -232,7 +236,11 @@ def cut_streams(engine: VLLMEngine, s: VLLMDemoSettings) -> list[dict[str, Any]]
     for name, extra in (("by token ids (default)", {}), ("by text", {"return_token_ids": False})):
         proxy = CuttingProxy(engine.url)
         proxy.plan.update(zip(prompts, points, strict=True))
-        with serve_proxy(proxy) as net, _gateway(net.url) as url, ThreadPoolExecutor(4) as pool:
+        with (
+            serve_proxy(proxy) as net,
+            _gateway(net.url) as (url, _),
+            ThreadPoolExecutor(4) as pool,
+        ):
             got = list(
                 pool.map(
                     lambda p, extra=extra: _stream(
