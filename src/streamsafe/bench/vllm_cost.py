@@ -2,7 +2,8 @@
 
 The same greedy streams go straight to vLLM 0.32 (CPU, the tiny model) and through the gateway
 (``streamsafe serve --upstream``, default flags, its own process), interleaved: each round runs
-both paths, in alternating order, at each concurrency, so both see the same machine. Per stream:
+both paths, in alternating order, at each concurrency (at least 8 streams a path, in batches of
+that many at once), so both see the same machine. Per stream:
 time to first token (request sent to first content chunk) and tokens per second (its tokens over
 the time from the request to its last token: a rate from the first to the last token alone
 jumps to thousands whenever the reading process is descheduled and finds a burst). Reported:
@@ -36,7 +37,7 @@ __all__ = ["VLLMCostSettings", "register", "run"]
 class VLLMCostSettings:
     """Rounds, concurrencies and tokens per stream."""
 
-    rounds: int = 5
+    rounds: int = 8
     concurrency: tuple[int, ...] = (1, 8)
     max_tokens: int = 200
 
@@ -98,13 +99,15 @@ def run(s: VLLMCostSettings) -> dict[str, Any]:
             for r in range(s.rounds):
                 for c in s.concurrency:
                     for name in names if r % 2 == 0 else names[::-1]:
-                        batch = [next(prompts) for _ in range(c)]
-                        with ThreadPoolExecutor(c) as pool:
-                            got = pool.map(
-                                lambda p, u=paths[name]: _one(u, engine.model, p, s.max_tokens),
-                                batch,
-                            )
-                            samples.setdefault((name, c), []).extend(got)
+                        # At least 8 streams per path and round, in batches of c at once.
+                        for _ in range(max(1, 8 // c)):
+                            batch = [next(prompts) for _ in range(c)]
+                            with ThreadPoolExecutor(c) as pool:
+                                got = pool.map(
+                                    lambda p, u=paths[name]: _one(u, engine.model, p, s.max_tokens),
+                                    batch,
+                                )
+                                samples.setdefault((name, c), []).extend(got)
         startup = engine.startup_s
     rows = []
     for c in s.concurrency:
@@ -158,7 +161,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "vllm", help="the gateway's cost in front of the real vLLM: TTFT and tokens/s, interleaved"
     )
-    p.add_argument("--rounds", type=int, default=5, help="rounds, each path once (default 5)")
+    p.add_argument("--rounds", type=int, default=8, help="rounds, each path once (default 8)")
     p.add_argument("--concurrency", default="1,8", help="streams at once, comma-separated")
     p.add_argument("--max-tokens", type=int, default=200, help="tokens per stream (default 200)")
     add_output_flags(p)
