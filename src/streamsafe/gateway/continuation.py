@@ -217,8 +217,6 @@ def _by_ids(req: GenerationRequest, body: dict[str, Any], partial: Partial) -> C
     min_tokens = body.get("min_tokens")
     if type(min_tokens) is int and min_tokens:
         ask["min_tokens"] = max(0, min_tokens - len(ids))
-    if not chat:
-        ask.pop("echo", None)
     path = req.path[: -len("/chat/completions")] + "/completions" if chat else req.path
     reshape = Reshape(partial.stamp, chat)
     return Continuation(path, orjson.dumps(ask), len(ids), reshape)
