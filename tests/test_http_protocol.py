@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from server_stops import stop_later
+from streamsafe._http_limits import LINGER_BYTES
 from streamsafe._http_protocol import HttpProtocol
 from streamsafe.serving import ServerLimits, ServerThread
 
@@ -394,6 +395,53 @@ def test_an_answer_before_the_body_with_connection_close_is_not_lost_to_a_reset(
         sock.sendall(head + b"content-length: %d\r\n\r\n" % size + b"a" * size)
         status, _, body = _Reader(sock).response()
         assert status == 404 and b"seen" in body
+
+
+def _trickle_until_closed(sock: socket.socket, piece: bytes, limit_s: float) -> float:
+    """Send ``piece`` every 0.1 s until the server closes the connection (the send fails);
+    the seconds that took, or ``limit_s`` if it never did."""
+    start = time.monotonic()
+    while time.monotonic() - start < limit_s:
+        try:
+            sock.sendall(piece)
+        except OSError:
+            return time.monotonic() - start
+        time.sleep(0.1)
+    return limit_s
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_an_answer_before_a_trickling_body_ends_the_connection_within_the_linger_bound(
+    loop: str,
+) -> None:
+    # The app answers (404) a chunked body it never reads, whose client sends one byte a tenth
+    # of a second forever. The connection used to stay kept alive while the server read and
+    # dropped the body to reach the next request: one connection held as long as the client
+    # liked (30 of them held a 30-connection server). Now the answer says the connection ends
+    # and the close lingers LINGER_S (2 s), however slowly the rest comes.
+    with _server(loop) as server, _connect(server) as sock:
+        sock.sendall(b"POST /nowhere HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n")
+        sock.sendall(b"1\r\na\r\n")
+        status, headers, body = _Reader(sock).response()
+        assert status == 404 and b"seen" in body
+        assert headers["connection"] == "close"
+        assert _trickle_until_closed(sock, b"1\r\na\r\n", 10.0) < 5.0
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_the_lingering_close_is_bounded_in_bytes_too(loop: str) -> None:
+    # A client pushing an endless body as fast as it can is cut off after LINGER_BYTES dropped,
+    # not read for the whole linger time.
+    with _server(loop) as server, _connect(server) as sock:
+        sock.sendall(b"POST /nowhere HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n")
+        assert _Reader(sock).response()[0] == 404
+        piece = b"%x\r\n%s\r\n" % (1 << 20, b"a" * (1 << 20))
+        sent, start = 0, time.monotonic()
+        with contextlib.suppress(OSError):
+            while time.monotonic() - start < 1.5:
+                sock.sendall(piece)
+                sent += len(piece)
+        assert sent < 2 * LINGER_BYTES and time.monotonic() - start < 1.5
 
 
 @pytest.mark.parametrize("loop", LOOPS)

@@ -25,13 +25,14 @@ _BODY = orjson.dumps(
 
 
 @contextlib.contextmanager
-def _gateway(limits: ServerLimits) -> Iterator[ServerThread]:
+def _gateway(limits: ServerLimits, api_keys: tuple[str, ...] = ()) -> Iterator[ServerThread]:
     """A gateway serving with ``limits`` in front of a simulator; both stop in the background
     (see server_stops)."""
     sim = Simulator(SimConfig(itl_ms=0.5, itl_ms_per_seq=0.0, prefill_ms_per_token=0.0))
     sim_server = ServerThread(sim).start()
     try:
-        server = ServerThread(Gateway(GatewayConfig(upstream=sim_server.url)), limits=limits)
+        config = GatewayConfig(upstream=sim_server.url, api_keys=api_keys)
+        server = ServerThread(Gateway(config), limits=limits)
         server.start()
     except BaseException:
         sim_server.stop()
@@ -197,6 +198,45 @@ def test_ordinary_requests_pass_untouched_including_a_body_sent_in_pieces() -> N
         assert orjson.loads(body)["choices"][0]["message"]["content"]
         sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")  # same kept-alive connection
         assert _read_response(sock)[0] == 200
+
+
+def test_clients_without_a_key_trickling_bodies_cannot_hold_every_connection() -> None:
+    # 30 connections without a key each send a chunked completion request and then its body a
+    # byte at a time, on a server that holds 30 connections. Each is answered 401 before its
+    # body; the server used to read on to the next request for as long as the bytes came, so
+    # a client with a key got 503 for as long as the attack lasted. Now each answered
+    # connection closes after its lingering bound, and the keyed client is served.
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+        b"content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    with _gateway(ServerLimits(max_connections=30), api_keys=("good-key",)) as server:
+        attackers = [_connect(server) for _ in range(30)]
+        try:
+            for sock in attackers:
+                sock.sendall(head + b"1\r\n{\r\n")
+            start = time.monotonic()
+            served_after = None
+            while time.monotonic() - start < 25 and served_after is None:
+                for sock in list(attackers):  # a byte each, for as long as they are open
+                    try:
+                        sock.sendall(b"1\r\n \r\n")
+                    except OSError:
+                        attackers.remove(sock)
+                with contextlib.suppress(httpx2.HTTPError):
+                    r = httpx2.post(
+                        server.url + "/v1/chat/completions",
+                        content=_BODY,
+                        headers={"authorization": "Bearer good-key"},
+                        timeout=2,
+                    )
+                    if r.status_code == 200:
+                        served_after = time.monotonic() - start
+                time.sleep(0.2)
+            assert served_after is not None and served_after < 20
+        finally:
+            for sock in attackers:
+                sock.close()
 
 
 @pytest.mark.parametrize(

@@ -328,7 +328,11 @@ class RequestCycle:
             parts += (name, b": ", value, b"\r\n")
         self.started = True
         self.waiting_100 = False
-        if close:
+        if close or self.more_body:
+            # Answered before its body was all in (a 401, a 404, a 413): the connection ends
+            # with this answer. Reading on to the next request would let a client trickle the
+            # rest of an unwanted body for as long as it likes, holding a connection; the close
+            # lingers instead, bounded in time and bytes (close_lingering).
             self.keep_alive = False
         if self.no_body or status < 200 or status in _NO_BODY_STATUS:
             self.no_body = True

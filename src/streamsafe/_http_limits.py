@@ -12,7 +12,7 @@ import dataclasses
 
 import orjson
 
-__all__ = ["LINGER_S", "ServerLimits", "error_response"]
+__all__ = ["LINGER_BYTES", "LINGER_S", "ServerLimits", "error_response"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,8 +68,14 @@ _REASONS = {
     503: b"Service Unavailable",
 }
 _TYPES = {500: "internal_error", 503: "service_unavailable"}
-#: Seconds a rejected connection is still read from (and the bytes dropped) before it is closed.
+#: Seconds a connection answered before its request body was read is still read from (the
+#: bytes dropped) before it is closed, so that the client's kernel does not turn the close into a
+#: reset that destroys the answer. nginx's ``lingering_time`` is 30 s; a client that has not
+#: read an answer within 2 s is not waiting for it.
 LINGER_S = 2.0
+#: Bytes dropped while lingering before the close comes at once (a client sending a 16 MiB body
+#: whole before it reads an answer is not one to wait for).
+LINGER_BYTES = 16 * 1024 * 1024
 
 
 def error_response(status: int, message: str, retry_after: int | None = None) -> bytes:

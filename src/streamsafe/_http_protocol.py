@@ -32,7 +32,7 @@ import httptools
 
 from streamsafe._asgi import BODY_WRITER_EXTENSION, DISCONNECT_EXTENSION, RESET_EXTENSION
 from streamsafe._http_cycle import HIGH_WATER, FlowControl, RequestCycle, cached_header_lines
-from streamsafe._http_limits import LINGER_S, ServerLimits, error_response
+from streamsafe._http_limits import LINGER_BYTES, LINGER_S, ServerLimits, error_response
 from streamsafe._http_request import RequestHead, request_scope, upgrade_with_body
 
 __all__ = ["HttpProtocol", "ServerLimits", "limited_protocol"]
@@ -82,6 +82,7 @@ class HttpProtocol(FlowControl, asyncio.Protocol):
         self._got_bytes = False  # of the request whose headers are awaited
         self._completed = 0  # requests whose last byte was parsed on this connection
         self._lingering = False  # answered an error; reading only to drop what still comes
+        self._lingered = 0  # bytes dropped while lingering
         # An error to answer once the requests before it are (nothing more is read meanwhile).
         self._refusal: tuple[int, str, int | None] | None = None
         self._unparsed = 0  # bytes fed past a head with no body or end parsed (a trailer)
@@ -122,7 +123,12 @@ class HttpProtocol(FlowControl, asyncio.Protocol):
         return None  # the client's end of the stream is its leaving (as uvicorn): close
 
     def data_received(self, data: bytes) -> None:
-        if self._lingering or self._refusal is not None or self.transport.is_closing():
+        if self._lingering:  # dropped; past the bound in bytes the close comes now, not later
+            self._lingered += len(data)
+            if self._lingered > LINGER_BYTES:
+                self.transport.close()
+            return
+        if self._refusal is not None or self.transport.is_closing():
             return
         completed = self._completed
         if self._in_headers:
@@ -368,7 +374,8 @@ class HttpProtocol(FlowControl, asyncio.Protocol):
     def close_lingering(self) -> None:
         """Close after the last answer without losing it to a reset: end our side, then read and
         drop what the client still sends (the rest of a request body answered early) for a
-        moment, as nginx's ``lingering_close``, and close."""
+        moment, as nginx's ``lingering_close``, and close: after ``LINGER_S`` seconds or
+        ``LINGER_BYTES`` bytes, whichever comes first, however slowly or quickly they come."""
         transport = self.transport
         if self._lingering or transport.is_closing():
             return
