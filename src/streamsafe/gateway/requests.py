@@ -21,8 +21,10 @@ from streamsafe.gateway.generation import GenerationRequest
 from streamsafe.gateway.upstream_kinds import CompletionRoute, Wire, cost_view
 
 __all__ = [
+    "FORWARDED_HEADERS",
     "client_read_timeout",
     "completion_request",
+    "forwarded_headers",
     "last_attempt",
     "read_request_body",
     "tenant_id",
@@ -81,10 +83,7 @@ def completion_request(
             "Idempotency-Key",
         )
     last_id = _last_event_id(scope)
-    provider_data = header(scope, b"x-llamastack-provider-data")
-    forward = (
-        b"" if provider_data is None else b"x-llamastack-provider-data: %s\r\n" % provider_data
-    )
+    forward = forwarded_headers(scope)
     # Requests that reach the upstream with other provider keys are not the same work.
     fingerprint = hashlib.blake2b(
         upstream_path.encode()
@@ -111,6 +110,23 @@ def completion_request(
         route=route,
         forward=forward,
     )
+
+
+#: The caller's headers a completion request carries upstream: Llama Stack's per-request
+#: provider data (API keys, endpoints) under both its names, OGX's and Llama Stack's before it
+#: (llama-stack-client 0.7 and older, still read by llama-stack 0.7.3). They are part of the
+#: work asked for, so they are part of the fingerprint too.
+FORWARDED_HEADERS = (b"x-ogx-provider-data", b"x-llamastack-provider-data")
+
+
+def forwarded_headers(scope: Scope) -> bytes:
+    """The :data:`FORWARDED_HEADERS` the request carries, as header lines (``b""`` for none)."""
+    lines = b""
+    for name in FORWARDED_HEADERS:
+        value = header(scope, name)
+        if value is not None:
+            lines += b"%s: %s\r\n" % (name, value)
+    return lines
 
 
 def client_read_timeout(scope: Scope) -> float | None:
