@@ -1,6 +1,8 @@
 """Property-based fuzzing of the gateway's ASGI app, in-process, in front of a real simulator:
 generated methods, paths, headers, keys, ``Last-Event-ID``s and bodies. Whatever arrives, the
-gateway never answers 500, every error is an OpenAI-style JSON object, and it keeps serving."""
+gateway never answers 500, every error is an OpenAI-style JSON object, and it keeps serving.
+Pass-through paths are fuzzed over a real socket: no spelling reaches the upstream's completion
+route or leaves its prefix, however leniently the upstream reads it."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import pytest
 from gateway_helpers import MODEL, fast_sim
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from path_helpers import BODY, COMPLETION_ROUTES, PREFIX, PathStack, lenient, path_stack
 
 from streamsafe.engine_sim import Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
@@ -404,3 +407,42 @@ def test_the_gateway_still_serves_after_the_fuzzing(harness: _Harness) -> None:
         return False
 
     assert harness.run(settled())
+
+
+# -- pass-through paths, over a real socket -------------------------------------------------------
+
+_SEGMENTS = [
+    "v1", "chat", "completions", "models", "files", "metrics", "x", "", ".", "..", "%2e",
+    "%2E%2e", "%2e.", ".%2E", "..;", ";x", "%2f", "%2F..", "..%2f", "\\", "%5c", "..%5C",
+    "%63ompletions", "chat%2Fcompletions", "%00", "%0d%0a", "%252e%252e", "~", "%", "%zz",
+]  # fmt: skip
+_pass_paths = st.lists(st.sampled_from(_SEGMENTS), min_size=1, max_size=7).map(
+    lambda segments: ("/" + "/".join(segments)).encode()
+)
+
+
+@pytest.fixture(scope="module")
+def paths() -> Iterator[PathStack]:
+    with path_stack() as stack:
+        yield stack
+
+
+@_SETTINGS
+@given(method=st.sampled_from([b"GET", b"POST", b"DELETE"]), target=_pass_paths)
+def test_no_path_spelling_reaches_a_completion_route_or_leaves_the_prefix(
+    paths: PathStack, method: bytes, target: bytes
+) -> None:
+    seen = len(paths.recorder.seen)
+    started = paths.gw.stats()["generations_started"]
+    status, body = paths.send(method, target, BODY if method == b"POST" else b"")
+    assert status != 500, body
+    new = paths.recorder.seen[seen:]
+    served = 0
+    for raw, headers in new:
+        where = lenient(raw)
+        assert where.startswith(PREFIX + "/") or where == PREFIX, (target, raw)
+        route = where[len(PREFIX) :].rstrip("/")
+        if route in COMPLETION_ROUTES:
+            assert b"x-path-probe" not in headers, (target, raw)  # never passed through
+            served += 1
+    assert paths.gw.stats()["generations_started"] == started + served

@@ -44,6 +44,7 @@ from streamsafe.gateway.errors import (
 from streamsafe.gateway.metrics import CONTENT_TYPE, Metrics, Readings, stats_document
 from streamsafe.gateway.pacing import StreamRules
 from streamsafe.gateway.passthrough import pass_through
+from streamsafe.gateway.paths import canonical_path
 from streamsafe.gateway.pool import parse_engine, parse_fallback
 from streamsafe.gateway.registry import Registry
 from streamsafe.gateway.replicas import Replicas
@@ -236,7 +237,10 @@ class Gateway:
             await send_internal_error(send, request_id)
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path: str = scope["path"]
+        # One spelling for routing and forwarding (see paths.py): no other reaches an
+        # upstream's completion route around admission, nor leaves the upstream's prefix.
+        path, scope["raw_path"] = canonical_path(scope)
+        scope["path"] = path
         method: str = scope["method"]
         if path in ("/health", "/ready"):
             _allow(method, path, "GET")
