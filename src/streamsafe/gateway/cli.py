@@ -43,10 +43,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--upstream-kind",
-        choices=("auto", "vllm", "llama-stack", "openai"),
+        choices=("auto", "vllm", "ogx", "llama-stack", "openai"),
         default="auto",
-        help="what the upstream is (default auto: ask it at start and log the answer; with a "
-        "pool, each engine is asked on its own)",
+        help="what the upstream is: ogx is today's Llama Stack (OGX, llama-stack >= 0.4), "
+        "llama-stack its 0.2 releases (default auto: ask it at start which routes it serves and "
+        "log the answer; with a pool, each engine is asked on its own)",
     )
     p.add_argument(
         "--collapse-identical",

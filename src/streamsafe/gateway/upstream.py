@@ -32,7 +32,14 @@ import orjson
 from streamsafe.gateway.asyncio_backend import AsyncioBackend
 from streamsafe.gateway.breaker import Breaker
 from streamsafe.gateway.event_stream import EventStream, EventStreamPool, header_lines
-from streamsafe.gateway.upstream_kinds import KINDS, UpstreamKind, probe_kind
+from streamsafe.gateway.upstream_kinds import (
+    KINDS,
+    ProbeResult,
+    UpstreamKind,
+    describe_kind,
+    describe_probes,
+    probe_kind,
+)
 from streamsafe.retry import RetryBudget
 
 __all__ = [
@@ -155,19 +162,27 @@ class Upstream:
                 return self.kind
             self._kind_probed_at = now
             name = None
+            found: dict[str, ProbeResult] = {}
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._timeout.connect or 5.0):
-                    name = await probe_kind(self.client)
+                    name = await probe_kind(self.client, found=found)
             if name is None:
                 log.warning(
-                    "upstream %s did not answer as vLLM, Llama Stack or an OpenAI server; "
-                    "serving it as vLLM and asking again later",
+                    "upstream %s did not answer as vLLM, OGX/Llama Stack or an OpenAI server "
+                    "(%s); serving it as vLLM and asking again later",
                     self.base_url,
+                    describe_probes(found) or "nothing answered",
                 )
                 return self.kind
             self.kind = KINDS[name]
             self.kind_known = True
-            log.info("upstream %s is %s (probed)", self.base_url, name)
+            log.info(
+                "upstream %s is %s (probed: %s); the gateway %s",
+                self.base_url,
+                name,
+                describe_probes(found),
+                describe_kind(self.kind),
+            )
             return self.kind
 
     async def close(self) -> None:
