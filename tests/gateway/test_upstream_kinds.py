@@ -11,10 +11,14 @@ from hypothesis import strategies as st
 from streamsafe.gateway.upstream_kinds import (
     KIND_NAMES,
     KINDS,
+    ErrorEvent,
     ProbeResult,
     Wire,
+    describe_kind,
+    describe_probes,
     detect_kind,
     ends_answer,
+    next_probe,
     parse_error_event,
 )
 
@@ -117,10 +121,34 @@ def test_parse_error_event_never_raises(tail: bytes) -> None:
         assert error is None or 400 <= error.status <= 599
 
 
+_OK = ProbeResult(200, b'{"status":"OK"}')
+
+
 @pytest.mark.parametrize(
     ("probes", "kind"),
     [
-        ({"/v1/health": ProbeResult(200, b'{"status":"OK"}')}, "llama-stack"),
+        # Llama Stack's health alone settles nothing: which release is it?
+        ({"/v1/health": _OK}, None),
+        ({"/v1/health": _OK, "/v1/chat/completions": ProbeResult(200)}, "ogx"),
+        (
+            {
+                "/v1/health": _OK,
+                "/v1/chat/completions": ProbeResult(404),
+                "/v1/inference/chat-completion": ProbeResult(405),
+            },
+            "llama-stack",
+        ),
+        # With auth on, a route that asks for a key is still served.
+        ({"/v1/health": _OK, "/v1/chat/completions": ProbeResult(401)}, "ogx"),
+        # A Llama Stack serving neither (no inference API): no kind protects anything there.
+        (
+            {
+                "/v1/health": _OK,
+                "/v1/chat/completions": ProbeResult(404),
+                "/v1/inference/chat-completion": ProbeResult(404),
+            },
+            None,
+        ),
         ({"/v1/health": ProbeResult(404), "/health": ProbeResult(200)}, "vllm"),
         ({"/v1/health": ProbeResult(404), "/health": ProbeResult(503)}, "vllm"),
         (
@@ -139,3 +167,100 @@ def test_parse_error_event_never_raises(tail: bytes) -> None:
 def test_detect_kind(probes: dict[str, object], kind: str | None) -> None:
     fixed = {p: r if isinstance(r, ProbeResult) else ProbeResult(*r) for p, r in probes.items()}  # type: ignore[arg-type]
     assert detect_kind(fixed) == kind
+
+
+#: What each server answered each probe path (GET), measured: OGX 1.5.0, llama-stack 0.7.3 and
+#: 0.2.12 (each in front of the simulator), and the simulator (vLLM's surface).
+_MEASURED: dict[str, dict[str, tuple[int, bytes]]] = {
+    "ogx": {
+        "/v1/health": (200, b'{"status":"OK"}'),
+        "/v1/version": (200, b'{"version":"1.5.0"}'),
+        "/v1/chat/completions": (200, b'{"data":[],"has_more":false,"object":"list"}'),
+        "/v1/inference/chat-completion": (404, b'{"detail":"Not Found"}'),
+        "/health": (404, b'{"detail":"Not Found"}'),
+        "/v1/models": (200, b'{"object":"list","data":[{"id":"vllm/sim-llama-8b"}]}'),
+    },
+    "llama-stack-0.7": {
+        "/v1/health": (200, b'{"status":"OK"}'),
+        "/v1/version": (200, b'{"version":"0.7.3"}'),
+        "/v1/chat/completions": (200, b'{"data":[],"has_more":false,"object":"list"}'),
+        "/v1/inference/chat-completion": (404, b'{"detail":"Not Found"}'),
+        "/health": (404, b'{"detail":"Not Found"}'),
+        "/v1/models": (200, b'{"data":[{"id":"vllm/sim-llama-8b"}]}'),
+    },
+    "llama-stack-0.2": {
+        "/v1/health": (200, b'{"status":"OK"}'),
+        "/v1/version": (200, b'{"version":"0.2.12"}'),
+        "/v1/chat/completions": (404, b'{"detail":"Not Found"}'),
+        "/v1/inference/chat-completion": (405, b'{"detail":"Method Not Allowed"}'),
+        "/health": (404, b'{"detail":"Not Found"}'),
+        "/v1/models": (200, b'{"data":[{"identifier":"sim-llama-8b"}]}'),
+    },
+    "simulator": {
+        "/v1/health": (404, b""),
+        "/v1/version": (404, b""),
+        "/v1/chat/completions": (405, b""),
+        "/v1/inference/chat-completion": (404, b""),
+        "/health": (200, b""),
+        "/v1/models": (200, b'{"object":"list","data":[{"id":"sim-llama-8b"}]}'),
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("server", "kind", "asked", "described"),
+    [
+        (
+            "ogx",
+            "ogx",
+            ["/v1/health", "/v1/version", "/v1/chat/completions", "/v1/models"],
+            "/v1/version 200 (version 1.5.0)",
+        ),
+        (
+            "llama-stack-0.7",
+            "ogx",
+            ["/v1/health", "/v1/version", "/v1/chat/completions", "/v1/models"],
+            "models vllm/sim-llama-8b",
+        ),
+        (
+            "llama-stack-0.2",
+            "llama-stack",
+            [
+                "/v1/health",
+                "/v1/version",
+                "/v1/chat/completions",
+                "/v1/inference/chat-completion",
+                "/v1/models",
+            ],
+            "/v1/inference/chat-completion 405",
+        ),
+        ("simulator", "vllm", ["/v1/health", "/health", "/v1/models"], "models sim-llama-8b"),
+    ],
+)
+def test_the_probe_asks_what_tells_each_server_apart(
+    server: str, kind: str, asked: list[str], described: str
+) -> None:
+    answers = _MEASURED[server]
+    probes: dict[str, ProbeResult] = {}
+    while (path := next_probe(probes)) is not None:
+        probes[path] = ProbeResult(*answers[path])
+    assert list(probes) == asked
+    assert detect_kind(probes) == kind
+    assert described in describe_probes(probes)
+
+
+def test_ogx_serves_its_openai_routes_without_done_and_passes_the_rest() -> None:
+    ogx = KINDS["ogx"]
+    assert set(ogx.routes) == {"/v1/chat/completions", "/v1/completions"}
+    for route in ogx.routes.values():
+        assert route.upstream_path == route.path
+        # Relayed as OGX ends them, no [DONE]; a failure after commit is its own error event.
+        assert not route.upstream_done and not route.client_done and not route.reset_on_failure
+    assert ogx.passthrough and not ogx.can_continue and not ogx.health_covers_engine
+    assert ogx.health_path == "/v1/health"
+    assert "POST /v1/chat/completions, /v1/completions" in describe_kind(ogx)
+
+
+def test_ogx_error_events_carry_their_status_as_a_string_code() -> None:
+    payload = b'{"error":{"message":"Service Unavailable","code":"503"}}'
+    assert parse_error_event(KINDS["ogx"], payload) == ErrorEvent(503, "Service Unavailable")

@@ -8,7 +8,7 @@ from typing import Literal
 __all__ = ["CommitMode", "GatewayConfig", "UpstreamKindSetting"]
 
 #: What the upstream is (see :mod:`streamsafe.gateway.upstream_kinds`); ``auto`` asks it.
-UpstreamKindSetting = Literal["auto", "vllm", "llama-stack", "openai"]
+UpstreamKindSetting = Literal["auto", "vllm", "ogx", "llama-stack", "openai"]
 
 #: ``early``: answer 200 as soon as the request is admitted (and upstream did not refuse it), then
 #: keep the connection warm with ``: keep-alive`` comments; ``first-token``: hold the headers until
@@ -29,9 +29,12 @@ class GatewayConfig:
     #: to ``streamsafe serve``, which then starts the simulator in-process.
     upstream: str | None = "http://127.0.0.1:8000"
     #: What the upstream is: ``vllm`` (or anything with vLLM's API, the simulator included),
-    #: ``llama-stack`` (its native and OpenAI inference routes; every other route passed
-    #: through) or ``openai`` (any other OpenAI-compatible server). Default ``auto``: ask the
-    #: upstream at start (and again while it has not answered), and log what was found.
+    #: ``ogx`` (today's Llama Stack, OGX 1.x and llama-stack >= 0.4: its OpenAI routes
+    #: ``/v1/chat/completions`` and ``/v1/completions``; every other route passed through),
+    #: ``llama-stack`` (Llama Stack 0.2: its native and ``/v1/openai/v1`` inference routes) or
+    #: ``openai`` (any other OpenAI-compatible server). Default ``auto``: ask the upstream at
+    #: start (and again while it has not answered) which routes it serves, and log what was
+    #: found and what the gateway protects.
     upstream_kind: UpstreamKindSetting = "auto"
     #: Attach a request to a generation with a byte-identical body even when it carries no
     #: retry marker, while that generation runs or up to ``grace`` seconds after it finished
@@ -152,9 +155,9 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if self.commit not in ("early", "first-token"):
             raise ValueError(f"commit must be 'early' or 'first-token', not {self.commit!r}")
-        if self.upstream_kind not in ("auto", "vllm", "llama-stack", "openai"):
+        if self.upstream_kind not in ("auto", "vllm", "ogx", "llama-stack", "openai"):
             raise ValueError(
-                "upstream_kind must be 'auto', 'vllm', 'llama-stack' or 'openai', "
+                "upstream_kind must be 'auto', 'vllm', 'ogx', 'llama-stack' or 'openai', "
                 f"not {self.upstream_kind!r}"
             )
         if self.on_live_duplicate not in ("attach", "409"):

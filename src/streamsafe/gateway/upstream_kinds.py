@@ -24,6 +24,14 @@ Positions around Llama Stack):
 - A request cannot ask Llama Stack to continue a partial answer (its routes accept no
   ``continue_final_message``), so a broken stream there ends with an error event for the caller.
 
+Today's Llama Stack, OGX 1.x (the project renamed) and llama-stack >= 0.4 (0.7.3 measured), is the
+``ogx`` kind: the native routes and the ``/v1/openai/v1`` prefix are gone; the OpenAI routes are
+``/v1/chat/completions`` and ``/v1/completions``, streamed as ``data:`` lines with no ``[DONE]``
+(the answer ends with the chunk carrying its ``finish_reason``); models are named
+``vllm/<engine's id>``; an error after the response started is one event ``{"error":
+{"message", "code": "NNN"}}``; ``/v1/health`` answers ``{"status": "OK"}`` for the server, not the
+engine, and ``/v1/version`` its release.
+
 vLLM (and the simulator) ends streams with ``data: [DONE]``, reports a mid-stream failure as
 ``data: {"error": {...}}`` then ``[DONE]``, answers ``/health`` (503 once the engine is dead) and
 continues a partial chat answer with ``continue_final_message``. A generic OpenAI-compatible
@@ -32,6 +40,7 @@ server is assumed to offer none of vLLM's extras.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import re
 from collections.abc import Mapping
@@ -52,17 +61,21 @@ __all__ = [
     "UpstreamKind",
     "Wire",
     "cost_view",
+    "describe_kind",
+    "describe_probes",
     "detect_kind",
     "ends_answer",
+    "next_probe",
     "parse_error_event",
     "probe_kind",
 ]
 
-KindName = Literal["vllm", "llama-stack", "openai"]
+KindName = Literal["vllm", "ogx", "llama-stack", "openai"]
 
 #: Every kind ``--upstream-kind`` accepts besides ``auto``, in the order :func:`detect_kind`
-#: tells them apart.
-KIND_NAMES: tuple[KindName, ...] = ("llama-stack", "vllm", "openai")
+#: tells them apart: ``ogx`` is today's Llama Stack (OGX 1.x, llama-stack >= 0.4), ``llama-stack``
+#: its 0.2 releases (the native routes).
+KIND_NAMES: tuple[KindName, ...] = ("ogx", "llama-stack", "vllm", "openai")
 
 
 class Wire(enum.Enum):
@@ -255,6 +268,23 @@ KINDS: Mapping[KindName, UpstreamKind] = {
         can_continue=False,
         masks_errors=True,
     ),
+    "ogx": UpstreamKind(
+        name="ogx",
+        health_path="/v1/health",
+        health_covers_engine=False,
+        models_path="/v1/models",
+        routes=_routes(
+            CompletionRoute(
+                "/v1/chat/completions", "/v1/chat/completions", Wire.OPENAI_CHAT, False, False
+            ),
+            CompletionRoute(
+                "/v1/completions", "/v1/completions", Wire.OPENAI_COMPLETION, False, False
+            ),
+        ),
+        passthrough=True,
+        can_continue=False,
+        masks_errors=True,
+    ),
     "openai": UpstreamKind(
         name="openai",
         health_path="/v1/models",
@@ -373,27 +403,57 @@ class ProbeResult:
     status: int | None
     body: bytes = b""
 
+    @property
+    def route_exists(self) -> bool:
+        """The path is served (by some method): it answered, and not 404."""
+        return self.status is not None and self.status != 404
 
-#: The paths :func:`probe_kind` asks, in order.
-PROBE_PATHS = ("/v1/health", "/health", "/v1/models")
+
+#: Every path :func:`probe_kind` may ask, each with a ``GET`` (no work is ever started):
+#: :func:`next_probe` says which, in order.
+PROBE_PATHS = (
+    "/v1/health",
+    "/v1/version",
+    "/v1/chat/completions",
+    "/v1/inference/chat-completion",
+    "/health",
+    "/v1/models",
+)
+
+
+def _llama_stack_health(probes: Mapping[str, ProbeResult]) -> bool:
+    """Whether ``/v1/health`` answered as every Llama Stack does: 200 ``{"status": "OK"}``."""
+    health = probes.get("/v1/health")
+    if health is None or health.status != 200:
+        return False
+    try:
+        doc = orjson.loads(health.body)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(doc, dict) and str(doc.get("status", "")).upper() == "OK"
 
 
 def detect_kind(probes: Mapping[str, ProbeResult]) -> KindName | None:
     """The kind of upstream that answered ``probes`` (path -> result of a ``GET``), or ``None``
-    where nothing answered as any kind does.
+    while what was asked does not settle it (or where nothing answered as any kind does).
 
-    Llama Stack answers ``/v1/health`` with ``{"status": "OK"}`` (vLLM has no such path). vLLM
-    answers ``/health`` with 200, or 503 once its engine died. Anything else that lists models at
-    ``/v1/models`` (200, or 401 without a key) is taken for a generic OpenAI-compatible server.
+    Llama Stack answers ``/v1/health`` with ``{"status": "OK"}`` (vLLM has no such path), in
+    every release; which routes it serves tells the releases apart, so a kind is settled only on
+    a route it protects: ``/v1/chat/completions`` served (a ``GET`` lists stored completions)
+    is today's (``ogx``: OGX, llama-stack >= 0.4); the native ``/v1/inference/chat-completion``
+    served (a ``GET`` gets 405) is 0.2 (``llama-stack``); neither settles nothing. vLLM answers
+    ``/health`` with 200, or 503 once its engine died. Anything else that lists models at
+    ``/v1/models`` (200, or 401/403 without a key) is taken for a generic OpenAI-compatible
+    server.
     """
-    ls = probes.get("/v1/health")
-    if ls is not None and ls.status == 200:
-        try:
-            doc = orjson.loads(ls.body)
-        except orjson.JSONDecodeError:
-            doc = None
-        if isinstance(doc, dict) and str(doc.get("status", "")).upper() == "OK":
+    if _llama_stack_health(probes):
+        today = probes.get("/v1/chat/completions")
+        if today is not None and today.route_exists:
+            return "ogx"
+        native = probes.get("/v1/inference/chat-completion")
+        if native is not None and native.route_exists:
             return "llama-stack"
+        return None
     health = probes.get("/health")
     if health is not None and health.status in (200, 503):
         return "vllm"
@@ -403,19 +463,80 @@ def detect_kind(probes: Mapping[str, ProbeResult]) -> KindName | None:
     return None
 
 
-async def probe_kind(client: httpx2.AsyncClient, base_url: str = "") -> KindName | None:
-    """Ask the upstream the :data:`PROBE_PATHS` (``base_url`` + path) with ``client`` and return
-    :func:`detect_kind`'s answer; stops at the first path that settles it. Each probe is bounded
-    by the client's timeouts; one that gets no answer counts as ``None``."""
-    probes: dict[str, ProbeResult] = {}
-    for path in PROBE_PATHS:
+def next_probe(probes: Mapping[str, ProbeResult]) -> str | None:
+    """The next path to ask, given what ``probes`` holds, or ``None`` when nothing more helps.
+
+    A Llama Stack is asked its version and which completion routes it serves; anything else
+    ``/health``, then ``/v1/models``. Once the kind is settled, ``/v1/models`` is still asked
+    once (unless asked already), so the log can name the models the upstream serves."""
+    if detect_kind(probes) is not None:
+        return None if "/v1/models" in probes else "/v1/models"
+    if "/v1/health" not in probes:
+        return "/v1/health"
+    if _llama_stack_health(probes):
+        order = ("/v1/version", "/v1/chat/completions", "/v1/inference/chat-completion")
+    else:
+        order = ("/health", "/v1/models")
+    return next((p for p in order if p not in probes), None)
+
+
+def describe_probes(probes: Mapping[str, ProbeResult]) -> str:
+    """What the probe found, for the log: each path's status (and ``/v1/version``'s release),
+    and the models ``/v1/models`` lists (OpenAI's ``id``, Llama Stack 0.2's ``identifier``)."""
+    parts = []
+    for path, result in probes.items():
+        status = "no answer" if result.status is None else str(result.status)
+        if path == "/v1/version" and result.status == 200:
+            with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
+                status += f" (version {orjson.loads(result.body).get('version')})"
+        parts.append(f"{path} {status}")
+    models = _model_ids(probes.get("/v1/models"))
+    if models:
+        parts.append("models " + ", ".join(models))
+    return "; ".join(parts)
+
+
+def _model_ids(result: ProbeResult | None, most: int = 5) -> list[str]:
+    if result is None or result.status != 200:
+        return []
+    try:
+        doc = orjson.loads(result.body)
+    except orjson.JSONDecodeError:
+        return []
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list):
+        return []
+    ids = [
+        str(m.get("id") or m.get("identifier"))
+        for m in data
+        if isinstance(m, dict) and (m.get("id") or m.get("identifier"))
+    ]
+    return ids[:most] + ([f"... ({len(ids)} in all)"] if len(ids) > most else [])
+
+
+def describe_kind(kind: UpstreamKind) -> str:
+    """What the gateway does with ``kind``'s routes, for the log."""
+    served = ", ".join(kind.routes)
+    rest = "passes every other route through" if kind.passthrough else "answers no other route"
+    return f"serves POST {served} with every promise; {rest}"
+
+
+async def probe_kind(
+    client: httpx2.AsyncClient,
+    base_url: str = "",
+    *,
+    found: dict[str, ProbeResult] | None = None,
+) -> KindName | None:
+    """Ask the upstream the paths :func:`next_probe` names (``base_url`` + path) with
+    ``client``, and return :func:`detect_kind`'s answer. ``found``, where given, is filled with
+    what each path answered (for :func:`describe_probes`). Each probe is bounded by the client's
+    timeouts; one that gets no answer counts as ``None``."""
+    probes: dict[str, ProbeResult] = {} if found is None else found
+    while (path := next_probe(probes)) is not None:
         try:
             response = await client.get(base_url + path)
         except httpx2.HTTPError:
             probes[path] = ProbeResult(None)
         else:
             probes[path] = ProbeResult(response.status_code, response.content[:4096])
-        found = detect_kind(probes)
-        if found is not None:
-            return found
-    return None
+    return detect_kind(probes)
