@@ -28,6 +28,7 @@ from streamsafe._asgi import (
     serve_lifespan,
 )
 from streamsafe.gateway.admission import Admission
+from streamsafe.gateway.body_work import BodyWorker
 from streamsafe.gateway.completion_id import own_completion_id
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.engines import Engines
@@ -151,6 +152,7 @@ class Gateway:
         self._breaker = self.engines.breaker if self.engines else self.upstream.breaker
         self.metrics = Metrics(self.stats)
         self._rules = StreamRules.from_config(config)
+        self._bodies = BodyWorker()  # large bodies are read off the event loop
         self._started = time.monotonic()
 
     # -- observability --------------------------------------------------------------------------
@@ -216,6 +218,7 @@ class Gateway:
     async def shutdown(self) -> None:
         """Stop every generation and close upstream connections (ASGI lifespan)."""
         await self.registry.close()
+        self._bodies.close()
         if self.engines is not None:
             await self.engines.close()
         else:
@@ -335,7 +338,9 @@ class Gateway:
         counters.requests_received += 1
         tenant = self._tenant(scope)
         raw = await read_request_body(scope, receive, self.config.max_body_bytes)
-        req = completion_request(scope, raw, route, tenant, self.config.default_max_tokens)
+        req = await self._bodies.run(
+            len(raw), completion_request, scope, raw, route, tenant, self.config.default_max_tokens
+        )
         if req.retry:
             counters.retries_seen += 1
         try:

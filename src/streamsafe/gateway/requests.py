@@ -15,6 +15,7 @@ import orjson
 
 from streamsafe._asgi import BodyTooLarge, Disconnected, Receive, Scope, header, read_body
 from streamsafe.gateway.admission import request_cost
+from streamsafe.gateway.body_work import MAX_JSON_CONTAINERS, exceeds_containers
 from streamsafe.gateway.continuation import with_token_ids
 from streamsafe.gateway.errors import BadRequest
 from streamsafe.gateway.generation import GenerationRequest
@@ -178,6 +179,10 @@ def _last_event_id(scope: Scope) -> int | None:
 def _parse_body(raw: bytes, wire: Wire) -> dict[str, Any]:
     if not raw:
         raise BadRequest(400, "request body is empty; expected a JSON object")
+    if exceeds_containers(raw, MAX_JSON_CONTAINERS):  # before the parse, which it bounds
+        raise BadRequest(
+            400, f"request body holds more than {MAX_JSON_CONTAINERS:,} JSON objects and arrays"
+        )
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
