@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamsafe.gateway.admission import Admission, Shed, request_cost
+from streamsafe.gateway.admission import MAX_REQUEST_COST, Admission, Shed, request_cost
 from streamsafe.gateway.fair_queue import ADMITTED, QUEUED, SHED, AdmissionCore, Waiter
 from streamsafe.gateway.wait_plan import ANSWER_FRACTION, plan_wait
 
@@ -259,6 +259,13 @@ def test_request_cost_counts_prompt_and_completion_limit() -> None:
     assert request_cost({**body, "max_tokens": 5}, 100) == 21
     assert request_cost({**body, "max_completion_tokens": 7, "max_tokens": 5}, 100) == 23
     assert request_cost({**body, "max_tokens": 5, "n": 2}, 100) == 42
+
+
+def test_request_cost_is_bounded_whatever_a_request_asks_for() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    for asked in ({"max_tokens": 2**63 - 1}, {"max_tokens": 10**30, "n": 10**12}):
+        assert request_cost({**body, **asked}, 100) == MAX_REQUEST_COST
+    assert MAX_REQUEST_COST * 10**6 < 2**63  # a million in flight still sum within 64 bits
 
 
 # -- the plan of a queued subscriber ----------------------------------------------------------

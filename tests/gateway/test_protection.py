@@ -169,3 +169,24 @@ def test_streaming_header_request_is_never_retried_upstream() -> None:
         r = post_stream(server.url, chat_body(), {"X-LlamaStack-Streaming": "true"})
         assert r.status_code == 503
         assert gw.stats()["upstream_connect_retries"] == 0
+
+
+def test_stats_and_metrics_answer_200_with_requests_asking_for_2_63_tokens_in_flight() -> None:
+    # Without a memory budget two such requests summed past 64 bits: /stats was a 500
+    # ("Integer exceeds 64-bit range").
+    with make_stack(fast_sim(itl_ms=20.0, memory_tokens=10**6)) as s:
+        readers = [
+            threading.Thread(
+                target=_read_some_then_leave,
+                args=(s.url, chat_body(max_tokens=2**63 - 1), {}),
+            )
+            for _ in range(2)
+        ]
+        for t in readers:
+            t.start()
+        wait_for(lambda: s.gw.admission.inflight == 2, what="both in flight")
+        stats = httpx2.get(s.url + "/stats", timeout=10)
+        assert stats.status_code == 200 and stats.json()["memory_tokens"] < 2**63
+        assert httpx2.get(s.url + "/metrics", timeout=10).status_code == 200
+        for t in readers:
+            t.join(10)

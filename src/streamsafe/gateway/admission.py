@@ -21,7 +21,7 @@ from typing import Any
 from streamsafe.gateway.fair_queue import ADMITTED, QUEUED, SHED, AdmissionCore, Waiter
 from streamsafe.tokens import estimate_prompt_tokens
 
-__all__ = ["Admission", "Shed", "request_cost", "retry_after_seconds"]
+__all__ = ["MAX_REQUEST_COST", "Admission", "Shed", "request_cost", "retry_after_seconds"]
 
 #: Bounds of Retry-After: at least 1 s (clients treat 0 as "now"), at most 60 s (Stainless
 #: clients ignore anything longer and fall back to their own backoff).
@@ -29,10 +29,17 @@ RETRY_AFTER_MIN = 1
 RETRY_AFTER_MAX = 60
 
 
+#: The most one request is counted for, in tokens (2**40: beyond any engine's memory, so such a
+#: request still cannot fit a memory budget). A request asking for more (``max_tokens`` 2**63-1)
+#: counts as this, so the sums admission keeps, and ``/stats``, stay within 64 bits however
+#: many such requests are in flight.
+MAX_REQUEST_COST = 2**40
+
+
 def request_cost(body: Mapping[str, Any], default_max_tokens: int) -> int:
     """Engine memory a request may take, in tokens: estimated prompt tokens plus the
     completion limit it asks for (``max_completion_tokens``, ``max_tokens``, or the default),
-    times ``n`` choices."""
+    times ``n`` choices; at most :data:`MAX_REQUEST_COST`."""
     limit = body.get("max_completion_tokens")
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         limit = body.get("max_tokens")
@@ -40,7 +47,7 @@ def request_cost(body: Mapping[str, Any], default_max_tokens: int) -> int:
         limit = default_max_tokens
     n = body.get("n")
     choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
-    return (estimate_prompt_tokens(body) + limit) * choices
+    return min(MAX_REQUEST_COST, (estimate_prompt_tokens(body) + limit) * choices)
 
 
 def retry_after_seconds(wait: float | None, fallback: float) -> int:
