@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 from collections.abc import Sequence
 
+from streamsafe import _logging
 from streamsafe._version import __version__
 
 # (subcommand, module that registers it), in the order --help lists them.
@@ -23,6 +23,10 @@ _COMMANDS: tuple[tuple[str, str], ...] = (
     ("chat", "streamsafe.client.cli"),
     ("bench", "streamsafe.bench.cli"),
 )
+#: Level of streamsafe's own loggers where ``--log-level`` is not given: the servers say what
+#: an operator must see (engine down, shedding, one access line per request); the tools whose
+#: output is their report (demo, chat, bench) stay quiet.
+_DEFAULT_LEVEL = {"serve": "info", "simulate": "info"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"streamsafe {__version__}")
     parser.add_argument(
-        "-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)"
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="one logging level more per -v, here or after the command (-vvv: other "
+        "libraries' debug lines too)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for _name, module in _COMMANDS:
@@ -43,14 +52,24 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue  # a part not built yet
         mod.register(sub)
+    for name, command in sub.choices.items():
+        _add_logging(command, _DEFAULT_LEVEL.get(name, "warning"), 1)
     return parser
+
+
+def _add_logging(parser: argparse.ArgumentParser, default_level: str, depth: int) -> None:
+    """The logging options on ``parser`` and on every subcommand under it."""
+    _logging.add_options(parser, default_level, depth)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _add_logging(child, default_level, depth + 1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    _logging.setup(*_logging.chosen(args, _DEFAULT_LEVEL.get(args.command, "warning")))
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

@@ -31,7 +31,6 @@ def register(subparsers: Any) -> None:
         default=32768,
         help="simulator KV memory when no --upstream (default 32768)",
     )
-    p.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
     p.set_defaults(func=_run)
 
 

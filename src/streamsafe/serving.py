@@ -17,7 +17,8 @@ import contextlib
 import gc
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -25,6 +26,7 @@ import uvicorn
 from streamsafe._http_protocol import ServerLimits, limited_protocol
 
 __all__ = [
+    "DrainingServer",
     "ServerLimits",
     "ServerThread",
     "bind_socket",
@@ -52,13 +54,17 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
 
 
 def server_config(
-    app: Any, *, log_level: str, loop: str, limits: ServerLimits | None, **kwargs: Any
+    app: Any, *, log_level: str | None, loop: str, limits: ServerLimits | None, **kwargs: Any
 ) -> uvicorn.Config:
     """The configuration every server here runs ``app`` with: this project's HTTP protocol
-    enforcing ``limits``, lifespan on, no access log, a 2 s graceful shutdown."""
+    enforcing ``limits``, lifespan on, no access log of uvicorn's (the gateway writes its own),
+    a 2 s graceful shutdown. Logging stays the program's (:mod:`streamsafe._logging` for the
+    command line): uvicorn installs no handler; ``log_level`` (``None``: untouched) is the level
+    of its loggers."""
     return uvicorn.Config(
         app,
         log_level=log_level,
+        log_config=None,
         loop=loop,
         http=limited_protocol(limits or ServerLimits()),
         lifespan="on",
@@ -177,19 +183,62 @@ def serve_in_thread(app: Any, **kwargs: Any) -> Iterator[ServerThread]:
         server.stop()
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, with a drain before it stops: the first SIGTERM or Ctrl-C runs
+    ``drain()`` (the app's own: stop taking new work, let running work finish) while the
+    server still listens, and only then stops it, so a load balancer sees the app's refusals
+    and readiness instead of a closed port, and running streams end whole. A second signal
+    stops it at once (uvicorn's way). Without ``drain`` it is uvicorn's server."""
+
+    def __init__(
+        self, config: uvicorn.Config, drain: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        super().__init__(config)
+        self._drain = drain
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+        self.draining = False
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        loop = self._loop
+        if self._drain is None or loop is None or self.draining or not self.started:
+            super().handle_exit(sig, frame)
+            return
+        self.draining = True
+        # A signal handler runs between two bytecodes of the loop's thread: hand over to it.
+        loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        assert self._loop is not None
+        self._drain_task = self._loop.create_task(self._drain_then_exit())
+
+    async def _drain_then_exit(self) -> None:
+        assert self._drain is not None
+        try:
+            await self._drain()
+        finally:
+            self.should_exit = True
+
+
 def run_server(
     app: Any,
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
-    log_level: str = "info",
+    log_level: str | None = None,
     announce: Callable[[str], None] | None = None,
     limits: ServerLimits | None = None,
+    drain: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Serve ``app`` in the foreground until interrupted (uvloop where available).
 
     ``announce`` is called with the base URL once the socket is bound, before serving: with
-    ``port=0`` it is how the caller learns the port the system picked."""
+    ``port=0`` it is how the caller learns the port the system picked. ``drain``: run on the
+    first SIGTERM or Ctrl-C before the server stops listening (see :class:`DrainingServer`)."""
     loop = "uvloop"
     try:
         import uvloop  # noqa: F401
@@ -199,7 +248,8 @@ def run_server(
     if announce is not None:
         bound = sock.getsockname()[1]
         announce(f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}")
-    server = uvicorn.Server(server_config(app, log_level=log_level, loop=loop, limits=limits))
+    config = server_config(app, log_level=log_level, loop=loop, limits=limits)
+    server = DrainingServer(config, drain)
     tune_collector()
     server.run(sockets=[sock])
 

@@ -214,9 +214,9 @@ def test_a_dead_or_frozen_engine_through_the_gateway(
             _check(client, fault, outcome, content, repaired=False)
             assert outcome.error is not None  # no other engine: the caller must be told
             assert gw.stats()["generations_started"] == 1  # the client did not start another
-            # The gateway knows: health fails, and new work fails fast instead of hanging.
+            # The gateway knows: readiness fails, and new work fails fast instead of hanging.
             wait_for(lambda: gw.stats()["breaker_open"], timeout=10, what="breaker open")
-            assert httpx2.get(server.url + "/health", timeout=10).status_code == 503
+            assert httpx2.get(server.url + "/ready", timeout=10).status_code == 503
         finally:
             if fault == "engine-frozen":
                 engine.thaw()

@@ -264,30 +264,33 @@ def test_a_reset_before_headers_is_not_reported_as_unreachable() -> None:
         assert "reset" in message or "closed" in message
 
 
-# -- /health and the breaker see a dead or frozen engine --------------------------------------
+# -- /ready and the breaker see a dead or frozen engine ---------------------------------------
 
 
-def test_a_killed_engine_opens_the_breaker_and_health_tells_the_truth() -> None:
+def test_a_killed_engine_opens_the_breaker_and_readiness_tells_the_truth() -> None:
     with engine_process() as engine:
         gw = Gateway(GatewayConfig(upstream=engine.url, probe_interval=0.1, heartbeat=0.05))
         with ServerThread(gw) as server:
-            assert httpx2.get(server.url + "/health").status_code == 200
+            assert httpx2.get(server.url + "/ready").status_code == 200
             engine.kill()
             # True within a probe interval: a response from just before the kill may still
             # count as a sign of life that long.
-            health = wait_for(
+            ready = wait_for(
                 lambda: (
-                    (r := httpx2.get(server.url + "/health", timeout=10)).status_code == 503 and r
+                    (r := httpx2.get(server.url + "/ready", timeout=10)).status_code == 503 and r
                 ),
-                what="health 503",
+                what="ready 503",
             )
-            assert health.json()["error"]["message"]
-            assert int(health.headers["retry-after"]) >= 1
+            assert ready.json()["error"]["message"]
+            assert int(ready.headers["retry-after"]) >= 1
+            # Liveness is the gateway's own: a supervisor must not restart it for the engine.
+            assert httpx2.get(server.url + "/health").status_code == 200
             status, _ = _stream(server.url, chat_body("after the kill", max_tokens=3))
             assert status == 503
             assert gw.stats()["breaker_open"]
             engine.start()  # the same port again
             wait_for(lambda: not gw.stats()["breaker_open"], what="breaker closed")
+            assert httpx2.get(server.url + "/ready").status_code == 200
             assert httpx2.get(server.url + "/health").status_code == 200
             body = chat_body("back", max_tokens=3)
             status, data = _stream(server.url, body)
@@ -313,7 +316,7 @@ def test_streams_reset_by_a_killed_engine_open_the_breaker() -> None:
                 assert events[-1].data == "[DONE]"
                 assert "error" in orjson.loads(events[-2].data)
             wait_for(lambda: gw.stats()["breaker_open"], what="breaker open")
-            assert httpx2.get(server.url + "/health").status_code == 503
+            assert httpx2.get(server.url + "/ready").status_code == 503
 
 
 def test_refused_connections_open_the_breaker() -> None:
@@ -327,10 +330,10 @@ def test_refused_connections_open_the_breaker() -> None:
         status, _ = _stream(server.url, chat_body())
         assert status == 503
         assert gw.stats()["breaker_open"]
-        assert httpx2.get(server.url + "/health").status_code == 503
+        assert httpx2.get(server.url + "/ready").status_code == 503
 
 
-def test_a_frozen_engine_bounds_every_call_and_health_says_so() -> None:
+def test_a_frozen_engine_bounds_every_call_and_readiness_says_so() -> None:
     with engine_process("--itl-ms", "20") as engine:
         config = GatewayConfig(
             upstream=engine.url,
@@ -361,7 +364,7 @@ def test_a_frozen_engine_bounds_every_call_and_health_says_so() -> None:
                 assert "error" in orjson.loads(events[-2].data)
                 status, data = _stream(server.url, chat_body("while frozen", max_tokens=3))
                 assert status in (503, 504) or "error" in data[-2]
-                assert httpx2.get(server.url + "/health", timeout=10).status_code == 503
+                assert httpx2.get(server.url + "/ready", timeout=10).status_code == 503
             finally:
                 engine.thaw()
 

@@ -145,7 +145,7 @@ def test_masked_engine_failures_count_and_open_the_breaker(tier: LlamaStackTier)
         assert stats["upstream_failures"] == 3 and stats["breaker_open"]
         refused = client.post(url + "/v1/inference/chat-completion", json=_native("y", 5))
         assert refused.status_code == 503 and "retry-after" in refused.headers
-        assert client.get(url + "/health").status_code == 503
+        assert client.get(url + "/ready").status_code == 503
 
 
 def test_engine_death_behind_llama_stack_opens_the_breaker(tier: LlamaStackTier) -> None:

@@ -59,7 +59,6 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--no-fault-header", action="store_true", help="ignore x-sim-fault request headers"
     )
-    p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     p.set_defaults(func=_main)
 
 
@@ -106,7 +105,6 @@ def _main(args: argparse.Namespace) -> int:
         Simulator(config),
         host=args.host,
         port=args.port,
-        log_level=args.log_level,
         announce=announce,
     )
     return 0

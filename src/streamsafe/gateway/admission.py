@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from streamsafe.gateway.fair_queue import ADMITTED, QUEUED, SHED, AdmissionCore, Waiter
+from streamsafe.gateway.shedding import Shedding
 from streamsafe.tokens import estimate_prompt_tokens
 
 __all__ = ["MAX_REQUEST_COST", "Admission", "Shed", "request_cost", "retry_after_seconds"]
@@ -84,6 +85,8 @@ class Admission:
         self.core = AdmissionCore(max_inflight, max_memory_tokens, queue_size, weights)
         self.queue_timeout = queue_timeout
         self._clock = clock
+        #: Episodes of refusals, logged as they begin and end.
+        self.shedding = Shedding("gateway")
 
     @property
     def queued(self) -> int:
@@ -123,6 +126,7 @@ class Admission:
         waiter, changed = core.request(tenant, cost, fut, self._clock())
         self._wake(changed)
         if waiter.state == SHED:
+            self.shedding.note("the admission queue is full")
             raise Shed("admission queue is full", self.retry_after(tenant=tenant))
         if waiter.state == ADMITTED:
             fut.set_result(None)
@@ -158,6 +162,7 @@ class Admission:
         waited = self._clock() - waiter.since
         self._wake(self.core.withdraw(waiter, self._clock()))
         waiter.state = SHED
+        self.shedding.note(f"no place within {waited:.3g} s")
         if not waiter.token.done():
             waiter.token.set_exception(Shed(f"no place within {waited:.3g} s", retry_after))
 
@@ -190,6 +195,7 @@ class Admission:
             i += 1
             fut = waiter.token
             if waiter.state == SHED:
+                self.shedding.note("the admission queue is full")
                 if not fut.done():
                     fut.set_exception(Shed("admission queue is full", self.retry_after()))
             elif fut.done():

@@ -7,11 +7,11 @@ A request for a completion becomes a subscription to a generation: :mod:`.reques
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import hmac
 import logging
-import os
 import time
 from typing import Any
 
@@ -27,13 +27,16 @@ from streamsafe._asgi import (
     respond,
     serve_lifespan,
 )
+from streamsafe.gateway.access import Access, completion_tokens, write_access
 from streamsafe.gateway.admission import Admission
 from streamsafe.gateway.body_work import BodyWorker
+from streamsafe.gateway.breaker import BreakerState
 from streamsafe.gateway.completion_id import own_completion_id
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.engines import Engines
 from streamsafe.gateway.errors import (
     BadRequest,
+    Draining,
     KeyReused,
     LiveDuplicate,
     NotResumable,
@@ -42,7 +45,15 @@ from streamsafe.gateway.errors import (
     send_bad_request,
     send_internal_error,
 )
-from streamsafe.gateway.metrics import CONTENT_TYPE, Metrics, Readings, stats_document
+from streamsafe.gateway.generation import State
+from streamsafe.gateway.metrics import (
+    CONTENT_TYPE,
+    EngineReading,
+    Histograms,
+    Metrics,
+    Readings,
+    stats_document,
+)
 from streamsafe.gateway.pacing import StreamRules
 from streamsafe.gateway.passthrough import pass_through
 from streamsafe.gateway.paths import canonical_path
@@ -150,10 +161,15 @@ class Gateway:
             engines=self.engines,
         )
         self._breaker = self.engines.breaker if self.engines else self.upstream.breaker
-        self.metrics = Metrics(self.stats)
+        self.histograms = Histograms()
+        self.metrics = Metrics(self.stats, self.histograms, self.engine_readings)
         self._rules = StreamRules.from_config(config)
         self._bodies = BodyWorker()  # large bodies are read off the event loop
         self._started = time.monotonic()
+        #: Shutting down (see :meth:`drain`): no new work, ``/ready`` answers 503.
+        self.draining = False
+        #: Requests passed through now (a drain waits for them).
+        self._passing = 0
 
     # -- observability --------------------------------------------------------------------------
 
@@ -197,6 +213,34 @@ class Gateway:
             doc["engines"] = engines.stats()
         return doc
 
+    def engine_readings(self) -> list[EngineReading]:
+        """Per-engine figures for ``/metrics`` (label ``engine``): each engine of the pool, or
+        the one upstream (a pool of one)."""
+        engines = self.engines
+        if engines is None:
+            upstream = self.upstream
+            return [
+                EngineReading(
+                    engine=upstream.base_url,
+                    requests=upstream.requests,
+                    failures=upstream.failures,
+                    breaker_state=2 if upstream.breaker.is_open else 0,
+                    breaker_trips=upstream.breaker.trips,
+                    memory_tokens=self.admission.memory,
+                )
+            ]
+        return [
+            EngineReading(
+                engine=e.spec.url,
+                requests=upstream.requests,
+                failures=upstream.failures,
+                breaker_state=_BREAKER_STATES[e.breaker.state],
+                breaker_trips=e.breaker.trips,
+                memory_tokens=e.load.memory,
+            )
+            for e, upstream in zip(engines.pool.engines, engines.upstreams, strict=True)
+        ]
+
     # -- ASGI -----------------------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -225,29 +269,57 @@ class Gateway:
             await self.upstream.close()
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        access = Access(scope, time.monotonic())
+        reply = access.sender(send)
         try:
-            await self._route(scope, receive, send)
+            await self._route(scope, receive, reply, access)
         except BadRequest as exc:
             self.registry.counters.count_error(exc.status)
-            await send_bad_request(send, exc)
+            await send_bad_request(reply, exc)
         except Exception:
             # A bug: the client gets a JSON 500 naming a request id; the log has the rest.
-            request_id = "req-" + os.urandom(8).hex()
+            request_id = access.request_id
             log.exception(
                 "%s: unexpected error in %s %s", request_id, scope["method"], scope["path"]
             )
             self.registry.counters.count_error(500)
+            access.status = 500
             await send_internal_error(send, request_id)
+        finally:
+            self._ended(access)
 
-    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def _ended(self, access: Access) -> None:
+        """A request ended: its access line, and the histograms it feeds."""
+        now = time.monotonic()
+        gen = access.gen
+        if access.completion and gen is not None and access.status is not None:
+            h = self.histograms
+            h.request_duration_seconds.observe(now - access.started)
+            if access.stream and access.joined in ("new", "attached"):
+                ttft = access.ttft_ms()
+                if ttft is not None:
+                    h.time_to_first_token_seconds.observe(ttft / 1000)
+            if access.joined == "new":
+                if gen.admitted_at is not None:
+                    h.admission_wait_seconds.observe(max(0.0, gen.admitted_at - gen.created_at))
+                tokens = completion_tokens(gen)
+                if tokens is not None and gen.state is State.DONE:
+                    h.completion_tokens.observe(tokens)
+        write_access(access, now, None if self.engines else self.upstream.base_url)
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send, access: Access) -> None:
         # One spelling for routing and forwarding (see paths.py): no other reaches an
         # upstream's completion route around admission, nor leaves the upstream's prefix.
         path, scope["raw_path"] = canonical_path(scope)
-        scope["path"] = path
+        scope["path"] = access.path = path
         method: str = scope["method"]
-        if path in ("/health", "/ready"):
+        if path == "/health":
             _allow(method, path, "GET")
-            await self._health(send)
+            body = b'{"status":"draining"}' if self.draining else b'{"status":"ok"}'
+            await respond(send, 200, body)
+        elif path == "/ready":
+            _allow(method, path, "GET")
+            await self._ready(send)
         elif path == "/metrics":
             _allow(method, path, "GET")
             self._admin(scope)
@@ -261,16 +333,22 @@ class Gateway:
             route = kind.route(path)
             if route is not None and (method == "POST" or not kind.passthrough):
                 _allow(method, path, "POST")
-                await self._completion(scope, receive, send, route)
+                await self._completion(scope, receive, send, route, access)
             elif kind.passthrough:
                 # Every other route, and GET on the completion paths (Llama Stack lists and
                 # reads stored completions there), goes to the upstream unchanged.
-                self._tenant(scope)
+                access.tenant = self._tenant(scope)
+                if self.draining:
+                    raise _draining()
                 self.registry.counters.passed_through += 1
-                await pass_through(self.upstream.client, scope, receive, send)
+                self._passing += 1
+                try:
+                    await pass_through(self.upstream.client, scope, receive, send)
+                finally:
+                    self._passing -= 1
             elif path in _MODEL_ROUTES:
                 _allow(method, path, "GET")
-                self._tenant(scope)
+                access.tenant = self._tenant(scope)
                 await self._models(send)
             else:
                 raise BadRequest(404, f"no route {method} {path}")
@@ -299,11 +377,17 @@ class Gateway:
         if scheme.lower() != b"bearer" or not hmac.compare_digest(digest, self._admin_digest):
             raise BadRequest(401, "invalid admin key")
 
-    async def _health(self, send: Send) -> None:
-        """200 only while the engine is believed alive: the breaker is closed and, unless it
-        answered within the last probe interval, the engine's own ``/health`` answers now (what
-        a load balancer polling ``/health`` or ``/ready`` needs to know). With a pool: while
-        some engine takes traffic."""
+    async def _ready(self, send: Send) -> None:
+        """Readiness: 200 only while the gateway takes work and some engine can do it: not
+        draining, the breaker closed and, unless the engine answered within the last probe
+        interval, its own health route answering now. With a pool: while some engine takes
+        traffic. (``/health`` is liveness: 200 while the process serves at all, so a
+        supervisor never restarts a gateway, and throws away its replay logs, for an engine's
+        outage.)"""
+        if self.draining:
+            body = error_body("the gateway is draining", "service_unavailable", 503)
+            await respond(send, 503, body, headers=[(b"retry-after", b"1")])
+            return
         alive = not self._breaker.is_open if self.engines else await self.upstream.healthy()
         if alive:
             await respond(send, 200, b'{"status":"ok"}')
@@ -311,6 +395,55 @@ class Gateway:
         body = error_body("engine is down", "service_unavailable", 503)
         ra = str(self._breaker.retry_after()).encode()
         await respond(send, 503, body, headers=[(b"retry-after", ra)])
+
+    # -- shutdown ----------------------------------------------------------------------------------
+
+    def _busy(self) -> int:
+        """Requests and generations a drain waits for."""
+        registry = self.registry
+        return registry.live_generations + registry.subscribers + self._passing
+
+    async def drain(self, limit: float) -> None:
+        """Stop taking new work and let what runs finish, for at most ``limit`` seconds; then
+        end the rest (see :meth:`Registry.end_live`). New completions and pass-through
+        requests get 503 with ``Retry-After`` meanwhile, ``/ready`` 503, ``/health`` 200; a
+        retry, resume or replay of a generation held here is still served. Called by the
+        server on SIGTERM or Ctrl-C (:func:`streamsafe.serving.run_server`), before it stops
+        listening."""
+        self.draining = True
+        self.registry.draining = True
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        log.warning(
+            "draining: no new work; waiting up to %g s for %d generation(s) and %d reader(s)",
+            limit,
+            self.registry.live_generations,
+            self.registry.subscribers,
+            extra={"fields": {"event": "drain_begun"}},
+        )
+        # Polled: what it waits for ends in many places (generations, readers, pass-through),
+        # and 50 ms is nothing next to the seconds a drain takes.
+        while self._busy() and loop.time() - started < limit:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        ended = 0
+        if self.registry.live_generations:
+            how = "handed over" if self.replicas is not None else "ended with an error event"
+            ended = await self.registry.end_live("the gateway is shutting down")
+            log.warning(
+                "drain timeout: %d generation(s) %s",
+                ended,
+                how,
+                extra={"fields": {"event": "drain_timeout", "ended": ended}},
+            )
+            # Their readers get the end; give them a moment to write it.
+            until = loop.time() + 2.0
+            while self._busy() and loop.time() < until:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+        log.info(
+            "drained in %.1f s",
+            loop.time() - started,
+            extra={"fields": {"event": "drained", "ended": ended}},
+        )
 
     async def _models(self, send: Send) -> None:
         listed = self.engines.pool.models() if self.engines is not None else []
@@ -332,15 +465,17 @@ class Gateway:
     # -- completions ----------------------------------------------------------------------------
 
     async def _completion(
-        self, scope: Scope, receive: Receive, send: Send, route: CompletionRoute
+        self, scope: Scope, receive: Receive, send: Send, route: CompletionRoute, access: Access
     ) -> None:
         counters = self.registry.counters
         counters.requests_received += 1
-        tenant = self._tenant(scope)
+        access.completion = True
+        tenant = access.tenant = self._tenant(scope)
         raw = await read_request_body(scope, receive, self.config.max_body_bytes)
         req = await self._bodies.run(
             len(raw), completion_request, scope, raw, route, tenant, self.config.default_max_tokens
         )
+        access.stream = req.stream
         if req.retry:
             counters.retries_seen += 1
         try:
@@ -355,7 +490,10 @@ class Gateway:
             raise BadRequest(410, "the stream to resume is no longer held by the gateway") from None
         except ResumePastEnd as exc:
             raise BadRequest(400, exc.message, param="Last-Event-ID") from None
-        sub = Subscriber(gen, client_read_timeout(scope), last_attempt(scope))
+        except Draining:
+            raise _draining() from None
+        access.join(gen, gen.request is req, req.last_event_id is not None, gen.finished)
+        sub = access.sub = Subscriber(gen, client_read_timeout(scope), last_attempt(scope))
         if gen.request is not req and not (
             req.idempotency_key or req.retry or req.last_event_id is not None
         ):
@@ -389,6 +527,14 @@ class Gateway:
             if sub.hold:  # told to come back: refused for now, by admission
                 counters.shed += 1
             self.registry.leave(gen, sub.hold)
+
+
+_BREAKER_STATES = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
+
+
+def _draining() -> BadRequest:
+    msg = "the gateway is shutting down; retry (another replica takes it)"
+    return BadRequest(503, msg, headers=[(b"retry-after", b"1")])
 
 
 def _allow(method: str, path: str, allowed: str) -> None:

@@ -111,6 +111,7 @@ class OneEngine:
 
     def engine_died(self, why: str) -> None:
         """:meth:`Upstream.engine_died`."""
+        self._upstream.failures += 1
         self._upstream.engine_died(why)
 
     def failed(self, why: str) -> None:

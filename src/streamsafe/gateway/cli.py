@@ -230,6 +230,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="open connections at once; past it 503 (default 4096; 0: no cap)",
     )
     p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM or Ctrl-C, seconds running streams get to finish while new work is "
+        "refused with 503; then they end with an error event (with --redis: handed to another "
+        "replica) and the process exits (default 30)",
+    )
+    p.add_argument(
         "--redis",
         default=None,
         metavar="URL",
@@ -325,7 +333,7 @@ def build_limits(args: argparse.Namespace) -> Any:
 
 def serve(args: argparse.Namespace, upstream: str) -> int:
     """Run the gateway the parsed arguments describe in front of ``upstream`` until interrupted
-    (``args`` as ``streamsafe serve`` parses them, ``--log-level`` included); the exit code."""
+    (``args`` as ``streamsafe serve`` parses them); the exit code."""
     from streamsafe.gateway.app import Gateway
     from streamsafe.gateway.pool import parse_engine
     from streamsafe.serving import run_server
@@ -356,8 +364,8 @@ def serve(args: argparse.Namespace, upstream: str) -> int:
         gateway,
         host=args.host,
         port=args.port,
-        log_level=args.log_level,
         announce=announce,
         limits=limits,
+        drain=lambda: gateway.drain(args.drain_timeout),
     )
     return 0

@@ -28,9 +28,10 @@ import httpx2
 import orjson
 
 from streamsafe.gateway.attempts import answer_response
-from streamsafe.gateway.breaker import PoolBreaker
+from streamsafe.gateway.breaker import BreakerState, PoolBreaker
 from streamsafe.gateway.errors import error_body
 from streamsafe.gateway.failover import Failover, failover_step
+from streamsafe.gateway.generation import Generation
 from streamsafe.gateway.pool import Counts, Engine, EngineSpec, Full, Pick, Pool, Unavailable
 from streamsafe.gateway.upstream import Upstream, is_engine_death, read_bounded, retry_after_value
 from streamsafe.retry import RetryBudget
@@ -80,6 +81,8 @@ class Engines:
             )
             for spec in specs
         ]
+        for upstream in self.upstreams:
+            upstream.announce = False  # the pool's breakers say when an engine goes and comes
         self.max_attempts = max_attempts
         self.failover_window = failover_window
         self.budget = budget or RetryBudget()
@@ -124,9 +127,39 @@ class Engines:
             if not fut.done():
                 fut.set_result(None)
 
-    def for_generation(self, body: bytes, cost: int) -> EngineAttempts:
-        """The attempts of one generation whose request body is ``body``."""
-        return EngineAttempts(self, _model_of(body), cost)
+    def failed(self, engine: Engine, now: float, why: str, *, dead: bool = False) -> None:
+        """An attempt failed on ``engine``'s side: counted, told to its breaker, and its
+        breaker's opening logged (naming the engine)."""
+        self.upstreams[engine.index].failures += 1
+        breaker = engine.breaker
+        before = breaker.state
+        breaker.on_failure(now, dead=dead)
+        if breaker.state is BreakerState.OPEN and before is not BreakerState.OPEN:
+            wait = breaker.retry_after(now)
+            if before is BreakerState.CLOSED:
+                log.warning(
+                    "engine %s down (%s%s); its breaker is open, next try in %.3g s",
+                    engine.spec.url,
+                    "reported dead: " if dead else "",
+                    why,
+                    wait,
+                    extra={"fields": {"event": "engine_down", "engine": engine.spec.url}},
+                )
+            else:
+                log.info(
+                    "engine %s still down (%s); next try in %.3g s",
+                    engine.spec.url,
+                    why,
+                    wait,
+                    extra={"fields": {"event": "engine_still_down", "engine": engine.spec.url}},
+                )
+
+    def for_generation(
+        self, body: bytes, cost: int, gen: Generation | None = None
+    ) -> EngineAttempts:
+        """The attempts of one generation whose request body is ``body`` (``gen``, where
+        given, is told each attempt and its engine)."""
+        return EngineAttempts(self, _model_of(body), cost, gen)
 
     async def start(self) -> None:
         """Create every engine's connection pool."""
@@ -162,7 +195,9 @@ class EngineAttempts:
     __slots__ = (
         "_cost",
         "_current",
+        "_cut_from",
         "_engines",
+        "_gen",
         "_held",
         "_started",
         "_tried",
@@ -170,13 +205,18 @@ class EngineAttempts:
         "model",
     )
 
-    def __init__(self, engines: Engines, model: str, cost: int) -> None:
+    def __init__(
+        self, engines: Engines, model: str, cost: int, gen: Generation | None = None
+    ) -> None:
         self._engines = engines
+        self._gen = gen
         #: The model asked for (a fallback may answer instead).
         self.model = model
         self._cost = cost
         self._tried: set[int] = set()
         self._current: Engine | None = None
+        #: The engine a cut stream is leaving (its continuation's engine is logged with it).
+        self._cut_from: str | None = None
         self._held: Engine | None = None
         self._started = engines.clock()
         self.attempts = 0
@@ -230,9 +270,16 @@ class EngineAttempts:
             engine = pick.engine
             if self.attempts and engine is not self._current:
                 engines.failovers += 1
+            cut_from, self._cut_from = self._cut_from, None
+            if cut_from is not None:
+                _migrated(self._gen, cut_from, engine.spec.url)
             self._current = engine
             self._hold(engine)  # its memory counts from now: routing and room see it
             self.attempts += 1
+            gen = self._gen
+            if gen is not None:
+                gen.attempts += 1
+                gen.engine = engine.spec.url
             body = content if not pick.fallback else _with_model(content, pick.model)
             upstream = engines.upstreams[engine.index]
             status: int | None = None
@@ -244,7 +291,7 @@ class EngineAttempts:
                 )
             except httpx2.HTTPError as exc:
                 last_error = exc
-                engine.breaker.on_failure(now)
+                engines.failed(engine, now, type(exc).__name__)
                 engines.budget.record_failure()
             else:
                 if response.status_code == 200:
@@ -255,7 +302,7 @@ class EngineAttempts:
                 await response.aclose()
                 retry_after = retry_after_value(response.headers.get("retry-after"))
                 if status >= 500 or status == 429:
-                    engine.breaker.on_failure(now, dead=is_engine_death(answer))
+                    engines.failed(engine, now, f"status {status}", dead=is_engine_death(answer))
                     engines.budget.record_failure()
                 else:
                     engine.breaker.on_abandon()  # the engine answered: no verdict on its health
@@ -311,8 +358,16 @@ class EngineAttempts:
 
     def served(self) -> None:
         """The first token arrived: the engine works (its breaker closes)."""
-        if self._current is not None:
-            self._current.breaker.on_success()
+        engine = self._current
+        if engine is not None:
+            before = engine.breaker.state
+            engine.breaker.on_success()
+            if before is not BreakerState.CLOSED:
+                log.info(
+                    "engine %s back: an attempt got its first token; breaker closed",
+                    engine.spec.url,
+                    extra={"fields": {"event": "engine_up", "engine": engine.spec.url}},
+                )
 
     def cut(self) -> None:
         """The stream from the current engine broke: count it against the engine, and send the
@@ -320,16 +375,16 @@ class EngineAttempts:
         engine = self._current
         if engine is None:
             return
-        engine.breaker.on_failure(self._engines.clock())
+        self._engines.failed(engine, self._engines.clock(), "stream cut")
         self._tried.add(engine.index)
         self._engines.migrations += 1
+        self._cut_from = engine.spec.url
         self.attempts = 0  # a continuation has its own attempts before its first token
 
     def engine_died(self, why: str) -> None:
         """The current engine said it died: its breaker opens at once."""
         if self._current is not None:
-            log.warning("engine %s reported dead (%s)", self._current.spec.url, why)
-            self._current.breaker.on_failure(self._engines.clock(), dead=True)
+            self._engines.failed(self._current, self._engines.clock(), why, dead=True)
 
     def failed(self, why: str) -> None:
         """Counted where the attempt broke: by :meth:`open` (before the first token) and
@@ -345,6 +400,17 @@ class EngineAttempts:
         """The engine of the latest attempt (the first engine before any)."""
         current = self._current
         return self._engines.upstreams[current.index if current is not None else 0]
+
+
+def _migrated(gen: Generation | None, source: str, target: str) -> None:
+    gen_id = gen.id if gen is not None else "-"
+    log.info(
+        "%s: stream cut on engine %s continues on %s",
+        gen_id,
+        source,
+        target,
+        extra={"fields": {"event": "migration", "generation": gen_id, "to": target}},
+    )
 
 
 def _model_of(body: bytes) -> str:

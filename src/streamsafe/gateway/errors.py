@@ -17,6 +17,7 @@ from streamsafe._asgi import Send, respond
 __all__ = [
     "ERROR_PREFIXES",
     "BadRequest",
+    "Draining",
     "Failure",
     "KeyReused",
     "LiveDuplicate",
@@ -116,6 +117,10 @@ class BadRequest(Exception):
 
 class KeyReused(Exception):
     """The Idempotency-Key is in use with a different request body (422)."""
+
+
+class Draining(Exception):
+    """The gateway is draining (shutting down): it starts no new generation (503)."""
 
 
 class LiveDuplicate(Exception):

@@ -105,14 +105,18 @@ class Generation:
     __slots__ = (
         "_waiters",
         "admitted_at",
+        "attempts",
+        "completion_tokens",
         "continuation",
         "continuations",
         "cost",
         "created_at",
+        "engine",
         "failure",
         "fanout",
         "fingerprint",
         "finished_at",
+        "first_event_at",
         "id",
         "key",
         "length",
@@ -171,6 +175,15 @@ class Generation:
         self.finished_at: float | None = None
         #: Upstream attempts after the first (continuations and requests asked again).
         self.continuations = 0
+        #: Requests sent upstream for it (failovers included), for the access log.
+        self.attempts = 0
+        #: The engine of its latest attempt, where a pool chose one (``None``: the one
+        #: upstream).
+        self.engine: str | None = None
+        #: When its first event came (``time.monotonic()``), for time to first token.
+        self.first_event_at: float | None = None
+        #: Completion tokens its answer's usage says, once read (see :mod:`.access`).
+        self.completion_tokens: int | None = None
         #: What the latest attempt asks instead of the request, where it continues a broken
         #: stream (``None``: the request as it came).
         self.continuation: Continuation | None = None

@@ -1,28 +1,53 @@
-"""The gateway's counters and gauges, defined once, and their two views: ``/stats`` (JSON) and
-``/metrics`` (Prometheus text).
+"""The gateway's counters, gauges and histograms, defined once, and their two views: ``/stats``
+(JSON) and ``/metrics`` (Prometheus text).
 
 Each series is a field of :class:`Counters` (incremented by the gateway as things happen) or of
 :class:`Readings` (read from admission, the registry and the upstream at scrape time); its help
-text sits in the field's metadata, so adding a series is one line. Prometheus reads the
-``/stats`` document through a custom collector at scrape time, so the hot path pays nothing for
-metrics: no per-chunk ``Counter.inc()`` and its lock. Each gateway has its own Prometheus
-registry, so several gateways in one process (tests, benchmarks) do not collide.
+text sits in the field's metadata, so adding a series is one line. Per-engine series
+(:data:`ENGINE_SERIES`, label ``engine``) come from :class:`EngineReading` values, one per engine
+of the pool (a gateway with one upstream is a pool of one). Histograms
+(:data:`HISTOGRAMS`) are observed once per request, when its access line is written, never per
+chunk. Prometheus reads all of it through a custom collector at scrape time, so the hot path pays
+nothing for metrics: no per-chunk ``Counter.inc()`` and its lock. Each gateway has its own
+Prometheus registry, so several gateways in one process (tests, benchmarks) do not collide.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 
-__all__ = ["CONTENT_TYPE", "Counters", "Metrics", "Readings", "stats_document"]
+__all__ = [
+    "CONTENT_TYPE",
+    "ENGINE_SERIES",
+    "HISTOGRAMS",
+    "PREFIX",
+    "Counters",
+    "EngineReading",
+    "Histogram",
+    "HistogramSpec",
+    "Histograms",
+    "Metrics",
+    "Readings",
+    "exported_names",
+    "series",
+    "stats_document",
+]
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
-_PREFIX = "streamsafe_gateway_"
+#: The prefix of every series the gateway exports.
+PREFIX = "streamsafe_gateway_"
+_PREFIX = PREFIX
 
 
 def _counter(doc: str) -> Any:
@@ -125,6 +150,146 @@ _SERIES = tuple(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class HistogramSpec:
+    """A histogram the gateway observes once per request: its name (without the prefix), help
+    text and bucket bounds."""
+
+    name: str
+    doc: str
+    buckets: tuple[float, ...]
+
+
+#: Every histogram, in the order ``/metrics`` lists them.
+HISTOGRAMS = (
+    HistogramSpec(
+        "time_to_first_token_seconds",
+        "Streamed completions: seconds from the request to the first event of its generation "
+        "(attached requests: from their own arrival)",
+        (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+    ),
+    HistogramSpec(
+        "admission_wait_seconds",
+        "Seconds a new generation waited for admission (queue and limits) before going upstream",
+        (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 60.0),
+    ),
+    HistogramSpec(
+        "request_duration_seconds",
+        "Seconds from a completion request's arrival to the end of its answer",
+        (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0),
+    ),
+    HistogramSpec(
+        "completion_tokens",
+        "Completion tokens of each generation answered whole, where its usage says",
+        (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
+    ),
+)
+
+
+class Histogram:
+    """Bucket counts and a sum, as plain numbers (no lock: observed on the event loop, read at
+    scrape time)."""
+
+    __slots__ = ("bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last is +Inf
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        """One more observation of ``value``."""
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.count += 1
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """``(le, count)`` pairs as Prometheus wants them, ``+Inf`` last."""
+        out: list[tuple[str, float]] = []
+        total = 0
+        for bound, n in zip((*self.bounds, float("inf")), list(self.counts), strict=True):
+            total += n
+            out.append(("+Inf" if bound == float("inf") else f"{bound:g}", total))
+        return out
+
+
+class Histograms:
+    """One :class:`Histogram` per :data:`HISTOGRAMS` entry, as attributes of the same name."""
+
+    def __init__(self) -> None:
+        self.all = {spec.name: Histogram(spec.buckets) for spec in HISTOGRAMS}
+        self.time_to_first_token_seconds = self.all["time_to_first_token_seconds"]
+        self.admission_wait_seconds = self.all["admission_wait_seconds"]
+        self.request_duration_seconds = self.all["request_duration_seconds"]
+        self.completion_tokens = self.all["completion_tokens"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineReading:
+    """One engine's figures at scrape time (label ``engine``: its URL)."""
+
+    engine: str
+    requests: int = field(
+        default=0, metadata={"doc": "Requests sent to the engine", "kind": "counter"}
+    )
+    failures: int = field(
+        default=0,
+        metadata={
+            "doc": "Attempts that failed on the engine's side (5xx, reset, refused, stalled)",
+            "kind": "counter",
+        },
+    )
+    breaker_state: int = field(
+        default=0,
+        metadata={"doc": "The engine's breaker: 0 closed, 1 half-open, 2 open", "kind": "gauge"},
+    )
+    breaker_trips: int = field(
+        default=0, metadata={"doc": "Times the engine's breaker opened", "kind": "counter"}
+    )
+    memory_tokens: int = field(
+        default=0,
+        metadata={
+            "doc": "Estimated engine memory held by the generations sent to it (tokens)",
+            "kind": "gauge",
+        },
+    )
+
+
+#: (name, help, kind) of every per-engine series (``engine_`` + the field's name).
+ENGINE_SERIES = tuple(
+    ("engine_" + f.name, f.metadata["doc"], f.metadata["kind"])
+    for f in dataclasses.fields(EngineReading)
+    if f.metadata
+)
+
+
+def series() -> list[tuple[str, str, str]]:
+    """(full name, help, kind) of every series the gateway exports: ``counter``, ``gauge``,
+    ``histogram``, or ``engine_counter`` / ``engine_gauge`` (labelled ``engine``). Counters
+    are exposed with ``_total`` (Prometheus's rule), histograms with ``_bucket``, ``_sum`` and
+    ``_count``."""
+    out = [(PREFIX + name, doc, kind) for name, doc, kind in _SERIES]
+    out.append((PREFIX + "errors", "Requests refused by the gateway, by status", "counter"))
+    out += [(PREFIX + name, doc, "engine_" + kind) for name, doc, kind in ENGINE_SERIES]
+    out += [(PREFIX + spec.name, spec.doc, "histogram") for spec in HISTOGRAMS]
+    return out
+
+
+def exported_names() -> set[str]:
+    """Every sample name ``/metrics`` may carry (``_total``, ``_bucket``, ``_sum``,
+    ``_count`` included)."""
+    names: set[str] = set()
+    for name, _doc, kind in series():
+        if kind.endswith("counter"):
+            names.add(name + "_total")
+        elif kind == "histogram":
+            names.update(name + suffix for suffix in ("_bucket", "_sum", "_count"))
+        else:
+            names.add(name)
+    return names
+
+
 def stats_document(counters: Counters, readings: Readings, uptime_s: float) -> dict[str, Any]:
     """The ``/stats`` document: every counter and reading, ``errors`` by status, uptime.
     Reads plain ints only, so it is safe to call from another thread."""
@@ -137,8 +302,15 @@ def stats_document(counters: Counters, readings: Readings, uptime_s: float) -> d
 
 
 class _Collector:
-    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        stats: Callable[[], dict[str, Any]],
+        histograms: Histograms | None,
+        engines: Callable[[], Sequence[EngineReading]] | None,
+    ) -> None:
         self._stats = stats
+        self._histograms = histograms
+        self._engines = engines
 
     def collect(self) -> Iterator[Any]:
         stats = self._stats()
@@ -153,15 +325,41 @@ class _Collector:
         for status, count in sorted(stats["errors"].items()):
             errors.add_metric([str(status)], count)
         yield errors
+        if self._engines is not None:
+            yield from _engine_families(self._engines())
+        if self._histograms is not None:
+            for spec in HISTOGRAMS:
+                h = self._histograms.all[spec.name]
+                yield HistogramMetricFamily(
+                    _PREFIX + spec.name, spec.doc, buckets=h.cumulative(), sum_value=h.sum
+                )
+
+
+def _engine_families(readings: Sequence[EngineReading]) -> Iterator[Any]:
+    for name, doc, kind in ENGINE_SERIES:
+        family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+            _PREFIX + name, doc, labels=["engine"]
+        )
+        attr = name.removeprefix("engine_")
+        for reading in readings:
+            family.add_metric([reading.engine], getattr(reading, attr))
+        yield family
 
 
 class Metrics:
-    """A Prometheus registry over ``stats`` (a callable returning :func:`stats_document`);
-    :meth:`render` gives the ``/metrics`` body."""
+    """A Prometheus registry over ``stats`` (a callable returning :func:`stats_document`), the
+    ``histograms`` and the per-engine readings ``engines`` returns; :meth:`render` gives the
+    ``/metrics`` body."""
 
-    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        stats: Callable[[], dict[str, Any]],
+        histograms: Histograms | None = None,
+        engines: Callable[[], Sequence[EngineReading]] | None = None,
+    ) -> None:
+        self.histograms = histograms if histograms is not None else Histograms()
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(stats))
+        self.registry.register(_Collector(stats, self.histograms, engines))
 
     def render(self) -> bytes:
         """The exposition text (its content type is :data:`CONTENT_TYPE`)."""

@@ -20,7 +20,15 @@ from streamsafe.gateway.abandonment import MIRROR_KEPT, Abandonment
 from streamsafe.gateway.admission import Admission
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.engines import Engines
-from streamsafe.gateway.errors import KeyReused, LiveDuplicate, NotResumable, ResumePastEnd
+from streamsafe.gateway.errors import (
+    Draining,
+    Failure,
+    KeyReused,
+    LiveDuplicate,
+    NotResumable,
+    ResumePastEnd,
+    error_body,
+)
 from streamsafe.gateway.generation import Generation, GenerationRequest, State, new_generation_id
 from streamsafe.gateway.generation_index import GenerationIndex
 from streamsafe.gateway.metrics import Counters
@@ -31,6 +39,7 @@ from streamsafe.gateway.retention import Retention
 from streamsafe.gateway.store import LeaseLost, MemoryStore, Store
 from streamsafe.gateway.store_redis import REDIS_ERRORS
 from streamsafe.gateway.upstream import Upstream
+from streamsafe.sse import DONE
 
 __all__ = ["Registry"]
 
@@ -97,6 +106,9 @@ class Registry:
         self.live_generations = 0
         #: Subscribers connected to any generation.
         self.subscribers = 0
+        #: Shutting down: no new generation starts (a retry, a resume or a replay of one held
+        #: here is still served).
+        self.draining = False
 
     # -- finding a generation -------------------------------------------------------------------
 
@@ -191,10 +203,10 @@ class Registry:
                 counters.attached += 1
             self._join(gen)
             return gen, min(start, gen.length) if gen.finished else start
-        if resume:
+        if resume or self.draining:
             if store_key is not None:
                 await store.release(store_key, new_id)
-            raise NotResumable
+            raise NotResumable if resume else Draining
         fleet = self.replicas
         if fleet is None:
             log_ = store.log(new_id)
@@ -374,6 +386,32 @@ class Registry:
             replicas.failed(exc)
 
     # -- lifecycle ------------------------------------------------------------------------------
+
+    async def end_live(self, message: str) -> int:
+        """End every generation this process runs (the end of a drain): with replicas, hand
+        them over (their leases given up, another replica continues each from its log); else
+        each ends with an error event saying ``message`` (a 503 where nothing was sent yet).
+        Returns how many were ended."""
+        live = [g for g in self.generations if g.live and g.task is not None]
+        if self.replicas is not None:
+            self.replicas.closing = True
+            for gen in live:
+                assert gen.task is not None
+                gen.task.cancel()  # the relay ends it aborted; _finish hands it over
+            return len(live)
+        for gen in live:
+            task = gen.task
+            if gen.stream and gen.length:
+                payload = error_body(message, "service_unavailable", 503)
+                gen.length = await gen.log.append((payload, DONE))
+            else:
+                body = error_body(message, "service_unavailable", 503)
+                gen.failure = Failure(503, body, 1)
+            if not gen.finished:
+                self._finish(gen, State.FAILED)
+            if task is not None:
+                task.cancel()  # the upstream request is closed: the engine aborts it
+        return len(live)
 
     async def close(self) -> None:
         """Cancel every reader (shutdown). With replicas, what this one runs is handed over:

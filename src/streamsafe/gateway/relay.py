@@ -36,6 +36,7 @@ from streamsafe.gateway.errors import Failure, error_body
 from streamsafe.gateway.fair_queue import Waiter
 from streamsafe.gateway.generation import Generation, State
 from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.shedding import Shedding
 from streamsafe.gateway.store import LeaseLost
 from streamsafe.gateway.stream_reader import StreamReader
 from streamsafe.gateway.upstream import Upstream
@@ -76,6 +77,8 @@ class Relay:
         self._endings = Endings(counters, finish, self._breaker.retry_after)
         self._streams = StreamReader(counters, finish, self._endings)
         self._clock = clock
+        #: Episodes of the engine shedding load, logged as they begin and end.
+        self.engine_shedding = Shedding("engine")
         #: The bounds every upstream attempt keeps (see :class:`AttemptWatch`).
         self.timeouts = UpstreamTimeouts(
             first_token=config.first_token_timeout,
@@ -96,7 +99,7 @@ class Relay:
         waiter: Waiter | None = None
         engines = self.engines
         attempts: Attempts = (
-            engines.for_generation(gen.request.body, gen.cost)
+            engines.for_generation(gen.request.body, gen.cost, gen)
             if engines is not None
             else OneEngine(self.upstream)
         )
@@ -210,6 +213,8 @@ class Relay:
                     await self._endings.fail_broken(gen, broken)
                     return
                 self.counters.engine_sheds += shed
+                if shed:
+                    self.engine_shedding.note(broken.why)
                 await asyncio.sleep(wait)
                 if self._breaker.is_open:
                     await self._endings.fail_broken(gen, broken)
@@ -236,7 +241,13 @@ class Relay:
             tries += 1
             gen.continuations += 1
             self.counters.continued += 1
-            log.info("%s: %s; asking upstream again (%d)", gen.id, broken.why, tries)
+            log.info(
+                "%s: %s; asking upstream again (%d)",
+                gen.id,
+                broken.why,
+                tries,
+                extra={"fields": {"event": "continuation", "generation": gen.id}},
+            )
 
     async def _owed_end(
         self, gen: Generation, attempts: Attempts, partial: Partial
@@ -265,6 +276,8 @@ class Relay:
         upstream timeouts. Returns why it broke where another attempt may repair it (this engine
         or, for a pool, another), ``None`` where the generation has ended (done or failed)."""
         continuing = gen.continuations > 0 and gen.length > 0
+        if self.engines is None:  # a pool counts its attempts itself (failovers included)
+            gen.attempts += 1
         ask = gen.continuation
         path, body = (gen.request.path, gen.request.body) if ask is None else (ask.path, ask.body)
         response: httpx2.Response | None = None

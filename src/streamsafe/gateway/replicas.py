@@ -115,7 +115,11 @@ class Replicas:
         until it answers again."""
         self.counters.redis_errors += 1
         if not self.degraded:
-            log.warning("redis unreachable (%s); serving with per-replica state", exc)
+            log.warning(
+                "redis degraded: unreachable (%s); serving with per-replica state",
+                exc,
+                extra={"fields": {"event": "redis_degraded"}},
+            )
             self.degraded = True
         if self._probe is None or self._probe.done():
             self._probe = asyncio.get_running_loop().create_task(self._probe_until_back())
@@ -134,7 +138,10 @@ class Replicas:
             self.failed(exc)
             return
         self.degraded = False
-        log.warning("redis reachable again; generations are shared again")
+        log.info(
+            "redis restored: reachable again; generations are shared again",
+            extra={"fields": {"event": "redis_restored"}},
+        )
 
     async def _write_back(self) -> None:
         """Put the generations this replica runs, or finished while Redis was away, back into

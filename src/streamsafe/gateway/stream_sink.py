@@ -7,6 +7,7 @@ generation's log and publish them (written at once to the subscribers that keep 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 from streamsafe.gateway.attempt_watch import AttemptWatch
@@ -250,6 +251,8 @@ class StreamSink:
         if not watch.flowing and gen.length > self._preamble:
             watch.first_event()
             self._attempts.served()  # the engine delivered: its breaker closes
+            if gen.first_event_at is None:
+                gen.first_event_at = time.monotonic()
         if self.done and not self._pending:
             if not self.errored:
                 self._attempts.succeeded()

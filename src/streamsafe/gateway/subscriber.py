@@ -294,6 +294,7 @@ async def _serve_stream(
             continue
         if step == STEP_BACK:
             sub.hold = pacing.retry_after
+            admission.shedding.note("queued callers are told to come back")
             await _send_step_back(send, pacing.retry_after)
             return
         if step == HEARTBEAT:

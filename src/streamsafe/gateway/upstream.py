@@ -107,6 +107,14 @@ class Upstream:
         self.budget = budget or RetryBudget()
         self.breaker = Breaker(probe_interval)
         self.connect_retries_done = 0
+        #: Requests sent (per engine series in ``/metrics``).
+        self.requests = 0
+        #: Attempts that failed on the engine's side: a 5xx, a reset, a refused connection, a
+        #: stall, an error event standing for a 5xx.
+        self.failures = 0
+        #: Whether this upstream logs its own breaker's changes (a pool's engines are announced
+        #: by the pool's breakers instead).
+        self.announce = True
         #: Loop time of the last sign of life (a response, or /health answering).
         self.alive_at = -math.inf
         self._health_check_running: asyncio.Future[int | None] | None = None
@@ -210,6 +218,7 @@ class Upstream:
         and closes it). Retries a refused connection within the budget when ``retry_connect``."""
         client = self.client
         request = client.build_request(method, path, content=content, headers=headers)
+        self.requests += 1
         attempt = 0
         while True:
             try:
@@ -231,6 +240,7 @@ class Upstream:
         ``headers``: header lines of the request's own. Raises ``OSError`` when no connection
         could be made."""
         lines = _JSON_LINE + headers if headers else _JSON_LINE
+        self.requests += 1
         attempt = 0
         while True:
             try:
@@ -248,6 +258,7 @@ class Upstream:
         budget); when not, the engine counts as unreachable."""
         self.budget.record_failure()
         if not retry_connect or attempt >= self.connect_retries or not self.budget.allow_retry():
+            self.failures += 1
             self.unreachable("the connection was refused")
             return False
         delay = self.connect_backoff * (2**attempt)
@@ -259,14 +270,19 @@ class Upstream:
     def engine_died(self, why: str) -> None:
         """Open the breaker and start probing ``/health``."""
         if self.breaker.trip():
-            log.warning("engine reported dead (%s); failing fast until /health is 200", why)
+            if self.announce:
+                log.warning(
+                    "engine %s down (%s); failing fast until %s answers",
+                    self.base_url,
+                    why,
+                    self.kind.health_path,
+                    extra={"fields": {"event": "engine_down", "engine": self.base_url}},
+                )
             self._probe = asyncio.get_running_loop().create_task(self._probe_until_healthy())
 
     def unreachable(self, why: str) -> None:
         """The engine cannot be reached at all (refused, or silent after a reset or a stall):
         open the breaker as for a dead engine."""
-        if not self.breaker.is_open:
-            log.warning("engine unreachable (%s); failing fast until /health answers", why)
         self.engine_died(why)
 
     def failed(self, why: str) -> None:
@@ -276,6 +292,7 @@ class Upstream:
         Stack masks an engine's death as an ordinary 500), :data:`FAILURES_TO_TRIP` in a row
         open the breaker as well."""
         self.failures_in_a_row += 1
+        self.failures += 1
         if self.breaker.is_open:
             return
         if not self.kind.health_covers_engine and self.failures_in_a_row >= FAILURES_TO_TRIP:
@@ -361,7 +378,13 @@ class Upstream:
                 # failures in a row open the breaker anew.
                 self.failures_in_a_row = 0
                 self.breaker.close()
-                log.warning("engine healthy again; breaker closed")
+                if self.announce:
+                    log.info(
+                        "engine %s back: %s answers; breaker closed",
+                        self.base_url,
+                        self.kind.health_path,
+                        extra={"fields": {"event": "engine_up", "engine": self.base_url}},
+                    )
                 return
 
 

@@ -1,0 +1,88 @@
+"""One logging setup for every command: levels, formats, and -v wherever it is given."""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Iterator
+
+import orjson
+import pytest
+
+from streamsafe import _logging
+from streamsafe.cli import build_parser
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level, logging.getLogger("streamsafe").level)
+    yield
+    for handler in root.handlers[:]:
+        root.removeHandler(handler)
+    for handler in saved[0]:
+        root.addHandler(handler)
+    root.setLevel(saved[1])
+    logging.getLogger("streamsafe").setLevel(saved[2])
+
+
+def test_verbose_is_accepted_after_the_subcommand_and_adds_to_the_count_before_it() -> None:
+    parser = build_parser()
+    assert _logging.chosen(parser.parse_args(["serve", "-v"]), "info") == ("info", 1, "text")
+    args = parser.parse_args(["-v", "serve", "-vv", "--log-format", "json"])
+    assert _logging.chosen(args, "info") == ("info", 3, "json")
+    args = parser.parse_args(["bench", "-v", "overhead", "-v", "--log-level", "error"])
+    assert _logging.chosen(args, "warning") == ("error", 2, "text")
+    assert _logging.chosen(parser.parse_args(["chat", "--model", "m", "hi"]), "warning") == (
+        "warning",
+        0,
+        "text",
+    )
+
+
+def test_json_lines_are_one_object_each_with_the_record_fields(restore_logging: None) -> None:
+    out = io.StringIO()
+    _logging.setup("info", 0, "json", stream=out)
+    log = logging.getLogger("streamsafe.access")
+    log.info("POST /v1/x 200", extra={"fields": {"request_id": "r1", "status": 200}})
+    try:
+        raise ValueError("boom\nsecond line")
+    except ValueError:
+        logging.getLogger("streamsafe.gateway").exception("failed")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    first, second = (orjson.loads(line) for line in lines)
+    assert first["msg"] == "POST /v1/x 200" and first["level"] == "info"
+    assert first["logger"] == "streamsafe.access" and first["ts"].endswith("Z")
+    assert first["request_id"] == "r1" and first["status"] == 200
+    assert "ValueError: boom" in second["exc"]
+
+
+def test_text_lines_carry_fields_as_key_value(restore_logging: None) -> None:
+    out = io.StringIO()
+    _logging.setup("info", 0, "text", stream=out)
+    logging.getLogger("streamsafe.gateway").warning(
+        "engine down", extra={"fields": {"engine": "http://a:1", "why": "two words"}}
+    )
+    line = out.getvalue().strip()
+    assert " WARNING streamsafe.gateway engine down engine=http://a:1 " in line
+    assert line.endswith('why="two words"')
+
+
+def test_other_libraries_stay_at_warning_unless_asked(restore_logging: None) -> None:
+    out = io.StringIO()
+    _logging.setup("debug", 0, "text", stream=out)
+    logging.getLogger("httpcore2.connection").debug("connect_tcp.started")
+    logging.getLogger("uvicorn.error").info("Started server process")
+    logging.getLogger("streamsafe.gateway").debug("ours")
+    assert out.getvalue().count("\n") == 1 and "ours" in out.getvalue()
+    _logging.setup("info", 3, "text", stream=out)  # -vvv: everything
+    logging.getLogger("httpcore2.connection").debug("connect_tcp.started")
+    assert "connect_tcp.started" in out.getvalue()
+
+
+def test_the_default_level_shows_info_for_the_servers_and_warning_for_the_tools() -> None:
+    from streamsafe.cli import _DEFAULT_LEVEL
+
+    assert _DEFAULT_LEVEL.get("serve") == "info"
+    assert _DEFAULT_LEVEL.get("demo", "warning") == "warning"
