@@ -48,9 +48,11 @@ bench: $(STAMP) peers
 	mkdir -p reports
 	$(BIN)/streamsafe bench all --out reports
 
-# docs/cli.md is generated from the argparse parsers; tests/test_docs.py fails when it is stale.
+# docs/cli.md is generated from the argparse parsers, the Grafana dashboard from the gateway's
+# metric definitions; tests/test_docs.py and tests/gateway/test_dashboard.py fail when stale.
 docs: $(STAMP)
 	$(BIN)/python -m streamsafe._clidoc --write docs/cli.md
+	$(BIN)/python -m streamsafe.gateway.dashboard --write deploy/grafana/streamsafe-gateway.json
 
 # The peers `streamsafe bench peers` measures against: the LiteLLM proxy in its own virtualenv (its
 # dependencies would clash with ours), pinned in streamsafe/bench/peer_servers.py, and Debian's
