@@ -24,6 +24,7 @@ from streamsafe.gateway.fair_queue import AdmissionCore
 from streamsafe.gateway.generation import Generation, GenerationRequest, State
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.store import MemoryEventLog
+from streamsafe.gateway.upstream import MAX_ENGINE_RETRY_AFTER, retry_after_value
 from streamsafe.serving import ServerThread
 
 pytestmark = pytest.mark.timeout(60)
@@ -244,3 +245,77 @@ def test_a_pool_takes_an_in_band_refusal_to_another_engine() -> None:
     assert healthy.stats()["generations_started"] == 4
     shed = shedding.stats()
     assert shed["faults_injected"]["errorevent"] >= 1 and shed["generations_started"] == 0
+
+
+# -- whatever Retry-After an engine sends ------------------------------------------------------
+
+#: Every kind of value an engine may send: seconds whole and fractional, infinite, not a number,
+#: negative, past 64 bits, dates past and far ahead, garbage.
+ENGINE_RETRY_AFTERS = [
+    b"2.5",
+    b"0",
+    b"inf",
+    b"-inf",
+    b"nan",
+    b"-1",
+    b"1e308",
+    b"99999999999999999999999",
+    b"Wed, 21 Oct 2015 07:28:00 GMT",
+    b"Fri, 01 Jan 2100 00:00:00 GMT",
+    b"soon",
+]
+
+
+def _refusing(status: int, retry_after: bytes) -> Any:
+    """An engine that refuses every completion with ``status`` and ``retry_after``."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        if scope["path"] == "/health":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"{}"})
+            return
+        headers = [(b"content-type", b"application/json"), (b"retry-after", retry_after)]
+        body = b'{"error": {"message": "full", "type": "x", "code": %d}}' % status
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+@pytest.mark.parametrize("retry_after", ENGINE_RETRY_AFTERS)
+@pytest.mark.parametrize("status", [429, 503])
+@pytest.mark.parametrize("engines", [1, 2])
+def test_every_retry_after_an_engine_sends_gives_the_caller_a_json_refusal(
+    retry_after: bytes, status: int, engines: int
+) -> None:
+    # `Retry-After: inf` was a 502 "gateway error: OverflowError" (an error event on a stream)
+    # with a traceback; 1e308 went to the caller as a 309-digit Retry-After; dates were ignored.
+    ups = [ServerThread(_refusing(status, retry_after)).start() for _ in range(engines)]
+    pool = tuple(u.url for u in ups) if engines > 1 else ()
+    config = GatewayConfig(
+        upstream=ups[0].url, engines=pool, upstream_kind="vllm", queue_timeout=0.3
+    )
+    gw = ServerThread(Gateway(config)).start()
+    try:
+        for stream in (True, False):
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+            r = httpx2.post(gw.url + "/v1/chat/completions", json={**body, "stream": stream})
+            # A pool whose every engine refused says so with 503 (every engine is down).
+            assert r.status_code in ((status, 503) if engines > 1 else (status,)), r.text
+            assert r.json()["error"]["code"] == r.status_code
+            seconds = int(r.headers["retry-after"])
+            assert 1 <= seconds <= MAX_ENGINE_RETRY_AFTER
+    finally:
+        stop_later(gw, *ups)
+
+
+def test_the_gateway_reads_an_engine_s_retry_after_with_the_retry_core_s_parser() -> None:
+    assert retry_after_value("2.5") == 2.5
+    assert retry_after_value("inf") == retry_after_value("1e308") == MAX_ENGINE_RETRY_AFTER
+    assert retry_after_value("nan") is retry_after_value("-1") is retry_after_value("x") is None
+    assert retry_after_value("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
+    assert retry_after_value("Fri, 01 Jan 2100 00:00:00 GMT") == MAX_ENGINE_RETRY_AFTER

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Mapping
 
 import httpcore2
@@ -41,8 +42,10 @@ from streamsafe.gateway.upstream_kinds import (
     probe_kind,
 )
 from streamsafe.retry import RetryBudget
+from streamsafe.retry import parse_retry_after as read_retry_after
 
 __all__ = [
+    "MAX_ENGINE_RETRY_AFTER",
     "MAX_ERROR_BODY",
     "Upstream",
     "is_engine_death",
@@ -406,20 +409,25 @@ async def read_bounded(response: httpx2.Response) -> bytes:
     return b"".join(parts)[:MAX_ERROR_BODY]
 
 
+#: Most seconds of an engine's ``Retry-After`` the gateway waits out or passes on (an hour).
+#: An engine may send anything (``inf``, ``1e308``, a date in 2100): past this it reads as this,
+#: so every value gives a caller a 429 or 503 with a ``Retry-After`` it can act on.
+MAX_ENGINE_RETRY_AFTER = 3600.0
+
+
 def retry_after_value(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` in seconds; ``None`` for none, a negative value or an
-    HTTP date."""
+    """Seconds an engine's ``Retry-After`` asks for, within [0, :data:`MAX_ENGINE_RETRY_AFTER`],
+    read by the retry core's parser (:func:`streamsafe.retry.parse_retry_after`: seconds,
+    fractions, or an HTTP date, one already past being 0); ``None`` for none, or for a negative,
+    NaN or unreadable value."""
     if not value:
         return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return seconds if seconds >= 0 else None
+    seconds = read_retry_after((("retry-after", value),), time.time())
+    return None if seconds is None else min(seconds, MAX_ENGINE_RETRY_AFTER)
 
 
 def parse_retry_after(value: str | None) -> int | None:
-    """Whole seconds (rounded up, at least 1) from a ``Retry-After`` in seconds; ``None`` for
-    none or an HTTP date."""
+    """Whole seconds (rounded up, at least 1) from an engine's ``Retry-After``, as read by
+    :func:`retry_after_value`."""
     seconds = retry_after_value(value)
-    return None if seconds is None else max(1, int(seconds + 0.999))
+    return None if seconds is None else max(1, math.ceil(seconds))
