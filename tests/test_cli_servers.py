@@ -7,6 +7,7 @@ import os
 import re
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -94,3 +95,25 @@ def test_serve_enforces_header_limits_and_the_admin_key_given_on_the_command_lin
         admin = httpx2.get(url + "/stats", headers={"Authorization": "Bearer adm"})
         assert admin.status_code == 200
         assert len(_chat(url).split()) == 5
+
+
+def test_a_port_already_in_use_is_one_clear_line_and_no_traceback():
+    # Was a raw OSError traceback (after "engine simulator running" for serve).
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for command in ("simulate", "serve"):
+            args = [command, "--host", "127.0.0.1", "--port", str(port)]
+            r = subprocess.run(
+                [sys.executable, "-m", "streamsafe.cli", *args],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert r.returncode == 1
+            assert "Traceback" not in r.stdout + r.stderr
+            said = r.stderr.strip().splitlines()[-1]
+            assert said == f"streamsafe {command}: cannot listen on 127.0.0.1:{port}: " + (
+                "address already in use"
+            )

@@ -74,7 +74,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 0 if args.command is None else 2
-    return int(func(args) or 0)
+    try:
+        return int(func(args) or 0)
+    except OSError as exc:
+        from streamsafe.serving import CannotListen  # loaded by whatever raised it
+
+        if not isinstance(exc, CannotListen):
+            raise
+        print(f"streamsafe {args.command}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import socket
 import threading
@@ -26,6 +27,7 @@ import uvicorn
 from streamsafe._http_protocol import ServerLimits, limited_protocol
 
 __all__ = [
+    "CannotListen",
     "DrainingServer",
     "ServerLimits",
     "ServerThread",
@@ -47,10 +49,27 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise CannotListen(host, port, exc) from None
     sock.set_inheritable(True)
     return sock
+
+
+class CannotListen(OSError):
+    """A server could not listen on its address (a port already in use, an address that is not
+    this machine's, a port it may not take): ``str()`` is one line for the operator, which the
+    command line prints instead of a traceback."""
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        reason = "address already in use" if cause.errno == errno.EADDRINUSE else cause.strerror
+        super().__init__(cause.errno, f"cannot listen on {host}:{port}: {reason or cause}")
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 def server_config(
