@@ -96,6 +96,30 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argpar
     return found
 
 
+#: argparse's own groups: their options come first, under no heading.
+_PLAIN_GROUPS = ("positional arguments", "options", "optional arguments")
+
+
+def _groups(
+    parser: argparse.ArgumentParser, actions: Sequence[argparse.Action]
+) -> list[tuple[str, list[argparse.Action]]]:
+    """``actions`` by the parser's argument groups, as ``--help`` shows them: (a heading, or
+    ``""`` for argparse's own groups, and the group's actions)."""
+    shown = set(map(id, actions))
+    plain: list[argparse.Action] = []
+    named: list[tuple[str, list[argparse.Action]]] = []
+    for group in parser._action_groups:
+        members = [a for a in group._group_actions if id(a) in shown]
+        if not members:
+            continue
+        if group.title in _PLAIN_GROUPS or group.title is None:
+            plain += members
+            continue
+        about = f": {_cell(group.description)}" if group.description else ""
+        named.append((f"*{group.title}*{about}", members))
+    return ([("", plain)] if plain else []) + named
+
+
 def _section(parser: argparse.ArgumentParser, title: str, summary: str, level: int) -> list[str]:
     out = [f"{'#' * level} `{title}`", ""]
     intro = parser.description or summary
@@ -116,9 +140,11 @@ def _section(parser: argparse.ArgumentParser, title: str, summary: str, level: i
     if subs:
         usage.append("COMMAND")
     out += [f"    {' '.join(usage)}", ""]
-    if actions:
+    for heading, grouped in _groups(parser, actions):
+        if heading:
+            out += [heading, ""]
         out += ["| option | default | meaning |", "|---|---|---|"]
-        for action in actions:
+        for action in grouped:
             out.append(
                 f"| `{_cell(_invocation(action))}` | {_default(action)} | {_help(action, title)} |"
             )

@@ -57,6 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found: argparse.ArgumentParser = action.choices[name]
+            return found
+    raise KeyError(name)
+
+
 def _add_logging(parser: argparse.ArgumentParser, default_level: str, depth: int) -> None:
     """The logging options on ``parser`` and on every subcommand under it."""
     _logging.add_options(parser, default_level, depth)
@@ -69,6 +77,16 @@ def _add_logging(parser: argparse.ArgumentParser, default_level: str, depth: int
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    config = getattr(args, "config", None)
+    if config:
+        from streamsafe._config_file import ConfigError, apply
+
+        sub = _subcommand(parser, args.command)
+        try:
+            args = apply(parser, sub, list(sys.argv[1:] if argv is None else argv), args, config)
+        except ConfigError as exc:
+            print(f"streamsafe {args.command}: {exc}", file=sys.stderr)
+            return 2
     _logging.setup(*_logging.chosen(args, _DEFAULT_LEVEL.get(args.command, "warning")))
     func = getattr(args, "func", None)
     if func is None:

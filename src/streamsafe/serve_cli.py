@@ -24,8 +24,8 @@ def register(subparsers: Any) -> None:
         description="Run the streamsafe gateway: one generation per logical request, "
         "resumable streams, admission control, abort of abandoned work.",
     )
-    add_arguments(p)
-    p.add_argument(
+    groups = add_arguments(p)
+    groups["upstreams"].add_argument(
         "--sim-memory-tokens",
         type=int,
         default=32768,

@@ -13,11 +13,63 @@ from typing import Any
 __all__ = ["add_arguments", "build_config", "build_limits", "serve"]
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the gateway's options to ``p``."""
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+#: The groups of ``streamsafe serve --help``, in order: (title, what they hold).
+_GROUPS = (
+    ("listening", "where the gateway listens and what one connection may cost"),
+    ("upstreams", "the engines behind it"),
+    ("admission", "what enters the engine, when streams commit, what is kept for replay"),
+    ("timeouts", "upstream attempts, client connections, the drain at shutdown"),
+    ("replicas", "several gateways sharing one Redis"),
+    ("tenants", "API keys"),
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> dict[str, Any]:
+    """Add the gateway's options to ``p``, in groups (``--help`` shows them so); the groups,
+    by title, for options added after (``streamsafe serve`` adds its simulator's)."""
     p.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        default=None,
+        help="settings from a TOML file: the keys are the long option names (port = 8000, "
+        'upstream = ["http://a:8000"], max-memory-tokens = 30000); an option given on the '
+        "command line wins over the file",
+    )
+    groups = {title: p.add_argument_group(title, about) for title, about in _GROUPS}
+    listening, upstreams, admission = groups["listening"], groups["upstreams"], groups["admission"]
+    timeouts, replicas, tenants = groups["timeouts"], groups["replicas"], groups["tenants"]
+    listening.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)"
+    )
+    listening.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    listening.add_argument(
+        "--max-connections",
+        type=int,
+        default=4096,
+        help="open connections at once; past it 503 (default 4096; 0: no cap)",
+    )
+    listening.add_argument(
+        "--max-header-kb",
+        type=int,
+        default=64,
+        help="largest request header section, KiB; past it 431 (default 64)",
+    )
+    listening.add_argument(
+        "--max-header-line-kb",
+        type=int,
+        default=16,
+        help="largest header line, KiB; past it 431 (default 16)",
+    )
+    listening.add_argument(
+        "--max-body-kb", type=int, default=4096, help="largest request body, KiB (default 4096)"
+    )
+    listening.add_argument(
+        "--admin-key",
+        default=None,
+        help="bearer key /stats and /metrics require (default $STREAMSAFE_ADMIN_KEY; "
+        "none: they are open)",
+    )
+    upstreams.add_argument(
         "--upstream",
         action="append",
         default=None,
@@ -26,22 +78,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "weight and the engine memory its generations may hold: "
         '--upstream "http://a:8000 models=llama-8b weight=2 memory=30000"',
     )
-    p.add_argument(
-        "--fallback-model",
-        action="append",
-        default=[],
-        metavar="MODEL=OTHER",
-        help="with a pool: OTHER answers when no engine of MODEL can, and takes MODEL's "
-        "context-length 400s (repeatable)",
-    )
-    p.add_argument(
-        "--failover-attempts",
-        type=int,
-        default=3,
-        help="with a pool: attempts of a request before its first token, across engines "
-        "(default 3)",
-    )
-    p.add_argument(
+    upstreams.add_argument(
         "--upstream-kind",
         choices=("auto", "vllm", "ogx", "llama-stack", "openai"),
         default="auto",
@@ -49,187 +86,162 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "llama-stack its 0.2 releases (default auto: ask it at start which routes it serves and "
         "log the answer; with a pool, each engine is asked on its own)",
     )
-    p.add_argument(
-        "--collapse-identical",
-        action="store_true",
-        help="attach an identical request to a running generation, or one finished within "
-        "--grace, even without a retry marker (behind Llama Stack; identical sampled prompts "
-        "then share one sample)",
-    )
-    p.add_argument(
-        "--grace",
-        type=float,
-        default=5.0,
-        help="seconds before abandoned work is aborted (default 5; 0 allowed)",
-    )
-    p.add_argument(
-        "--commit",
-        choices=("early", "first-token"),
-        default="early",
-        help="when a stream's headers go out (default early)",
-    )
-    p.add_argument(
-        "--heartbeat",
-        type=float,
-        default=5.0,
-        help="seconds between keep-alive comments while a stream waits for its first token, "
-        "and of silence after which one goes out mid-stream (default 5; 0 for none)",
-    )
-    p.add_argument(
-        "--json-keepalive",
-        action="store_true",
-        help="keep waiting non-streaming calls alive with whitespace (a later failure is then "
-        "a 200 with an error body)",
-    )
-    p.add_argument(
-        "--max-inflight",
-        type=int,
-        default=256,
-        help="generations upstream at once (default 256; 0 for no limit)",
-    )
-    p.add_argument(
-        "--max-memory-tokens",
-        type=int,
-        default=0,
-        help="engine memory budget in tokens, prompt + max_tokens (default 0: no limit)",
-    )
-    p.add_argument(
-        "--default-max-tokens",
-        type=int,
-        default=1024,
-        help="max_tokens assumed when a request gives none (default 1024)",
-    )
-    p.add_argument(
-        "--queue-size", type=int, default=1024, help="requests waiting for admission (default 1024)"
-    )
-    p.add_argument(
-        "--queue-timeout",
-        type=float,
-        default=20.0,
-        help="seconds a request may wait for admission (default 20)",
-    )
-    p.add_argument(
-        "--keep-finished",
-        type=float,
-        default=300.0,
-        help="seconds finished generations are kept for replay (default 300)",
-    )
-    p.add_argument(
-        "--max-kept-mb",
-        type=float,
-        default=64.0,
-        help="memory for finished generations, MiB (default 64)",
-    )
-    p.add_argument(
-        "--max-kept",
-        type=int,
-        default=20_000,
-        help="finished generations kept for replay, at most (default 20000)",
-    )
-    p.add_argument(
-        "--api-key",
-        action="append",
-        default=[],
-        help="accepted API key (repeatable; also STREAMSAFE_API_KEYS, comma-separated)",
-    )
-    p.add_argument(
-        "--tenant-weight",
-        action="append",
-        default=[],
-        metavar="KEY=WEIGHT",
-        help="share of admission of an API key's tenant (repeatable; default 1 each)",
-    )
-    p.add_argument(
-        "--max-body-kb", type=int, default=4096, help="largest request body, KiB (default 4096)"
-    )
-    p.add_argument(
-        "--on-live-duplicate",
-        choices=("attach", "409"),
-        default="attach",
-        help="answer to a duplicate of a live keyed request (default attach)",
-    )
-    p.add_argument(
+    upstreams.add_argument(
         "--upstream-api-key",
         default=os.environ.get("STREAMSAFE_UPSTREAM_API_KEY"),
         help="key sent upstream (default $STREAMSAFE_UPSTREAM_API_KEY)",
     )
-    p.add_argument(
+    upstreams.add_argument(
+        "--fallback-model",
+        action="append",
+        default=[],
+        metavar="MODEL=OTHER",
+        help="with a pool: OTHER answers when no engine of MODEL can, and takes MODEL's "
+        "context-length 400s (repeatable)",
+    )
+    upstreams.add_argument(
+        "--failover-attempts",
+        type=int,
+        default=3,
+        help="with a pool: attempts of a request before its first token, across engines "
+        "(default 3)",
+    )
+    upstreams.add_argument(
         "--probe-interval",
         type=float,
         default=1.0,
         help="seconds between /health probes of a dead engine (default 1)",
     )
-    p.add_argument(
+    upstreams.add_argument(
         "--max-continuations",
         type=int,
         default=5,
         help="times a broken upstream attempt is made again: a chat stream continued, a "
         "request dropped before its answer asked again (default 5; 0: never)",
     )
-    p.add_argument(
+    upstreams.add_argument(
+        "--collapse-identical",
+        action="store_true",
+        help="attach an identical request to a running generation, or one finished within "
+        "--grace, even without a retry marker (behind Llama Stack; identical sampled prompts "
+        "then share one sample)",
+    )
+    admission.add_argument(
+        "--max-inflight",
+        type=int,
+        default=256,
+        help="generations upstream at once (default 256; 0 for no limit)",
+    )
+    admission.add_argument(
+        "--max-memory-tokens",
+        type=int,
+        default=0,
+        help="engine memory budget in tokens, prompt + max_tokens (default 0: no limit)",
+    )
+    admission.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=1024,
+        help="max_tokens assumed when a request gives none (default 1024)",
+    )
+    admission.add_argument(
+        "--queue-size", type=int, default=1024, help="requests waiting for admission (default 1024)"
+    )
+    admission.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=20.0,
+        help="seconds a request may wait for admission (default 20)",
+    )
+    admission.add_argument(
+        "--commit",
+        choices=("early", "first-token"),
+        default="early",
+        help="when a stream's headers go out (default early)",
+    )
+    admission.add_argument(
+        "--heartbeat",
+        type=float,
+        default=5.0,
+        help="seconds between keep-alive comments while a stream waits for its first token, "
+        "and of silence after which one goes out mid-stream (default 5; 0 for none)",
+    )
+    admission.add_argument(
+        "--json-keepalive",
+        action="store_true",
+        help="keep waiting non-streaming calls alive with whitespace (a later failure is then "
+        "a 200 with an error body)",
+    )
+    admission.add_argument(
+        "--grace",
+        type=float,
+        default=5.0,
+        help="seconds before abandoned work is aborted (default 5; 0 allowed)",
+    )
+    admission.add_argument(
+        "--keep-finished",
+        type=float,
+        default=300.0,
+        help="seconds finished generations are kept for replay (default 300)",
+    )
+    admission.add_argument(
+        "--max-kept-mb",
+        type=float,
+        default=64.0,
+        help="memory for finished generations, MiB (default 64)",
+    )
+    admission.add_argument(
+        "--max-kept",
+        type=int,
+        default=20_000,
+        help="finished generations kept for replay, at most (default 20000)",
+    )
+    admission.add_argument(
+        "--on-live-duplicate",
+        choices=("attach", "409"),
+        default="attach",
+        help="answer to a duplicate of a live keyed request (default attach)",
+    )
+    timeouts.add_argument(
         "--first-token-timeout",
         type=float,
         default=60.0,
         help="seconds from sending upstream to a stream's first event before the attempt is cut "
         "and asked again (default 60; 0: none; non-streamed calls: total timeout only)",
     )
-    p.add_argument(
+    timeouts.add_argument(
         "--idle-timeout",
         type=float,
         default=30.0,
         help="seconds of upstream silence mid-stream before it is cut and continued "
         "(default 30; 0: none)",
     )
-    p.add_argument(
+    timeouts.add_argument(
         "--total-timeout",
         type=float,
         default=600.0,
         help="seconds a generation may take upstream in all (default 600; 0: none)",
     )
-    p.add_argument(
-        "--admin-key",
-        default=None,
-        help="bearer key /stats and /metrics require (default $STREAMSAFE_ADMIN_KEY; "
-        "none: they are open)",
-    )
-    p.add_argument(
-        "--max-header-kb",
-        type=int,
-        default=64,
-        help="largest request header section, KiB; past it 431 (default 64)",
-    )
-    p.add_argument(
-        "--max-header-line-kb",
-        type=int,
-        default=16,
-        help="largest header line, KiB; past it 431 (default 16)",
-    )
-    p.add_argument(
+    timeouts.add_argument(
         "--header-timeout",
         type=float,
         default=10.0,
         help="seconds for a request's headers to arrive; past it 408 (default 10)",
     )
-    p.add_argument(
+    timeouts.add_argument(
         "--body-timeout",
         type=float,
         default=30.0,
         help="seconds between reads of an unfinished body; past it 408 (default 30)",
     )
-    p.add_argument(
+    timeouts.add_argument(
         "--keep-alive-timeout",
         type=float,
         default=5.0,
         help="seconds a kept-alive connection may sit idle before it is closed; above a load "
         "balancer's own idle timeout, so that it, not the gateway, closes (default 5)",
     )
-    p.add_argument(
-        "--max-connections",
-        type=int,
-        default=4096,
-        help="open connections at once; past it 503 (default 4096; 0: no cap)",
-    )
-    p.add_argument(
+    timeouts.add_argument(
         "--drain-timeout",
         type=float,
         default=30.0,
@@ -237,20 +249,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "refused with 503; then they end with an error event (with --redis: handed to another "
         "replica) and the process exits (default 30)",
     )
-    p.add_argument(
+    replicas.add_argument(
         "--redis",
         default=None,
         metavar="URL",
         help="redis:// URL of the store shared by gateway replicas (default: this process only)",
     )
-    p.add_argument(
+    replicas.add_argument(
         "--lease",
         type=float,
         default=3.0,
         help="seconds a replica's lease on a generation lasts; a dead replica's generations are "
         "taken over after it (default 3)",
     )
-    p.add_argument(
+    replicas.add_argument(
         "--orphan-ttl",
         type=float,
         default=3600.0,
@@ -259,6 +271,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "renewal: what a dead replica's generation that nobody took over leaves in Redis is "
         "gone after it (default 3600; at least three leases)",
     )
+    tenants.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        help="accepted API key (repeatable; also STREAMSAFE_API_KEYS, comma-separated)",
+    )
+    tenants.add_argument(
+        "--tenant-weight",
+        action="append",
+        default=[],
+        metavar="KEY=WEIGHT",
+        help="share of admission of an API key's tenant (repeatable; default 1 each)",
+    )
+    return groups
 
 
 def _weight(spec: str) -> tuple[str, float]:
