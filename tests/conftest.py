@@ -16,10 +16,11 @@ sys.path.append(os.path.dirname(__file__))
 
 from server_stops import wait_stopped
 
-#: The files that run the real Llama Stack server: tests/llamastack share one for the session
-#: (per process), the demo starts its own. Run in one process, one after another, so that two
-#: Llama Stack servers (each about a core while it starts and under the report's load) never
-#: compete; and first, because together they are the longest part of the suite.
+#: The files that run the real Llama Stack servers: tests/llamastack share one 0.2.12 server for
+#: the session (per process), tests/ogx one OGX 1.5 and one llama-stack 0.7.3, the demo starts
+#: its own. Run in one process, one after another, so that two Llama Stack servers (each about a
+#: core while it starts and under the report's load) never compete; and first, because together
+#: they are the longest part of the suite.
 MIDDLE_TIER = "middle tier"
 #: tests/vllm: its files share one real vLLM for the session (per process), so they stay together.
 REAL_VLLM = "real vllm"
@@ -28,7 +29,7 @@ REAL_VLLM = "real vllm"
 def _unit(nodeid: str) -> str:
     """The unit of work a test belongs to: its file, or :data:`MIDDLE_TIER`."""
     path = nodeid.split("::", 1)[0]
-    if path.startswith("tests/llamastack/") or path == "tests/test_demo.py":
+    if path.startswith(("tests/llamastack/", "tests/ogx/")) or path == "tests/test_demo.py":
         return MIDDLE_TIER
     if path.startswith("tests/vllm/"):
         return REAL_VLLM

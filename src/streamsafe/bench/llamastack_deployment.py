@@ -169,17 +169,25 @@ class Deployment:
 
 
 @contextlib.contextmanager
-def llama_stack_deployment(first: ASGIApp, model: str) -> Iterator[Deployment]:
+def llama_stack_deployment(
+    first: ASGIApp,
+    model: str,
+    *,
+    server: Callable[[str], LlamaStackServer] | None = None,
+) -> Iterator[Deployment]:
     """Serve an :class:`EngineSlot` holding ``first`` (an engine serving ``model``) and start
-    Llama Stack in front of it; stop both on exit."""
+    Llama Stack in front of it; stop both on exit. ``server`` makes the Llama Stack server for
+    the slot's URL (default: 0.2.12's, :class:`LlamaStackServer`; today's are
+    :class:`~streamsafe.bench.ogx_server.OGXServer`)."""
     slot = EngineSlot()
-    server = ServerThread(slot).start()
+    slot_server = ServerThread(slot).start()
+    make = server or (lambda url: LlamaStackServer(url, model))
     try:
-        deployment = Deployment(LlamaStackServer(server.url, model), slot, server)
+        deployment = Deployment(make(slot_server.url), slot, slot_server)
         deployment.install(first)
         deployment.ls.start()
     except BaseException:
-        server.stop()
+        slot_server.stop()
         raise
     try:
         yield deployment
