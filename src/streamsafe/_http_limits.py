@@ -62,6 +62,7 @@ class ServerLimits:
 _REASONS = {
     400: b"Bad Request",
     500: b"Internal Server Error",
+    501: b"Not Implemented",
     408: b"Request Timeout",
     414: b"URI Too Long",
     431: b"Request Header Fields Too Large",

@@ -33,7 +33,12 @@ import httptools
 from streamsafe._asgi import BODY_WRITER_EXTENSION, DISCONNECT_EXTENSION, RESET_EXTENSION
 from streamsafe._http_cycle import HIGH_WATER, FlowControl, RequestCycle, cached_header_lines
 from streamsafe._http_limits import LINGER_BYTES, LINGER_S, ServerLimits, error_response
-from streamsafe._http_request import RequestHead, request_scope, upgrade_with_body
+from streamsafe._http_request import (
+    RequestHead,
+    framing_refusal,
+    request_scope,
+    upgrade_with_body,
+)
 
 __all__ = ["HttpProtocol", "ServerLimits", "limited_protocol"]
 
@@ -191,8 +196,11 @@ class HttpProtocol(FlowControl, asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self._in_headers:
             # A trailer field: never merged into the headers the app has (RFC 9110, 6.5.2);
-            # its bytes are bounded by data_received.
+            # the trailer section is bounded like a header section, a line that never ends by
+            # data_received.
             self._unparsed = 0
+            if self._too_large is None:
+                self._too_large = self._head.add_trailer(name, value, self.limits)
             return
         if self._too_large is None:
             self._too_large = self._head.add_header(name, value, self.limits)
@@ -203,6 +211,10 @@ class HttpProtocol(FlowControl, asyncio.Protocol):
         if self._too_large is not None:
             return  # answered by data_received once the parser returns
         parser, head = self.parser, self._head
+        refusal = framing_refusal(parser, head.headers)
+        if refusal is not None:
+            self._too_large = refusal
+            return
         if upgrade_with_body(parser, head.headers):
             msg = "a request with a body cannot ask to switch protocols (Upgrade): send it without"
             self._too_large = (400, msg)

@@ -11,7 +11,7 @@ import httptools
 
 from streamsafe._http_limits import ServerLimits
 
-__all__ = ["Refusal", "RequestHead", "request_scope", "upgrade_with_body"]
+__all__ = ["Refusal", "RequestHead", "framing_refusal", "request_scope", "upgrade_with_body"]
 
 _ASGI_VERSION = {"version": "3.0", "spec_version": "2.3"}
 
@@ -25,7 +25,7 @@ class RequestHead:
     """One request's URL and headers as they are parsed, and their size so far: each piece
     added answers the refusal it brings past the limits, if any (then it is not kept)."""
 
-    __slots__ = ("bytes", "expect_100", "headers", "lines", "url")
+    __slots__ = ("bytes", "expect_100", "headers", "lines", "trailer_bytes", "trailers", "url")
 
     def __init__(self) -> None:
         self.url = b""
@@ -33,6 +33,8 @@ class RequestHead:
         self.expect_100 = False
         self.bytes = 0  # of the lines parsed so far
         self.lines = 0
+        self.trailer_bytes = 0  # of the trailer fields parsed so far (never kept)
+        self.trailers = 0
 
     def add_url(self, url: bytes, limits: ServerLimits) -> Refusal | None:
         self.url += url
@@ -60,6 +62,34 @@ class RequestHead:
             self.expect_100 = True
         self.headers.append((name, value))
         return None
+
+    def add_trailer(self, name: bytes, value: bytes, limits: ServerLimits) -> Refusal | None:
+        """A trailer field of a chunked body, counted like a header section of its own (however
+        many arrive in one read) and never kept: the app never sees trailers."""
+        self.trailer_bytes += len(name) + len(value) + 4
+        self.trailers += 1
+        if self.trailer_bytes > limits.max_header_bytes or self.trailers > limits.max_headers:
+            return 431, f"request trailers are over the limit of {limits.max_header_bytes} bytes"
+        return None
+
+
+def framing_refusal(parser: httptools.HttpRequestParser, headers: Headers) -> Refusal | None:
+    """What RFC 9112 says to answer a request whose head is framed wrongly: 400 to one without a
+    ``Host`` (HTTP/1.0 may omit it) or with more than one (3.2), 501 to a transfer coding other
+    than ``chunked`` alone (6.1; llhttp would decode the chunks and ignore a ``gzip`` before
+    them, so the app would take compressed bytes for the body)."""
+    hosts = 0
+    codings: list[bytes] = []
+    for name, value in headers:
+        if name == b"host":
+            hosts += 1
+        elif name == b"transfer-encoding":
+            codings += (coding.strip().lower() for coding in value.split(b","))
+    if hosts > 1 or (hosts == 0 and parser.get_http_version() != "1.0"):
+        return 400, "a request must carry exactly one Host header"
+    if codings and codings != [b"chunked"]:
+        return 501, "the only transfer coding accepted is chunked"
+    return None
 
 
 def upgrade_with_body(parser: httptools.HttpRequestParser, headers: Headers) -> bool:
