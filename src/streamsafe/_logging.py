@@ -37,8 +37,6 @@ LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("text", "json")
 #: ``-v`` count from which other libraries log at DEBUG too (below it: WARNING).
 _ALL_LOGGERS_AT = 3
-#: Attributes every LogRecord has; anything else on a record came through ``extra``.
-_RECORD_KEYS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 
 
 def add_options(parser: argparse.ArgumentParser, default_level: str, depth: int = 1) -> None:
@@ -89,11 +87,8 @@ def _utc(created: float) -> str:
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
-    fields = getattr(record, "fields", None)
-    extra = {k: v for k, v in record.__dict__.items() if k not in _RECORD_KEYS and k != "fields"}
-    if isinstance(fields, dict):
-        extra.update(fields)
-    return extra
+    fields = record.__dict__.get("fields")
+    return fields if isinstance(fields, dict) else {}
 
 
 class JsonFormatter(logging.Formatter):
