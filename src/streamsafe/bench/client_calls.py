@@ -9,7 +9,8 @@ calls as JSON on stdin and writes what each got as JSON on stdout. It imports no
 project, and the clients only inside functions. :func:`run_calls` is the parent's side.
 
 The plan (JSON): ``client`` (``llama-stack-client`` or ``ogx-client``), ``base_url``, ``calls``
-(each ``{"model", "messages", "max_tokens", "stream"}``), ``timeout`` (seconds; ``null``: the
+(each ``{"model", "messages", "max_tokens", "stream"}``, and ``params``: any other request
+fields, e.g. ``{"temperature": 0, "seed": 7}``), ``timeout`` (seconds; ``null``: the
 client's default), ``max_retries`` (llama-stack-client's; ``null``: its default, 2),
 ``provider_data`` (an object both clients send as their provider-data header, or ``null``).
 Each result is ``{"text", "error", "seconds"}``: the answer's text, and the error the call raised
@@ -67,6 +68,7 @@ async def _llama_stack_client(plan: Mapping[str, Any]) -> list[dict[str, Any]]:
 
     async def one(call: Mapping[str, Any]) -> str:
         kwargs = {k: call[k] for k in ("model", "messages", "max_tokens")}
+        kwargs.update(call.get("params") or {})
         if call.get("stream"):
             parts = []
             stream = await client.chat.completions.create(**kwargs, stream=True)
@@ -94,6 +96,7 @@ async def _ogx_client(plan: Mapping[str, Any]) -> list[dict[str, Any]]:
 
     async def one(call: Mapping[str, Any]) -> str:
         kwargs = {k: call[k] for k in ("model", "messages", "max_tokens")}
+        kwargs.update(call.get("params") or {})
         if call.get("stream"):
             parts = []
             stream = await client.chat.completions.create(**kwargs, stream=True)
