@@ -19,18 +19,23 @@ _SLICES = 10
 
 
 class RetryBudget:
-    """Allows retries up to ``ratio`` of the requests of the last ``window`` seconds, plus
-    ``min_per_second`` retries per second however few the requests.
+    """Allows retries up to ``ratio`` of the requests of the last ``window`` seconds, or
+    ``min_per_second`` retries per second however few the requests: whichever is more, never
+    the sum.
 
-    Every request deposits ``ratio`` of a retry; every retry withdraws one whole retry, from
-    the oldest deposits still in the window, else from a reserve that starts full and refills
-    at ``min_per_second`` up to ``min_per_second * window``. A retry is allowed while one
-    whole retry is there. So a backend that fails everything sees each request plus about
-    ``ratio`` of them again (1.2x its load, not the 3x of two retries each), while a backend
-    that refuses a few requests before any work (10 % with the default 20 %) costs no call.
-    The gRPC A6 token bucket this replaces spent a token on every failure and earned a tenth
-    of one per success, so 10 % of 503s kept it at its threshold and calls a healthy backend
-    would have served failed with ``RetryBudgetExhausted``.
+    Two balances, each charged for every retry: every request deposits ``ratio`` of a retry,
+    kept for ``window`` seconds; a reserve starts full and refills at ``min_per_second`` up to
+    ``min_per_second * window``. A retry is allowed while either holds one whole retry, and
+    withdraws one from each (the oldest deposits first; each as far as it goes). So a backend
+    that fails everything sees each request plus about ``ratio`` of them again (1.2x its load,
+    not the 3x of two retries each): 100 calls to an engine refusing everything cost it at most
+    125 requests, where a reserve added to the share (as this budget had it) let 134-140
+    through. A backend that refuses a few requests before any work (10 % with the default
+    20 %) costs no call, however the requests are spread in time: where the window's deposits
+    fall short, time has refilled the reserve. The gRPC A6 token bucket this replaced spent a
+    token on every failure and earned a tenth of one per success, so 10 % of 503s kept it at
+    its threshold and calls a healthy backend would have served failed with
+    ``RetryBudgetExhausted``.
 
     The client deposits once per call and withdraws once per retry it sends; resumes of a
     committed stream are not retries (they replay what the server already did) and are bounded
@@ -43,9 +48,11 @@ class RetryBudget:
       covered twice over, so a refused retry may itself be retried.
     - ``window=10.0`` seconds: Finagle's TTL. Long enough to pool the deposits of a bursty
       client; short enough that requests from a minute ago do not pay for a storm now.
-    - ``min_per_second=1.0``: a client sending one request a minute still gets its retries,
-      as Envoy's ``min_retry_concurrency`` and Finagle's ``minRetriesPerSec`` allow (theirs are
-      3 concurrent and 10/s for a whole server; one client process needs less).
+    - ``min_per_second=0.5``: a client sending one request a minute still gets its retries
+      (5 banked, one more every 2 s), as Envoy's ``min_retry_concurrency`` and Finagle's
+      ``minRetriesPerSec`` allow (theirs are 3 concurrent and 10/s for a whole server; one
+      client process needs less). The reserve is what a storm gets beyond the share, at its
+      start: 10 (at 1/s) let 100 failing calls make 130 requests.
 
     Pure: no I/O; the time comes from ``clock`` (``time.monotonic`` unless given; a client
     given ``clock=`` builds its default budget on that clock), so the same clock readings always
@@ -69,7 +76,7 @@ class RetryBudget:
         self,
         ratio: float = 0.2,
         *,
-        min_per_second: float = 1.0,
+        min_per_second: float = 0.5,
         window: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -109,7 +116,9 @@ class RetryBudget:
         return current
 
     def _balance(self) -> float:
-        return self._reserve + sum(amount for _, amount in self._deposits)
+        # The floor is a floor, not an addition: retries may reach the share of the requests
+        # or the floor, whichever is more (see the class docstring).
+        return max(self._reserve, sum(amount for _, amount in self._deposits))
 
     def record_request(self) -> None:
         """A request was sent (a call's first attempt): deposit ``ratio`` of a retry."""
@@ -131,9 +140,9 @@ class RetryBudget:
             return self._balance() >= _UNIT - 1e-6
 
     def record_retry(self) -> None:
-        """A retry was sent: withdraw one retry, oldest deposits first, then the reserve (never
-        below zero: a caller that retries without asking :meth:`allow_retry` takes what is
-        there)."""
+        """A retry was sent: withdraw one retry from the deposits (oldest first) and one from
+        the reserve, each as far as it goes (never below zero: a caller that retries without
+        asking :meth:`allow_retry` takes what is there)."""
         with self._lock:
             self._advance(self._clock())
             due = _UNIT
@@ -144,7 +153,7 @@ class RetryBudget:
                 due -= taken
                 if deposits[0][1] == 0:
                     deposits.popleft()
-            self._reserve = max(0.0, self._reserve - due)
+            self._reserve = max(0.0, self._reserve - _UNIT)
 
     def record_success(self) -> None:
         """gRPC-style accounting for a caller that only sees outcomes: an attempt that got an
