@@ -1,0 +1,196 @@
+"""The report's load against today's Llama Stack (OGX 1.5.0, llama-stack 0.7.3), real, in each
+position, counted at the engine: the figures of docs/design.md, "Positions around Llama Stack".
+
+    python -m streamsafe.bench.today_positions [--flavor ogx|llama-stack-0.7] [--json FILE]
+
+The server starts once per flavor in front of an engine slot; each run installs a fresh
+simulator sized as the report's engine (room for each call once, :func:`engine_for`) and makes 32
+concurrent calls (:class:`TierLoad`): plain calls from llama-stack-client 0.7.5 (3 s timeout, its
+2 retries), openai streams (3 s, 2 retries), plain calls from ogx-client 1.5.0 with its defaults
+and with a 3 s timeout. Positions: ``direct`` (client -> server -> engine), ``in-front``
+(client -> gateway, default flags -> server -> engine), ``behind`` (client -> server -> gateway,
+default flags -> engine), ``behind-collapse`` (the same with ``--collapse-identical``, which
+attaches the client's retry the server sends on as a fresh call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from streamsafe.bench.client_calls import run_calls
+from streamsafe.bench.llamastack_deployment import Deployment, llama_stack_deployment
+from streamsafe.bench.ogx_server import FLAVORS, LLAMA_STACK_07, OGX, Flavor, OGXServer, find_venv
+from streamsafe.bench.tier_load import TierLoad, engine_for, expected_answer
+from streamsafe.engine_sim import SimConfig, Simulator
+from streamsafe.gateway import Gateway, GatewayConfig
+from streamsafe.serving import ServerThread
+
+__all__ = ["LOADS", "POSITIONS", "Row", "main", "run"]
+
+Position = Literal["direct", "in-front", "behind", "behind-collapse"]
+POSITIONS: tuple[Position, ...] = ("direct", "in-front", "behind", "behind-collapse")
+#: The loads: (name, client, streamed, the client's timeout or None for its default).
+LOADS: tuple[tuple[str, str, bool, float | None], ...] = (
+    ("llama-stack-client plain", "llama-stack-client", False, 3.0),
+    ("openai streams", "openai", True, 3.0),
+    ("ogx-client plain, defaults", "ogx-client", False, None),
+    ("ogx-client plain, 3 s", "ogx-client", False, 3.0),
+)
+
+
+@dataclass
+class Row:
+    """One run: what the callers got and what the engine did."""
+
+    flavor: str
+    position: str
+    load: str
+    calls: int
+    exact: int
+    errors: dict[str, int] = field(default_factory=dict)
+    engine_requests: int = 0
+    engine_generations: int = 0
+    engine_dead: bool = False
+    seconds: float = 0.0
+
+
+@contextlib.contextmanager
+def _position(
+    deployment: Deployment, position: Position, sim: Simulator
+) -> Iterator[tuple[str, Gateway | None]]:
+    if position == "direct":
+        deployment.install(sim)
+        yield deployment.url, None
+    elif position == "in-front":
+        deployment.install(sim)
+        gateway = Gateway(GatewayConfig(upstream=deployment.url))
+        with ServerThread(gateway) as server:
+            yield server.url, gateway
+    else:
+        with ServerThread(sim) as engine:
+            config = GatewayConfig(
+                upstream=engine.url,
+                upstream_kind="vllm",
+                collapse_identical=position == "behind-collapse",
+            )
+            gateway = Gateway(config)
+            deployment.install(gateway)
+            try:
+                yield deployment.url, gateway
+            finally:
+                deployment.install(Simulator(SimConfig(model=sim.config.model)))
+
+
+async def _openai_streams(url: str, load: TierLoad, model: str) -> list[dict[str, Any]]:
+    import openai
+
+    client = openai.AsyncOpenAI(
+        base_url=url + "/v1", api_key="none", timeout=load.timeout_s, max_retries=load.max_retries
+    )
+
+    async def one(i: int) -> dict[str, Any]:
+        parts: list[str] = []
+        messages: Any = load.messages(i)
+        try:
+            stream = await client.chat.completions.create(
+                model=model, messages=messages, max_tokens=load.max_tokens, stream=True
+            )
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    parts.append(chunk.choices[0].delta.content)
+        except Exception as exc:
+            return {"text": "".join(parts), "error": type(exc).__name__}
+        return {"text": "".join(parts), "error": None}
+
+    try:
+        return list(await asyncio.gather(*(one(i) for i in range(load.calls))))
+    finally:
+        await client.close()
+
+
+def _calls(url: str, client: str, load: TierLoad, timeout: float | None) -> list[dict[str, Any]]:
+    model = f"vllm/{load.model}"
+    if client == "openai":
+        return asyncio.run(_openai_streams(url, load, model))
+    calls = [
+        {"model": model, "messages": load.messages(i), "max_tokens": load.max_tokens}
+        for i in range(load.calls)
+    ]
+    plan = {"client": client, "base_url": url, "calls": calls, "timeout": timeout}
+    if client == "llama-stack-client":
+        plan["max_retries"] = load.max_retries
+    venv = find_venv(OGX if client == "ogx-client" else LLAMA_STACK_07)
+    return run_calls(venv / "bin" / "python", plan)
+
+
+def run(deployment: Deployment, flavor: Flavor, position: Position, load_name: str) -> Row:
+    """One load in one position around ``deployment``'s server."""
+    _, client, stream, timeout = next(x for x in LOADS if x[0] == load_name)
+    load = TierLoad(stream=stream, api="openai", timeout_s=timeout or 300.0)
+    sim = Simulator(engine_for(load))
+    t0 = time.monotonic()
+    with _position(deployment, position, sim) as (url, _gateway):
+        results = _calls(url, client, load, timeout)
+        seconds = time.monotonic() - t0
+        # The server keeps working for callers that left; count it all.
+        deployment.quiesce(quiet_s=2.0, limit_s=60.0)
+        stats = sim.stats()
+    errors: dict[str, int] = {}
+    for r in results:
+        if r["error"] is not None:
+            errors[r["error"]] = errors.get(r["error"], 0) + 1
+    exact = sum(
+        r["error"] is None and r["text"] == expected_answer(load, i) for i, r in enumerate(results)
+    )
+    return Row(
+        flavor=flavor.name,
+        position=position,
+        load=load_name,
+        calls=load.calls,
+        exact=exact,
+        errors=errors,
+        engine_requests=stats["requests_received"],
+        engine_generations=stats["generations_started"],
+        engine_dead=bool(stats["engine_dead"]),
+        seconds=round(seconds, 1),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every load in every position for each flavor asked; print a line per run."""
+    parser = argparse.ArgumentParser(prog="python -m streamsafe.bench.today_positions")
+    parser.add_argument("--flavor", action="append", choices=sorted(FLAVORS))
+    parser.add_argument("--position", action="append", choices=POSITIONS)
+    parser.add_argument("--load", action="append", choices=[name for name, *_ in LOADS])
+    parser.add_argument("--json", help="write the rows to this file too")
+    args = parser.parse_args(argv)
+    rows: list[Row] = []
+    for name in args.flavor or sorted(FLAVORS):
+        flavor = FLAVORS[name]
+        model = TierLoad().model
+        with llama_stack_deployment(
+            Simulator(SimConfig(model=model)),
+            model,
+            server=lambda url, f=flavor: OGXServer(url, flavor=f),  # type: ignore[misc]
+        ) as deployment:
+            for position in args.position or POSITIONS:
+                for load_name in args.load or [name for name, *_ in LOADS]:
+                    row = run(deployment, flavor, position, load_name)
+                    rows.append(row)
+                    print(json.dumps(asdict(row)), flush=True)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump([asdict(r) for r in rows], out, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
