@@ -473,6 +473,7 @@ def next_probe(probes: Mapping[str, ProbeResult]) -> str | None:
         return None if "/v1/models" in probes else "/v1/models"
     if "/v1/health" not in probes:
         return "/v1/health"
+    order: tuple[str, ...]
     if _llama_stack_health(probes):
         order = ("/v1/version", "/v1/chat/completions", "/v1/inference/chat-completion")
     else:
