@@ -28,7 +28,7 @@ from streamsafe._asgi import (
     serve_lifespan,
 )
 from streamsafe.gateway.access import Access, completion_tokens, write_access
-from streamsafe.gateway.admission import Admission
+from streamsafe.gateway.admission import Admission, Shed
 from streamsafe.gateway.body_work import BodyWorker
 from streamsafe.gateway.breaker import BreakerState
 from streamsafe.gateway.completion_id import own_completion_id
@@ -492,6 +492,11 @@ class Gateway:
             raise BadRequest(400, exc.message, param="Last-Event-ID") from None
         except Draining:
             raise _draining() from None
+        except Shed as exc:
+            counters.shed += 1
+            msg = f"gateway at capacity ({exc.reason}); retry after {exc.retry_after} s"
+            ra = [(b"retry-after", str(exc.retry_after).encode())]
+            raise BadRequest(429, msg, headers=ra) from None
         access.join(gen, gen.request is req, req.last_event_id is not None, gen.finished)
         sub = access.sub = Subscriber(gen, client_read_timeout(scope), last_attempt(scope))
         if gen.request is not req and not (

@@ -92,6 +92,11 @@ class GatewayConfig:
     tenant_weights: tuple[tuple[str, float], ...] = ()
     #: Largest request body accepted (default 4 MiB); larger gets 413.
     max_body_bytes: int = 4 * 1024 * 1024
+    #: Bytes of request bodies held by queued and running generations, in all (default
+    #: 256 MiB: 64 bodies at the 4 MiB limit, thousands of ordinary ones). A new generation
+    #: whose body does not fit is shed (429 with ``Retry-After``) before it is queued, unless
+    #: its tenant holds less than its share (see :mod:`streamsafe.gateway.body_budget`).
+    max_live_body_bytes: int = 256 * 1024 * 1024
     #: What a duplicate of a live keyed generation gets: ``attach`` (default: replay, then live)
     #: or ``409`` (the IETF Idempotency-Key draft's answer).
     on_live_duplicate: Literal["attach", "409"] = "attach"
@@ -181,6 +186,8 @@ class GatewayConfig:
                 raise ValueError(f"{name} must be >= 1 or None")
         if self.queue_size < 0 or self.default_max_tokens < 1 or self.max_body_bytes < 1:
             raise ValueError("queue_size >= 0, default_max_tokens >= 1, max_body_bytes >= 1")
+        if self.max_live_body_bytes < self.max_body_bytes:
+            raise ValueError("max_live_body_bytes must be >= max_body_bytes")
         if self.connect_retries < 0 or self.max_kept_bytes < 0 or self.max_kept_generations < 0:
             raise ValueError(
                 "connect_retries, max_kept_bytes and max_kept_generations must be >= 0"

@@ -17,7 +17,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from streamsafe.gateway.abandonment import MIRROR_KEPT, Abandonment
-from streamsafe.gateway.admission import Admission
+from streamsafe.gateway.admission import Admission, Shed
+from streamsafe.gateway.body_budget import BodyBudget
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.engines import Engines
 from streamsafe.gateway.errors import (
@@ -104,6 +105,8 @@ class Registry:
         )
         #: Generations queued or running.
         self.live_generations = 0
+        #: The request bodies they hold, bounded in all (max_live_body_bytes).
+        self.bodies = BodyBudget(config.max_live_body_bytes)
         #: Subscribers connected to any generation.
         self.subscribers = 0
         #: Shutting down: no new generation starts (a retry, a resume or a replay of one held
@@ -207,6 +210,11 @@ class Registry:
             if store_key is not None:
                 await store.release(store_key, new_id)
             raise NotResumable if resume else Draining
+        if not self.bodies.fits(req.tenant, len(req.body)):
+            if store_key is not None:
+                await store.release(store_key, new_id)
+            retry_after = self._admission.retry_after(tenant=req.tenant)
+            raise Shed("the request bodies waiting here are over their memory budget", retry_after)
         fleet = self.replicas
         if fleet is None:
             log_ = store.log(new_id)
@@ -219,6 +227,7 @@ class Registry:
             fleet.own(gen)
         self.generations.add(gen)
         self.live_generations += 1
+        self.bodies.hold(gen.id, req.tenant, len(req.body))
         self._join(gen)
         gen.task = asyncio.get_running_loop().create_task(self._run(gen), name=new_id)
         return gen, 0
@@ -234,6 +243,7 @@ class Registry:
             log.warning("%s: lease lost while running; following the new owner", gen.id)
             replicas.counters.leases_lost += 1
             self.live_generations -= 1
+            self.bodies.drop(gen.id)
             gen.log.remote.lease_holder = ""
             replicas.disown(gen)
             replicas.follow(gen, self._mirror_ended, self._take_over)
@@ -280,6 +290,7 @@ class Registry:
     async def _take_over(self, gen: Generation) -> None:
         """This replica took over ``gen`` from a dead owner: run it from its log."""
         self.live_generations += 1
+        self.bodies.hold(gen.id, gen.request.tenant, len(gen.request.body))
         if gen.subscribers == 0 and gen.timer is None:
             self._abandonment.grace(gen)
         gen.task = asyncio.get_running_loop().create_task(
@@ -322,6 +333,7 @@ class Registry:
         gen.finished_at = self._clock()
         if was_live:
             self.live_generations -= 1
+            self.bodies.drop(gen.id)
         counters = self.counters
         if state is State.DONE:
             counters.generations_completed += 1
