@@ -18,12 +18,15 @@ import sys
 import threading
 import time
 
+import httpx2
+import orjson
 import pytest
 from fleet_helpers import redis_binary
 
 from streamsafe.bench.processes import ServerProcess
 from streamsafe.client import AsyncClient, Timeouts
 from streamsafe.engine_sim import expected_text
+from streamsafe.sse import SSEDecoder
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MAX_TOKENS = 80
@@ -36,6 +39,14 @@ def _nginx() -> None:
     if os.environ.get("CI"):
         pytest.fail(msg)
     pytest.skip(msg)
+
+
+def _content(body: str) -> str:
+    """The text of a chat stream's chunks; ``[DONE]`` must end it."""
+    events = SSEDecoder().feed(body.encode())
+    assert events[-1].data == "[DONE]"
+    chunks = [orjson.loads(e.data) for e in events[:-1]]
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
 
 
 def _free_port() -> int:
@@ -149,3 +160,62 @@ async def _load_and_kill(
         await client.close()
     done = [r for r in results if r is not None]
     return [t for t, _ in done], [n for _, n in done]
+
+
+@pytest.mark.timeout(120)
+def test_a_rolling_restart_refuses_nothing_and_cuts_no_stream(tmp_path: pathlib.Path) -> None:
+    # Plain clients, which neither resume nor retry: the restart alone must keep them whole.
+    redis_binary()
+    _nginx()
+    engine = ServerProcess("simulate", "--itl-ms", "30", "--itl-ms-per-seq", "0")
+    port = _free_port()
+    recipe = Recipe(
+        "--replicas", "2", "--port", str(port), "--upstream", engine.url, "--workdir", str(tmp_path)
+    )
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    statuses: list[int] = []
+    texts: dict[int, str] = {}
+    done = threading.Event()
+
+    def stream(i: int) -> None:
+        body = {
+            "model": "sim-llama-8b",
+            "messages": [{"role": "user", "content": f"rolling {i}"}],
+            "max_tokens": 60,
+            "stream": True,
+        }
+        with httpx2.Client(timeout=30) as client:
+            r = client.post(url, json=body)
+        statuses.append(r.status_code)
+        texts[i] = _content(r.text) if r.status_code == 200 else r.text
+        assert texts[i] == expected_text(body, 60), texts[i]
+
+    def keep_asking() -> None:
+        i = 100
+        while not done.is_set():
+            stream(i)
+            i += 1
+
+    try:
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(6)]
+        threads.append(threading.Thread(target=keep_asking))
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        recipe.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 60
+        while not any(line.startswith("rolling restart done") for line in recipe.lines):
+            assert time.monotonic() < deadline, recipe.lines
+            time.sleep(0.1)
+        done.set()
+        for t in threads:
+            t.join(30)
+    finally:
+        done.set()
+        code = recipe.stop()
+        engine.stop()
+    assert code == 0
+    assert statuses and set(statuses) == {200}, statuses
+    assert len(texts) == len(statuses) >= 8  # the six, and those asked during the restart
+    pids = [line for line in recipe.lines if re.match(r"replica \d on ", line)]
+    assert len(pids) == 4  # each of the two started twice
