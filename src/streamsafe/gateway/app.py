@@ -399,9 +399,13 @@ class Gateway:
     # -- shutdown ----------------------------------------------------------------------------------
 
     def _busy(self) -> int:
-        """Requests and generations a drain waits for."""
+        """What a drain waits for: clients connected here (readers, pass-through) and, without
+        replicas, the generations still running (a generation can only end here). With
+        replicas a generation nobody here reads is handed over at once: another replica
+        continues it from its log, and its readers, elsewhere, never notice."""
         registry = self.registry
-        return registry.live_generations + registry.subscribers + self._passing
+        busy = registry.subscribers + self._passing
+        return busy if self.replicas is not None else busy + registry.live_generations
 
     async def drain(self, limit: float) -> None:
         """Stop taking new work and let what runs finish, for at most ``limit`` seconds; then
@@ -426,14 +430,22 @@ class Gateway:
         while self._busy() and loop.time() - started < limit:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         ended = 0
+        timed_out = self._busy() > 0
         if self.registry.live_generations:
             how = "handed over" if self.replicas is not None else "ended with an error event"
             ended = await self.registry.end_live("the gateway is shutting down")
-            log.warning(
-                "drain timeout: %d generation(s) %s",
+            log.log(
+                logging.WARNING if timed_out else logging.INFO,
+                "%s: %d generation(s) %s",
+                "drain timeout" if timed_out else "nobody here reads the rest",
                 ended,
                 how,
-                extra={"fields": {"event": "drain_timeout", "ended": ended}},
+                extra={
+                    "fields": {
+                        "event": "drain_timeout" if timed_out else "drain_handover",
+                        "ended": ended,
+                    }
+                },
             )
             # Their readers get the end; give them a moment to write it.
             until = loop.time() + 2.0
