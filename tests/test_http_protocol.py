@@ -77,6 +77,14 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "http.response.body", "body": b"open", "more_body": True})
         message = await receive()
         _seen.append(message["type"])
+    elif path == "/flood":  # writes until told the client is gone, then says so on /
+        gone = asyncio.Event()
+        scope["extensions"]["streamsafe.on_disconnect"](gone.set)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        piece = {"type": "http.response.body", "body": b"x" * 65536, "more_body": True}
+        while not gone.is_set():
+            await send(piece)
+        _seen.append("flood stopped")
     elif path == "/notice":  # never calls receive(): told of the client leaving by the server
         left = asyncio.Event()
         notice = scope["extensions"]["streamsafe.on_disconnect"]
@@ -487,6 +495,25 @@ def test_the_lingering_close_is_bounded_in_bytes_too(loop: str) -> None:
                 sock.sendall(piece)
                 sent += len(piece)
         assert sent < 2 * LINGER_BYTES and time.monotonic() - start < 1.5
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_client_that_stops_reading_is_cut_off_after_the_send_timeout(loop: str) -> None:
+    # The client asks for an endless response and never reads it. The app's send used to wait
+    # for the socket to drain for ever, holding the connection and whatever the app kept for
+    # the client (the gateway: a subscriber and its generation's log, past retention).
+    _seen.clear()
+    with _server(loop, ServerLimits(send_timeout=0.5)) as server, _connect(server) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(b"GET /flood HTTP/1.1\r\nhost: x\r\n\r\n")
+        deadline = time.monotonic() + 10
+        while "flood stopped" not in _seen:
+            assert time.monotonic() < deadline, "the app was never told the client left"
+            time.sleep(0.05)
+        sock.settimeout(5)
+        with contextlib.suppress(ConnectionResetError):
+            while sock.recv(1 << 20):  # what the kernel took before the abort, then the end
+                pass
 
 
 @pytest.mark.parametrize("loop", LOOPS)

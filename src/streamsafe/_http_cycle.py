@@ -9,22 +9,32 @@ or until the close for HTTP/1.0), and the direct body writer offered as the
 It is built for the gateway's streams: a message costs one ``transport.write`` and no task; the
 head is held until the end of the loop iteration that started the response, so a start followed
 at once by a body (a first token already there) leaves in one write; a body bigger than the
-connection's write buffer makes ``send`` wait for the client to read (``drain``), and the direct
-writer declines instead.
+connection's write buffer makes ``send`` wait for the client to read (``drain``), for at most
+``ServerLimits.send_timeout``, and the direct writer declines instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http
 import logging
 import re
+import socket
+import struct
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
-from streamsafe._http_limits import error_response
+from streamsafe._http_limits import ServerLimits, error_response
 
-__all__ = ["HIGH_WATER", "Connection", "FlowControl", "RequestCycle", "cached_header_lines"]
+__all__ = [
+    "HIGH_WATER",
+    "Connection",
+    "FlowControl",
+    "RequestCycle",
+    "cached_header_lines",
+    "reset",
+]
 
 #: The server's error log: uvicorn's, whose ``Server`` runs the listening sockets, so that a
 #: filter set on it sees every server error in one place.
@@ -66,6 +76,16 @@ def cached_header_lines(headers: list[tuple[bytes, bytes]]) -> bytes:
     return lines
 
 
+def reset(transport: asyncio.Transport) -> None:
+    """Close ``transport`` with a TCP RST (SO_LINGER 0): what it still holds to send is
+    dropped, by the kernel too, rather than sent to a client that may never read it."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
 class FlowControl:
     """A connection's flow control: writes pause while the transport's buffer is over its
     high-water mark (:meth:`drain` waits for it to empty), reading while the app has not taken
@@ -73,6 +93,7 @@ class FlowControl:
 
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport
+    limits: ServerLimits
     write_paused: bool
     read_paused: bool
     _drained: asyncio.Future[None] | None
@@ -91,6 +112,16 @@ class FlowControl:
         if self._drained is None:
             self._drained = self.loop.create_future()
         return self._drained
+
+    async def writable(self) -> None:
+        """Until the client took enough of what was written (:meth:`drain`); past
+        ``limits.send_timeout`` it is taken for gone and the connection is aborted, so that a
+        client that stopped reading holds neither its connection nor what the app keeps for it
+        (a generation's log, its subscriber) for longer than that."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self.drain()), self.limits.send_timeout)
+        except TimeoutError:
+            reset(self.transport)  # a plain close would leave the kernel sending what is queued
 
     def pause_reading(self) -> None:
         if not self.read_paused:
@@ -111,7 +142,7 @@ class Connection(Protocol):
     write_paused: bool
 
     def default_head(self) -> bytes: ...
-    def drain(self) -> Awaitable[None]: ...
+    def writable(self) -> Awaitable[None]: ...
     def resume_reading(self) -> None: ...
     def response_complete(self, cycle: RequestCycle) -> None: ...
     def close_lingering(self) -> None: ...
@@ -272,7 +303,9 @@ class RequestCycle:
 
     async def send(self, message: dict[str, Any]) -> None:
         if self.conn.write_paused and not self.disconnected:
-            await self.conn.drain()
+            await self.conn.writable()
+            if self.transport.is_closing():  # aborted: it stopped reading
+                self.lost()
         if self.disconnected:
             return
         kind = message["type"]

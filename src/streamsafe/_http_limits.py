@@ -40,6 +40,12 @@ class ServerLimits:
     #: ``client_body_timeout`` is 60). Not counted while the app holds the body back. Past it:
     #: 408.
     body_timeout: float = 30.0
+    #: Seconds a response may wait for the client to take what was written before (its socket
+    #: backed up: the client stopped reading) before the connection is aborted (default 30;
+    #: nginx's ``send_timeout`` is 60). A client reading a stream never waits that long: the
+    #: gateway's heartbeats keep bytes moving; one suspended past it resumes with
+    #: ``Last-Event-ID``.
+    send_timeout: float = 30.0
     #: Seconds a kept-alive connection may sit idle between requests before it is closed
     #: (default 5, uvicorn's). Behind a load balancer that reuses connections, set it above the
     #: balancer's own idle timeout, so that the balancer closes first and never sends a request
@@ -53,8 +59,11 @@ class ServerLimits:
         for name in ("max_header_line_bytes", "max_header_bytes", "max_headers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
-        if min(self.header_timeout, self.body_timeout, self.keep_alive_timeout) <= 0:
-            raise ValueError("header_timeout, body_timeout and keep_alive_timeout must be > 0")
+        timeouts = (self.header_timeout, self.body_timeout, self.send_timeout)
+        if min(*timeouts, self.keep_alive_timeout) <= 0:
+            raise ValueError(
+                "header_timeout, body_timeout, send_timeout and keep_alive_timeout must be > 0"
+            )
         if self.max_connections is not None and self.max_connections < 1:
             raise ValueError("max_connections must be >= 1 or None")
 

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
-import struct
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -31,7 +29,13 @@ from typing import Any
 import httptools
 
 from streamsafe._asgi import BODY_WRITER_EXTENSION, DISCONNECT_EXTENSION, RESET_EXTENSION
-from streamsafe._http_cycle import HIGH_WATER, FlowControl, RequestCycle, cached_header_lines
+from streamsafe._http_cycle import (
+    HIGH_WATER,
+    FlowControl,
+    RequestCycle,
+    cached_header_lines,
+    reset,
+)
 from streamsafe._http_limits import LINGER_BYTES, LINGER_S, ServerLimits, error_response
 from streamsafe._http_request import (
     RequestHead,
@@ -351,11 +355,7 @@ class HttpProtocol(FlowControl, asyncio.Protocol):
         for cycle in (self.current, self.parsing):
             if cycle is not None:
                 cycle.lost()
-        sock = self.transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        self.transport.abort()
+        reset(self.transport)
 
     def _reject(self, status: int, message: str, retry_after: int | None = None) -> None:
         """Answer ``status`` and close. The close lingers (as nginx's ``lingering_close``): what
