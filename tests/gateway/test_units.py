@@ -1,10 +1,12 @@
-"""The pure parts: the memory store, SSE framing. (Admission: test_admission.py.)"""
+"""The pure parts: the memory store, SSE framing, generation ids. (Admission:
+test_admission.py.)"""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from streamsafe.gateway.generation import new_generation_id
 from streamsafe.gateway.store import MemoryStore
 from streamsafe.sse import SSEDecoder, encode_events
 
@@ -35,3 +37,14 @@ def test_frames_decode_back_to_the_same_payloads_and_ids(payloads: list[bytes]) 
     events = SSEDecoder().feed(framed)
     assert [e.raw for e in events] == payloads
     assert [e.id for e in events] == [str(i) for i in range(5, 5 + len(payloads))]
+
+
+def test_generation_ids_are_random_and_tell_nothing_of_the_volume() -> None:
+    # They were a per-process counter behind a fixed prefix: a tenant could read the gateway's
+    # volume (every tenant's) off the X-Streamsafe-Generation of two of its own answers.
+    ids = [new_generation_id() for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    assert all(len(i) == len("gen-") + 24 and i.startswith("gen-") for i in ids)
+    assert len({i[:8] for i in ids}) > 1000  # no shared prefix
+    values = [int(i[4:], 16) for i in ids]
+    assert values != sorted(values)  # no order
