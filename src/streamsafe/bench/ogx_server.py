@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ __all__ = [
     "ServerUnavailable",
     "find_venv",
     "run_config",
+    "self_signed",
 ]
 
 
@@ -154,6 +156,41 @@ def run_config(
     }
 
 
+_SELF_SIGNED = """
+import datetime, ipaddress, sys
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+key = ec.generate_private_key(ec.SECP256R1())
+loopback = ipaddress.ip_address("127.0.0.1")
+name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+now = datetime.datetime.now(datetime.timezone.utc)
+cert = (
+    x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+    .serial_number(x509.random_serial_number())
+    .not_valid_before(now - datetime.timedelta(minutes=5))
+    .not_valid_after(now + datetime.timedelta(days=1))
+    .add_extension(x509.SubjectAlternativeName([x509.IPAddress(loopback)]), critical=False)
+    .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+    .sign(key, hashes.SHA256())
+)
+open(sys.argv[1], "wb").write(cert.public_bytes(serialization.Encoding.PEM))
+open(sys.argv[2], "wb").write(key.private_bytes(
+    serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+"""
+
+
+def self_signed(venv: Path, cert: Path, key: Path) -> None:
+    """Write a self-signed certificate for ``127.0.0.1`` (a day long) and its key, made by the
+    ``cryptography`` package the server's venv holds (this project's environment has none)."""
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-c", _SELF_SIGNED, str(cert), str(key)],
+        check=True,
+        capture_output=True,
+    )
+
+
 class OGXServer(LlamaStackServer):
     """OGX 1.5.0 or llama-stack 0.7.3 (``flavor``) as a child process on a free loopback port.
 
@@ -163,7 +200,9 @@ class OGXServer(LlamaStackServer):
     Started, waited for and stopped as :class:`~streamsafe.bench.llamastack.LlamaStackServer`
     (the engine must be serving at start: the server lists its models then). ``log_level`` is
     the server's for all its log categories (default ``warning``: a failed engine call shows,
-    one JSON line each). ``venv`` defaults to :func:`find_venv`'s.
+    one JSON line each). ``venv`` defaults to :func:`find_venv`'s. ``tls``: serve HTTPS with a
+    self-signed certificate for ``127.0.0.1`` (:attr:`ca_bundle`), as OGX does by default
+    (without it OGX runs ``--insecure``).
     """
 
     def __init__(
@@ -176,8 +215,10 @@ class OGXServer(LlamaStackServer):
         start_timeout: float = 120.0,
         provider_max_tokens: int = 4096,
         log_level: str = "warning",
+        tls: bool = False,
     ) -> None:
         self.flavor = flavor
+        self.tls = tls
         self.venv = venv or find_venv(flavor)
         super().__init__(
             engine_url,
@@ -188,6 +229,20 @@ class OGXServer(LlamaStackServer):
             log_level=log_level,
             python=str(self.venv / "bin" / "python"),
         )
+
+    @property
+    def url(self) -> str:
+        """Base URL, ``https://127.0.0.1:P`` where the server serves TLS."""
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    @property
+    def ca_bundle(self) -> Path:
+        """With ``tls``: the server's self-signed certificate, which a client trusts as its CA."""
+        assert self.state_dir is not None, "not started"
+        return self.state_dir / "cert.pem"
+
+    def _verify(self) -> ssl.SSLContext | bool:
+        return ssl.create_default_context(cafile=str(self.ca_bundle)) if self.tls else True
 
     @property
     def client_python(self) -> Path:
@@ -203,6 +258,13 @@ class OGXServer(LlamaStackServer):
             port=self.port,
             provider_max_tokens=self.provider_max_tokens,
         )
+        extra_args = flavor.extra_args
+        if self.tls:
+            # The server's default (OGX's): TLS, here with a certificate made for 127.0.0.1.
+            self_signed(self.venv, self.ca_bundle, self.state_dir / "key.pem")
+            config["server"]["tls_certfile"] = str(self.ca_bundle)
+            config["server"]["tls_keyfile"] = str(self.state_dir / "key.pem")
+            extra_args = tuple(a for a in extra_args if a != "--insecure")
         config_path = self.state_dir / "config.yaml"
         config_path.write_text(json.dumps(config, indent=2))  # JSON is valid YAML
         prefix = flavor.env_prefix
@@ -213,7 +275,7 @@ class OGXServer(LlamaStackServer):
         env["TIKTOKEN_CACHE_DIR"] = str(self.venv / "tiktoken")
         env.setdefault("PYTHONUNBUFFERED", "1")
         command = [str(self.venv / "bin" / flavor.command[0]), *flavor.command[1:]]
-        cmd = [*command, str(config_path), *flavor.extra_args, "--port", str(self.port)]
+        cmd = [*command, str(config_path), *extra_args, "--port", str(self.port)]
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
         self._proc = subprocess.Popen(
             cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env

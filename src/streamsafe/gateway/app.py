@@ -116,6 +116,7 @@ class Gateway:
                 max_keepalive=config.max_keepalive,
                 api_key=config.upstream_api_key,
                 kind=config.upstream_kind,
+                ca_bundle=config.upstream_ca_bundle,
                 max_attempts=config.failover_attempts,
                 cooldown=config.probe_interval,
                 queue_timeout=config.queue_timeout,
@@ -132,6 +133,7 @@ class Gateway:
                 max_keepalive=config.max_keepalive,
                 api_key=config.upstream_api_key,
                 kind=config.upstream_kind,
+                ca_bundle=config.upstream_ca_bundle,
             )
         )
         self.admission = Admission(

@@ -92,6 +92,12 @@ def add_arguments(p: argparse.ArgumentParser) -> dict[str, Any]:
         help="key sent upstream (default $STREAMSAFE_UPSTREAM_API_KEY)",
     )
     upstreams.add_argument(
+        "--upstream-ca-bundle",
+        metavar="PEM",
+        help="CAs an https:// upstream's certificate must chain to, e.g. OGX's self-signed one "
+        "(default: the system's)",
+    )
+    upstreams.add_argument(
         "--fallback-model",
         action="append",
         default=[],
@@ -328,6 +334,7 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
         max_body_bytes=args.max_body_kb * 1024,
         on_live_duplicate=args.on_live_duplicate,
         upstream_api_key=args.upstream_api_key,
+        upstream_ca_bundle=args.upstream_ca_bundle,
         probe_interval=args.probe_interval,
         max_continuations=args.max_continuations,
         redis_url=args.redis,

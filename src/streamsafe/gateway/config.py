@@ -102,6 +102,10 @@ class GatewayConfig:
     on_live_duplicate: Literal["attach", "409"] = "attach"
     #: ``Authorization`` sent upstream (vLLM's ``--api-key``); client keys are never forwarded.
     upstream_api_key: str | None = None
+    #: A PEM file of the CAs an ``https://`` upstream's certificate must chain to (a private CA,
+    #: or the server's own self-signed certificate: OGX serves TLS unless told ``--insecure``).
+    #: ``None``: the system's trusted CAs.
+    upstream_ca_bundle: str | None = None
     #: Seconds to connect upstream (default 5, as the Stainless clients).
     connect_timeout: float = 5.0
     #: Extra attempts after a refused connection (default 2); spent from a retry budget shared by

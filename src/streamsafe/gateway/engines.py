@@ -60,6 +60,7 @@ class Engines:
         max_keepalive: int = 512,
         api_key: str | None = None,
         kind: str = "auto",
+        ca_bundle: str | None = None,
         max_attempts: int = 3,
         failover_window: float = 30.0,
         queue_timeout: float = 20.0,
@@ -78,6 +79,7 @@ class Engines:
                 max_keepalive=max_keepalive,
                 api_key=api_key,
                 kind=kind,  # each engine probed on its own where "auto"
+                ca_bundle=ca_bundle,
             )
             for spec in specs
         ]

@@ -285,6 +285,7 @@ class EventStreamPool:
 
     ``base_url`` is ``http://host[:port][/prefix]`` or ``https://...``; ``headers`` go on every
     request; ``connect_timeout`` bounds opening a new connection (a reused one costs no timer).
+    ``ssl_context`` verifies an ``https`` upstream (default: the system's trusted CAs).
     """
 
     def __init__(
@@ -293,6 +294,7 @@ class EventStreamPool:
         headers: Mapping[str, str] | None = None,
         *,
         connect_timeout: float | None = 5.0,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         from urllib.parse import urlsplit
 
@@ -301,7 +303,7 @@ class EventStreamPool:
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or (443 if tls else 80)
         self._prefix = parts.path.rstrip("/").encode()
-        self._ssl = ssl.create_default_context() if tls else None
+        self._ssl = (ssl_context or ssl.create_default_context()) if tls else None
         self._connect_timeout = connect_timeout
         self._idle: collections.deque[EventStream] = collections.deque()
         default_port = 443 if tls else 80

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import ssl
 import time
 from collections.abc import Mapping
 
@@ -52,6 +53,7 @@ __all__ = [
     "parse_retry_after",
     "read_bounded",
     "retry_after_value",
+    "upstream_ssl_context",
 ]
 
 log = logging.getLogger("streamsafe.gateway")
@@ -80,6 +82,14 @@ def is_engine_death(body: bytes) -> bool:
     return any(m in body for m in _ENGINE_DEATH_MARKERS)
 
 
+def upstream_ssl_context(ca_bundle: str | None = None) -> ssl.SSLContext:
+    """The context that verifies an ``https`` upstream: the system's trusted CAs, or only those
+    in ``ca_bundle`` (a PEM file: a private CA, or a server's self-signed certificate, as OGX
+    serves TLS by default). Raises ``OSError`` where the file cannot be read, ``ssl.SSLError``
+    where it holds no certificate."""
+    return ssl.create_default_context(cafile=ca_bundle)
+
+
 class Upstream:
     """Pooled ``httpx2.AsyncClient`` to ``base_url`` plus the breaker and the retry budget."""
 
@@ -95,8 +105,12 @@ class Upstream:
         api_key: str | None = None,
         budget: RetryBudget | None = None,
         kind: str = "auto",
+        ca_bundle: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        #: How an ``https`` upstream is verified: the CAs in ``ca_bundle`` (a PEM file), or the
+        #: system's. One context for every connection, the hot stream's and the client's.
+        self._ssl = upstream_ssl_context(ca_bundle)
         #: What the upstream is; vLLM's table until an ``auto`` probe says otherwise.
         self.kind: UpstreamKind = KINDS["vllm"] if kind == "auto" else KINDS[kind]  # type: ignore[index]
         #: The kind was set or found (an ``auto`` upstream that never answered is asked again).
@@ -128,7 +142,7 @@ class Upstream:
         self._limits = httpx2.Limits(max_connections=None, max_keepalive_connections=max_keepalive)
         self._client: httpx2.AsyncClient | None = None
         self._events = EventStreamPool(
-            self.base_url, self._headers, connect_timeout=connect_timeout
+            self.base_url, self._headers, connect_timeout=connect_timeout, ssl_context=self._ssl
         )
         self._probe: asyncio.Task[None] | None = None
         self._health_check: asyncio.Task[None] | None = None
@@ -137,7 +151,9 @@ class Upstream:
     def client(self) -> httpx2.AsyncClient:
         """The pooled client, created on first use (normally at lifespan startup)."""
         if self._client is None:
-            transport = httpx2.AsyncHTTPTransport(limits=self._limits, trust_env=False)
+            transport = httpx2.AsyncHTTPTransport(
+                limits=self._limits, trust_env=False, verify=self._ssl
+            )
             if httpx2.URL(self.base_url).scheme == "http":
                 # Same pool, asyncio sockets instead of anyio ones (see asyncio_backend).
                 transport._pool = httpcore2.AsyncConnectionPool(

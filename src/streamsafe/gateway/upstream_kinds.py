@@ -398,10 +398,12 @@ def parse_error_event(kind: UpstreamKind, payload: bytes) -> ErrorEvent | None:
 
 @dataclass(frozen=True, slots=True)
 class ProbeResult:
-    """What one ``GET`` of the probe saw: the status (``None``: no answer) and the body's start."""
+    """What one ``GET`` of the probe saw: the status (``None``: no answer, and ``reason`` says
+    why, e.g. a certificate that did not verify) and the body's start."""
 
     status: int | None
     body: bytes = b""
+    reason: str = ""
 
     @property
     def route_exists(self) -> bool:
@@ -486,7 +488,9 @@ def describe_probes(probes: Mapping[str, ProbeResult]) -> str:
     and the models ``/v1/models`` lists (OpenAI's ``id``, Llama Stack 0.2's ``identifier``)."""
     parts = []
     for path, result in probes.items():
-        status = "no answer" if result.status is None else str(result.status)
+        status = str(result.status)
+        if result.status is None:
+            status = f"no answer ({result.reason})" if result.reason else "no answer"
         if path == "/v1/version" and result.status == 200:
             with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
                 status += f" (version {orjson.loads(result.body).get('version')})"
@@ -536,8 +540,8 @@ async def probe_kind(
     while (path := next_probe(probes)) is not None:
         try:
             response = await client.get(base_url + path)
-        except httpx2.HTTPError:
-            probes[path] = ProbeResult(None)
+        except httpx2.HTTPError as exc:
+            probes[path] = ProbeResult(None, reason=f"{type(exc).__name__}: {exc}"[:200])
         else:
             probes[path] = ProbeResult(response.status_code, response.content[:4096])
     return detect_kind(probes)
