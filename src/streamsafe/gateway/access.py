@@ -70,6 +70,7 @@ class Access:
         "method",
         "path",
         "request_id",
+        "span",
         "started",
         "status",
         "stream",
@@ -92,6 +93,8 @@ class Access:
         self.stream = False
         #: A completion request (its line says how it ended).
         self.completion = False
+        #: Its tracing span, where tracing is on.
+        self.span: Any = None
 
     def sender(self, send: Send) -> Send:
         """``send`` noting the answer's status and adding ``x-request-id`` to its headers."""
@@ -115,9 +118,9 @@ class Access:
         )
 
     @property
-    def probe(self) -> bool:
-        """A health check or a scrape (logged at DEBUG)."""
-        return self.path in _PROBES
+    def level(self) -> int:
+        """The access line's level: INFO, DEBUG for a health check or a scrape."""
+        return logging.DEBUG if self.path in _PROBES else logging.INFO
 
     def fields(self, now: float, engine: str | None) -> dict[str, Any]:
         """The access line's fields at ``now`` (``engine``: the one upstream's URL, for a
@@ -202,15 +205,10 @@ def completion_tokens(gen: Generation) -> int | None:
     return None
 
 
-def write_access(access: Access, now: float, engine: str | None) -> dict[str, Any] | None:
-    """Write ``access``'s line (INFO; DEBUG for probes) where the logger takes it; its fields
-    (``None`` where nothing was written)."""
-    level = logging.DEBUG if access.probe else logging.INFO
-    if not access_log.isEnabledFor(level):
-        return None
-    fields = access.fields(now, engine)
+def write_access(access: Access, fields: dict[str, Any]) -> None:
+    """Write ``access``'s line with its ``fields`` (at :attr:`Access.level`)."""
     access_log.log(
-        level,
+        access.level,
         "%s %s %s %.1f ms",
         access.method,
         access.path,
@@ -218,4 +216,3 @@ def write_access(access: Access, now: float, engine: str | None) -> dict[str, An
         fields["duration_ms"],
         extra={"fields": fields},
     )
-    return fields

@@ -27,7 +27,7 @@ from streamsafe._asgi import (
     respond,
     serve_lifespan,
 )
-from streamsafe.gateway.access import Access, completion_tokens, write_access
+from streamsafe.gateway.access import Access, access_log, completion_tokens, write_access
 from streamsafe.gateway.admission import Admission, Shed
 from streamsafe.gateway.body_work import BodyWorker
 from streamsafe.gateway.breaker import BreakerState
@@ -55,7 +55,7 @@ from streamsafe.gateway.metrics import (
     stats_document,
 )
 from streamsafe.gateway.pacing import StreamRules
-from streamsafe.gateway.passthrough import pass_through
+from streamsafe.gateway.passthrough import pass_through, shared_route
 from streamsafe.gateway.paths import canonical_path
 from streamsafe.gateway.pool import parse_engine, parse_fallback
 from streamsafe.gateway.registry import Registry
@@ -70,6 +70,7 @@ from streamsafe.gateway.requests import (
 from streamsafe.gateway.store import MemoryStore, Store
 from streamsafe.gateway.store_redis import RedisStore
 from streamsafe.gateway.subscriber import Subscriber, serve_json, serve_stream
+from streamsafe.gateway.tracing import Tracing
 from streamsafe.gateway.upstream import Upstream
 from streamsafe.gateway.upstream_kinds import CompletionRoute
 
@@ -81,6 +82,10 @@ log = logging.getLogger("streamsafe.gateway")
 #: Stack 0.2's alias included, so llama-stack-client can list models through it.
 _MODEL_ROUTES = ("/v1/models", "/v1/openai/v1/models")
 _ANONYMOUS = "anonymous"
+_NOT_PASSED = (
+    "this route is not passed through for tenants: under the gateway's one upstream identity "
+    "what it holds would be shared between them (tenant_passthrough, --tenant-passthrough)"
+)
 
 
 class Gateway:
@@ -163,6 +168,7 @@ class Gateway:
             engines=self.engines,
         )
         self._breaker = self.engines.breaker if self.engines else self.upstream.breaker
+        self.tracing = Tracing(config.tracing)
         self.histograms = Histograms()
         self.metrics = Metrics(self.stats, self.histograms, self.engine_readings)
         self._rules = StreamRules.from_config(config)
@@ -272,6 +278,8 @@ class Gateway:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         access = Access(scope, time.monotonic())
+        if self.tracing.enabled:
+            access.span = self.tracing.request(scope, access.method, access.path)
         reply = access.sender(send)
         try:
             await self._route(scope, receive, reply, access)
@@ -307,7 +315,12 @@ class Gateway:
                 tokens = completion_tokens(gen)
                 if tokens is not None and gen.state is State.DONE:
                     h.completion_tokens.observe(tokens)
-        write_access(access, now, None if self.engines else self.upstream.base_url)
+        logged = access_log.isEnabledFor(access.level)
+        if logged or access.span is not None:
+            fields = access.fields(now, None if self.engines else self.upstream.base_url)
+            if logged:
+                write_access(access, fields)
+            self.tracing.end_request(access.span, fields)
 
     async def _route(self, scope: Scope, receive: Receive, send: Send, access: Access) -> None:
         # One spelling for routing and forwarding (see paths.py): no other reaches an
@@ -339,7 +352,13 @@ class Gateway:
             elif kind.passthrough:
                 # Every other route, and GET on the completion paths (Llama Stack lists and
                 # reads stored completions there), goes to the upstream unchanged.
-                access.tenant = self._tenant(scope)
+                access.tenant = tenant = self._tenant(scope)
+                if (
+                    tenant != _ANONYMOUS
+                    and self.config.tenant_passthrough == "refuse"
+                    and not shared_route(method, path)
+                ):
+                    raise BadRequest(403, _NOT_PASSED)
                 if self.draining:
                     raise _draining()
                 self.registry.counters.passed_through += 1
@@ -512,6 +531,11 @@ class Gateway:
             ra = [(b"retry-after", str(exc.retry_after).encode())]
             raise BadRequest(429, msg, headers=ra) from None
         access.join(gen, gen.request is req, req.last_event_id is not None, gen.finished)
+        if access.span is not None:
+            if access.joined == "new":  # before its reader task first runs: its attempts see it
+                gen.trace = self.tracing.generation(gen.id, access.span)
+            else:
+                self.tracing.link(access.span, gen.trace)
         sub = access.sub = Subscriber(gen, client_read_timeout(scope), last_attempt(scope))
         if gen.request is not req and not (
             req.idempotency_key or req.retry or req.last_event_id is not None

@@ -35,6 +35,13 @@ def add_arguments(p: argparse.ArgumentParser) -> dict[str, Any]:
         'upstream = ["http://a:8000"], max-memory-tokens = 30000); an option given on the '
         "command line wins over the file",
     )
+    p.add_argument(
+        "--otel",
+        action="store_true",
+        help="OpenTelemetry spans per request, generation and upstream attempt, sent over "
+        "OTLP/HTTP to $OTEL_EXPORTER_OTLP_ENDPOINT (default http://localhost:4318), traceparent "
+        "passed upstream; needs pip install 'streamsafe[otel]'",
+    )
     groups = {title: p.add_argument_group(title, about) for title, about in _GROUPS}
     listening, upstreams, admission = groups["listening"], groups["upstreams"], groups["admission"]
     timeouts, replicas, tenants = groups["timeouts"], groups["replicas"], groups["tenants"]
@@ -347,6 +354,7 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
         idle_timeout=args.idle_timeout or None,
         total_timeout=args.total_timeout or None,
         admin_key=args.admin_key or os.environ.get("STREAMSAFE_ADMIN_KEY") or None,
+        tracing=args.otel,
     )
 
 
@@ -376,6 +384,14 @@ def serve(args: argparse.Namespace, upstream: str) -> int:
     except ValueError as exc:
         print(f"streamsafe serve: {exc}")
         return 2
+    if args.otel:
+        from streamsafe.gateway.tracing import TracingUnavailable, setup_otlp
+
+        try:
+            setup_otlp()
+        except TracingUnavailable as exc:
+            print(f"streamsafe serve: {exc}")
+            return 2
     try:
         gateway = Gateway(build_config(args, upstream))
         limits = build_limits(args)

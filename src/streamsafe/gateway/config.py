@@ -137,6 +137,10 @@ class GatewayConfig:
     #: Bearer key that ``/stats`` and ``/metrics`` require (``None``, default: they are open, as a
     #: scraper on a private network expects). It is not a tenant key.
     admin_key: str | None = None
+    #: OpenTelemetry spans per request, generation and upstream attempt, with ``traceparent``
+    #: sent upstream (default False; needs ``streamsafe[otel]`` and a tracer provider: see
+    #: :mod:`streamsafe.gateway.tracing`).
+    tracing: bool = False
     #: Engines of a pool, each ``URL [models=a,b] [weight=W]`` (see
     #: :class:`~streamsafe.gateway.pool.EngineSpec`); empty (default) for the one ``upstream``.
     #: With a pool the gateway routes by model, picks the least loaded engine, fails over

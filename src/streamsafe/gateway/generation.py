@@ -21,6 +21,7 @@ from streamsafe.gateway.errors import Failure
 from streamsafe.gateway.fair_queue import Waiter
 from streamsafe.gateway.fanout import Fanout
 from streamsafe.gateway.store import EventLog
+from streamsafe.gateway.tracing import GenerationTrace
 from streamsafe.gateway.upstream_kinds import CompletionRoute
 
 __all__ = [
@@ -128,6 +129,7 @@ class Generation:
         "task",
         "tenant",
         "timer",
+        "trace",
         "upstream_status",
         "version",
         "waiter",
@@ -183,6 +185,8 @@ class Generation:
         self.first_event_at: float | None = None
         #: Completion tokens its answer's usage says, once read (see :mod:`.access`).
         self.completion_tokens: int | None = None
+        #: Its span and its attempt's ``traceparent``, where tracing is on.
+        self.trace: GenerationTrace | None = None
         #: What the latest attempt asks instead of the request, where it continues a broken
         #: stream (``None``: the request as it came).
         self.continuation: Continuation | None = None

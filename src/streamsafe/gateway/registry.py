@@ -39,6 +39,7 @@ from streamsafe.gateway.replicas import Replicas
 from streamsafe.gateway.retention import Retention
 from streamsafe.gateway.store import LeaseLost, MemoryStore, Store
 from streamsafe.gateway.store_redis import REDIS_ERRORS
+from streamsafe.gateway.tracing import Tracing
 from streamsafe.gateway.upstream import Upstream
 from streamsafe.sse import DONE
 
@@ -109,6 +110,7 @@ class Registry:
         self.bodies = BodyBudget(config.max_live_body_bytes)
         #: Subscribers connected to any generation.
         self.subscribers = 0
+        self._tracing = Tracing(config.tracing)
         #: Shutting down: no new generation starts (a retry, a resume or a replay of one held
         #: here is still served).
         self.draining = False
@@ -340,6 +342,16 @@ class Registry:
         elif state is State.FAILED:
             counters.generations_failed += 1
         gen.wake()
+        if gen.trace is not None:
+            facts = {
+                "state": state.value,
+                "attempts": gen.attempts,
+                "continuations": gen.continuations,
+                "engine": gen.engine,
+                "events": gen.length,
+            }
+            self._tracing.end_generation(gen.trace, facts)
+            gen.trace = None
         replicas = self.replicas
         if replicas is not None and replicas.owns(gen):
             if replicas.closing and state is State.ABORTED:

@@ -39,6 +39,7 @@ from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.shedding import Shedding
 from streamsafe.gateway.store import LeaseLost
 from streamsafe.gateway.stream_reader import StreamReader
+from streamsafe.gateway.tracing import Tracing
 from streamsafe.gateway.upstream import Upstream
 from streamsafe.retry import REFUSAL_STATUSES
 from streamsafe.sse import DONE
@@ -79,6 +80,7 @@ class Relay:
         self._clock = clock
         #: Episodes of the engine shedding load, logged as they begin and end.
         self.engine_shedding = Shedding("engine")
+        self.tracing = Tracing(config.tracing)
         #: The bounds every upstream attempt keeps (see :class:`AttemptWatch`).
         self.timeouts = UpstreamTimeouts(
             first_token=config.first_token_timeout,
@@ -274,7 +276,28 @@ class Relay:
     ) -> BrokenAttempt | None:
         """One upstream request for ``gen`` (its request, or the continuation it has), within the
         upstream timeouts. Returns why it broke where another attempt may repair it (this engine
-        or, for a pool, another), ``None`` where the generation has ended (done or failed)."""
+        or, for a pool, another), ``None`` where the generation has ended (done or failed).
+        Traced as one span where tracing is on (see :mod:`.tracing`)."""
+        tracing = self.tracing
+        if not tracing.enabled:
+            return await self._attempt(gen, attempts, total_deadline)
+        if gen.trace is None:  # taken over from another replica: a trace of its own here
+            gen.trace = tracing.generation(gen.id)
+        continuing = gen.continuations > 0 and gen.length > 0
+        span = tracing.attempt(gen.trace, gen.continuations + 1, continuing)
+        broken: BrokenAttempt | None = None
+        try:
+            broken = await self._attempt(gen, attempts, total_deadline)
+            return broken
+        finally:
+            engine = gen.engine or attempts.upstream.base_url
+            why = broken.why if broken is not None else None
+            tracing.end_attempt(span, gen.trace, engine, gen.upstream_status, why)
+
+    async def _attempt(
+        self, gen: Generation, attempts: Attempts, total_deadline: float | None
+    ) -> BrokenAttempt | None:
+        """:meth:`attempt`, untraced."""
         continuing = gen.continuations > 0 and gen.length > 0
         if self.engines is None:  # a pool counts its attempts itself (failovers included)
             gen.attempts += 1

@@ -75,8 +75,12 @@ class StreamReader:
         req = gen.request
         upstream = attempts.upstream
         try:
+            trace = gen.trace
             conn = await upstream.open_events(
-                path, body, retry_connect=not req.no_upstream_retry, headers=req.forward
+                path,
+                body,
+                retry_connect=not req.no_upstream_retry,
+                headers=req.forward + trace.header if trace is not None else req.forward,
             )
         except OSError as exc:
             return await self._endings.unreachable(gen, exc)
@@ -156,7 +160,7 @@ class StreamReader:
                 "POST",
                 path,
                 content=body,
-                headers=_headers(req.forward),
+                headers=_headers(req.forward + (gen.trace.header if gen.trace else b"")),
                 retry_connect=not req.no_upstream_retry,
             )
         except httpx2.ConnectError as exc:
