@@ -77,14 +77,19 @@ class PathStack:
     gw: Gateway
     server: ServerThread
 
-    def send(self, method: bytes, target: bytes, body: bytes = b"") -> tuple[int, bytes]:
-        """One request over a raw socket, the target as given; its status and body."""
+    def send(
+        self, method: bytes, target: bytes, body: bytes = b"", key: bytes | None = None
+    ) -> tuple[int, bytes]:
+        """One request over a raw socket, the target as given (with API key ``key``); its
+        status and body."""
         with socket.create_connection((self.server.host, self.server.port), timeout=10) as sock:
             head = b"%s %s HTTP/1.1\r\nhost: x\r\n%s: 1\r\nconnection: close\r\n" % (
                 method,
                 target,
                 PROBE,
             )
+            if key is not None:
+                head += b"authorization: Bearer %s\r\n" % key
             if body:
                 head += b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)
             sock.sendall(head + b"\r\n" + body)
@@ -96,13 +101,15 @@ class PathStack:
 
 
 @contextlib.contextmanager
-def path_stack() -> Iterator[PathStack]:
+def path_stack(**config_fields: Any) -> Iterator[PathStack]:
     """A gateway of the ``openai`` kind (completion routes served, the rest passed through) in
-    front of a :class:`Recorder` under :data:`PREFIX`."""
+    front of a :class:`Recorder` under :data:`PREFIX`, with ``config_fields`` set."""
     recorder = Recorder()
     upstream = ServerThread(recorder).start()
     try:
-        config = GatewayConfig(upstream=upstream.url + PREFIX, upstream_kind="openai")
+        config = GatewayConfig(
+            upstream=upstream.url + PREFIX, upstream_kind="openai", **config_fields
+        )
         gw = Gateway(config)
         server = ServerThread(gw).start()
     except BaseException:

@@ -134,6 +134,15 @@ class GatewayConfig:
     #: 600, Llama Stack's own read timeout). Past it the stream ends with an error event.
     #: ``None`` for none.
     total_timeout: float | None = 600.0
+    #: What a tenant (an API key; with ``api_keys`` set) may pass through to the upstream:
+    #: ``refuse`` (default) passes only routes that hold no tenant's data (``GET`` of the model
+    #: list and of one model, ``/v1/health``, ``/v1/version``; see
+    #: :func:`~streamsafe.gateway.passthrough.shared_route`) and refuses the rest with 403,
+    #: since every tenant reaches the upstream under the one ``upstream_api_key``, so Llama
+    #: Stack's stored completions, responses, files, vector stores and agents would be shared
+    #: between them; ``shared`` passes every route, for tenants that may share them (one team's
+    #: keys). Without ``api_keys`` there is one tenant and everything passes.
+    tenant_passthrough: Literal["refuse", "shared"] = "refuse"
     #: Bearer key that ``/stats`` and ``/metrics`` require (``None``, default: they are open, as a
     #: scraper on a private network expects). It is not a tenant key.
     admin_key: str | None = None
@@ -202,6 +211,10 @@ class GatewayConfig:
             )
         if any(not k for k in self.api_keys):
             raise ValueError("api keys must not be empty")
+        if self.tenant_passthrough not in ("refuse", "shared"):
+            raise ValueError(
+                f"tenant_passthrough must be 'refuse' or 'shared', not {self.tenant_passthrough!r}"
+            )
         for name in ("first_token_timeout", "idle_timeout", "total_timeout"):
             value = getattr(self, name)
             if value is not None and value <= 0:

@@ -23,7 +23,7 @@ import httpx2
 from streamsafe._asgi import Message, Receive, Scope, Send, respond
 from streamsafe.gateway.errors import error_body
 
-__all__ = ["UpstreamBroke", "pass_through"]
+__all__ = ["UpstreamBroke", "pass_through", "shared_route"]
 
 log = logging.getLogger("streamsafe.gateway")
 
@@ -51,6 +51,20 @@ _RESPONSE_DROP = frozenset(
 #: A request body up to this size (declared by ``Content-Length``) is read before it is sent,
 #: so the upstream gets a ``Content-Length``; a larger or chunked one is streamed.
 _BUFFER_LIMIT = 1024 * 1024
+
+
+#: Paths passed through for every tenant, whatever ``tenant_passthrough`` says (with ``GET`` or
+#: ``HEAD``): they hold no tenant's data, and clients need them (llama-stack-client lists models).
+_SHARED_PATHS = frozenset(("/v1/models", "/v1/openai/v1/models", "/v1/health", "/v1/version"))
+_SHARED_PREFIXES = ("/v1/models/", "/v1/openai/v1/models/")
+
+
+def shared_route(method: str, path: str) -> bool:
+    """Whether ``method`` on ``path`` (as the gateway routes it) reads only what every tenant
+    may see: the upstream's model list, one model, its health and version."""
+    return method in ("GET", "HEAD") and (
+        path in _SHARED_PATHS or path.startswith(_SHARED_PREFIXES)
+    )
 
 
 class UpstreamBroke(Exception):
