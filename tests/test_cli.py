@@ -39,3 +39,16 @@ def test_bench_sse_reports_a_ratio_for_every_case(tmp_path):
     for case in report["cases"]:
         assert case["events"] == 201
         assert case["ratio"] > 0
+
+
+def test_serve_sets_the_tenant_pass_through_and_the_send_timeout():
+    from streamsafe.cli import build_parser
+    from streamsafe.gateway.cli import build_config, build_limits
+
+    args = build_parser().parse_args(["serve", "--api-key", "k"])
+    assert build_config(args, "http://e").tenant_passthrough == "refuse"  # safe by default
+    assert build_limits(args).send_timeout == 30.0
+    argv = ["serve", "--api-key", "k", "--tenant-passthrough", "shared", "--send-timeout", "7"]
+    args = build_parser().parse_args(argv)
+    assert build_config(args, "http://e").tenant_passthrough == "shared"
+    assert build_limits(args).send_timeout == 7.0

@@ -248,6 +248,13 @@ def add_arguments(p: argparse.ArgumentParser) -> dict[str, Any]:
         help="seconds between reads of an unfinished body; past it 408 (default 30)",
     )
     timeouts.add_argument(
+        "--send-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a response may wait for a client that stopped reading; past it the "
+        "connection is reset (default 30)",
+    )
+    timeouts.add_argument(
         "--keep-alive-timeout",
         type=float,
         default=5.0,
@@ -289,6 +296,14 @@ def add_arguments(p: argparse.ArgumentParser) -> dict[str, Any]:
         action="append",
         default=[],
         help="accepted API key (repeatable; also STREAMSAFE_API_KEYS, comma-separated)",
+    )
+    tenants.add_argument(
+        "--tenant-passthrough",
+        choices=("refuse", "shared"),
+        default="refuse",
+        help="with API keys, what a tenant may pass through to the upstream: refuse (default) "
+        "passes only the model list, /v1/health and /v1/version, and answers the rest 403, "
+        "as every tenant reaches the upstream under one identity; shared passes every route",
     )
     tenants.add_argument(
         "--tenant-weight",
@@ -337,6 +352,7 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
         max_kept_bytes=int(args.max_kept_mb * 1024 * 1024),
         max_kept_generations=args.max_kept,
         api_keys=tuple(keys),
+        tenant_passthrough=args.tenant_passthrough,
         tenant_weights=tuple(_weight(spec) for spec in args.tenant_weight),
         max_body_bytes=args.max_body_kb * 1024,
         on_live_duplicate=args.on_live_duplicate,
@@ -367,6 +383,7 @@ def build_limits(args: argparse.Namespace) -> Any:
         max_header_line_bytes=args.max_header_line_kb * 1024,
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
+        send_timeout=args.send_timeout,
         keep_alive_timeout=args.keep_alive_timeout,
         max_connections=args.max_connections or None,
     )
