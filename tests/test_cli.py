@@ -52,3 +52,18 @@ def test_serve_sets_the_tenant_pass_through_and_the_send_timeout():
     args = build_parser().parse_args(argv)
     assert build_config(args, "http://e").tenant_passthrough == "shared"
     assert build_limits(args).send_timeout == 7.0
+
+
+def test_a_command_missing_an_extra_says_which_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import streamsafe.bench.sse as bench_sse
+
+    def without_openai(*_args: object, **_kwargs: object) -> None:
+        raise ModuleNotFoundError("No module named 'openai'", name="openai")
+
+    monkeypatch.setattr(bench_sse, "run", without_openai)
+    assert main(["bench", "sse"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "needs openai" in err and "pip install 'streamsafe[peers]'" in err

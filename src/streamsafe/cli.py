@@ -27,6 +27,19 @@ _COMMANDS: tuple[tuple[str, str], ...] = (
 #: an operator must see (engine down, shedding, one access line per request); the tools whose
 #: output is their report (demo, chat, bench) stay quiet.
 _DEFAULT_LEVEL = {"serve": "info", "simulate": "info"}
+#: Packages some commands import only when they run, and the extra that installs each
+#: (``pip install 'streamsafe[EXTRA]'``; ``make demo`` and ``make test`` install them all).
+_EXTRAS = {
+    "openai": "peers",
+    "llama_stack_client": "peers",
+    "fire": "peers",
+    "requests": "peers",
+    "matplotlib": "plot",
+    "opentelemetry": "otel",
+    "llama_stack": "llamastack",
+    "aiosqlite": "llamastack",
+    "sqlalchemy": "llamastack",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,6 +107,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if args.command is None else 2
     try:
         return int(func(args) or 0)
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top not in _EXTRAS:
+            raise
+        extra = _EXTRAS[top]
+        print(
+            f"streamsafe {args.command}: needs {top}, which the {extra!r} extra installs: "
+            f"pip install 'streamsafe[{extra}]' (or make demo, which installs everything)",
+            file=sys.stderr,
+        )
+        return 2
     except OSError as exc:
         from streamsafe.serving import CannotListen  # loaded by whatever raised it
 

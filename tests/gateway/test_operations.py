@@ -235,3 +235,12 @@ def test_a_single_upstream_is_a_pool_of_one_in_metrics(stack: Any) -> None:
     engine = samples["streamsafe_gateway_engine_requests_total"]
     assert engine == [({"engine": stack.sim_url}, 1.0)]
     assert MODEL in r.text
+
+
+def test_model_lists_read_the_same_through_openai_and_llama_stack_client(stack: Any) -> None:
+    from llama_stack_client import LlamaStackClient
+    from openai import OpenAI
+
+    listed = LlamaStackClient(base_url=stack.url).models.list()
+    assert [m.identifier for m in listed] == [MODEL]  # was [None]
+    assert [m.id for m in OpenAI(base_url=stack.url + "/v1", api_key="x").models.list()] == [MODEL]

@@ -482,7 +482,8 @@ class Gateway:
         listed = self.engines.pool.models() if self.engines is not None else []
         if listed:  # the pool's models, wherever they are served
             data = [{"id": m, "object": "model", "owned_by": "streamsafe"} for m in listed]
-            await respond(send, 200, orjson.dumps({"object": "list", "data": data}))
+            body = orjson.dumps({"object": "list", "data": data})
+            await respond(send, 200, _both_model_lists(body))
             return
         try:
             response = await self.upstream.open("GET", "/v1/models")
@@ -493,6 +494,8 @@ class Gateway:
         except Exception as exc:
             msg = f"upstream unreachable: {type(exc).__name__}"
             raise BadRequest(503, msg) from None
+        if response.status_code == 200:
+            body = _both_model_lists(body)
         await respond(send, response.status_code, body)
 
     # -- completions ----------------------------------------------------------------------------
@@ -570,6 +573,30 @@ class Gateway:
             if sub.hold:  # told to come back: refused for now, by admission
                 counters.shed += 1
             self.registry.leave(gen, sub.hold)
+
+
+def _both_model_lists(body: bytes) -> bytes:
+    """An OpenAI model list that Llama Stack's clients read too: each model also carries the
+    fields of Llama Stack's own (``identifier``, ``provider_resource_id``, ``provider_id``,
+    ``model_type``, ``type``, ``metadata``), as llama-stack-client 0.2 lists models from the
+    same ``/v1/models`` (it read every identifier as ``None``). A body that is no such list is
+    left as it came."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list):
+        return body
+    for model in data:
+        if isinstance(model, dict) and isinstance(model.get("id"), str):
+            model.setdefault("identifier", model["id"])
+            model.setdefault("provider_resource_id", model["id"])
+            model.setdefault("provider_id", str(model.get("owned_by") or "streamsafe"))
+            model.setdefault("model_type", "llm")
+            model.setdefault("type", "model")
+            model.setdefault("metadata", {})
+    return orjson.dumps(doc)
 
 
 _BREAKER_STATES = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
