@@ -1,4 +1,5 @@
-"""When shedding begins and when it ends: two log lines an operator sees, not one per refusal.
+"""When shedding begins and when it ends: two log lines an operator sees, not one per refusal
+(INFO: shedding is the gateway working as meant under load, not a fault).
 
 The gateway refuses work it cannot hold (admission's 429s, a queued caller told to come back)
 and an engine may refuse work too (429/503 before any work). Each refusal is counted in
@@ -53,7 +54,7 @@ class Shedding:
         self.active = True
         self.since = now
         self.count = 1
-        log.warning(
+        log.info(
             "%s shedding begun: %s",
             self.what,
             reason,
