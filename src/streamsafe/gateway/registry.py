@@ -86,6 +86,8 @@ class Registry:
         #: The generations this process holds (the key index is what a retry finds while
         #: Redis is away).
         self.generations = GenerationIndex()
+        if replicas is not None:  # what it writes back after Redis restarted
+            replicas.held = lambda: self.generations
         #: Finished generations kept for replay, and when each goes.
         self.kept = Retention(
             config.max_kept_bytes,
@@ -144,9 +146,10 @@ class Registry:
         if req.idempotency_key is not None:
             store_key = f"k\x00{req.tenant}\x00{req.idempotency_key}"
             for _ in range(_CLAIM_ROUNDS):  # a claim can race with a release
-                degraded = replicas is None and self.replicas is not None
-                held = self.generations.by_key(store_key) if degraded else None
-                if held is not None:  # Redis is away, and this replica holds the key's generation
+                # The key's generation held here first: Redis may be away, or have restarted
+                # empty and lost the claim (a retry would otherwise start it again).
+                held = self.generations.by_key(store_key)
+                if held is not None:
                     owner: str | None = held.id
                 else:
                     # A claim in Redis lapses with the rest of its generation's keys where its

@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from streamsafe.gateway.generation import Generation, State
@@ -40,7 +40,12 @@ from streamsafe.gateway.redis_log import ReplicatedLog
 from streamsafe.gateway.store import LeaseLost
 from streamsafe.gateway.store_redis import REDIS_ERRORS, RedisStore
 
-__all__ = ["ReplicaCounters", "Replicas"]
+__all__ = ["RedisRestarted", "ReplicaCounters", "Replicas"]
+
+
+class RedisRestarted(Exception):
+    """Redis answers with a new run id: it restarted, and may have lost everything."""
+
 
 log = logging.getLogger("streamsafe.gateway")
 
@@ -102,6 +107,10 @@ class Replicas:
         self._presence: set[asyncio.Task[None]] = set()
         #: Generations that ended while Redis was away, to record once it is back.
         self._unsynced: dict[str, Generation] = {}
+        #: The generations this process holds (the registry's index), for a write-back after
+        #: Redis restarted: those this replica ran and keeps for replay.
+        self.held: Callable[[], Iterable[Generation]] = tuple
+        self._redis_run: str | None = None  # Redis's run id, as last seen
 
     @property
     def replica_id(self) -> str:
@@ -308,6 +317,8 @@ class Replicas:
                 await self.store.set_presence(self.mirrors.followed(), self.lease * 2)
                 self.fleet_replicas = await self.store.heartbeat(self.lease * 2)
                 self.redis_used_memory = await self.store.used_memory() or 0
+                if self._restarted(await self.store.run_id()):
+                    continue
                 if self._clock() - self._kept_at >= self.orphan_ttl / 3:
                     await self._keep_owned()
             except REDIS_ERRORS as exc:
@@ -317,6 +328,27 @@ class Replicas:
                 if gen_id in self._owned:
                     self.counters.leases_lost += 1
                     log.warning("%s: lease lost to another replica", gen_id)
+
+    def _restarted(self, run_id: str | None) -> bool:
+        """Whether Redis restarted since it was last seen (its run id changed). It may have come
+        back empty: the claims, records and logs of what this replica runs and keeps for replay
+        are gone, so a retry with the same Idempotency-Key would start its generation again. A
+        restart is taken as an outage that just ended: what this replica runs, and the finished
+        generations it keeps for replay, are written back (:meth:`_write_back`)."""
+        last, self._redis_run = self._redis_run, run_id or self._redis_run
+        if last is None or run_id is None or run_id == last:
+            return False
+        for gen in self.held():
+            log_ = gen.log
+            if (
+                gen.state is State.DONE
+                and gen.id not in self._owned
+                and isinstance(log_, ReplicatedLog)
+                and log_.remote.lease_holder == self.replica_id
+            ):
+                self._unsynced[gen.id] = gen  # its end is recorded again with its keys
+        self.failed(RedisRestarted(f"redis restarted (run id {last[:8]} -> {run_id[:8]})"))
+        return True
 
     async def _keep_owned(self) -> None:
         """Renew the lifetime of every key of the generations this replica runs (those that end

@@ -324,6 +324,16 @@ class RedisStore:
         except REDIS_ERRORS:
             return False
 
+    async def run_id(self) -> str | None:
+        """The Redis server's run id (``INFO server``), new at every start: a change says Redis
+        restarted (and may have come back empty); ``None`` if unknown."""
+        try:
+            info = await self.redis.info("server")
+        except REDIS_ERRORS:
+            return None
+        value = info.get("run_id")
+        return str(value) if value is not None else None
+
     async def used_memory(self) -> int | None:
         """Bytes Redis uses (``INFO memory``), for fleet-level figures; ``None`` if unknown."""
         try:

@@ -1,0 +1,90 @@
+"""Redis restarted empty under two replicas (issue 23, row 5): a finished generation's key must
+not run again. It did: a retry with the same Idempotency-Key made a second generation, and the
+replica that held the first answered its own retry with the second answer."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx2
+import pytest
+import redis
+from fleet_helpers import Process, RedisProcess
+
+pytestmark = pytest.mark.timeout(90)
+
+MODEL = "sim-llama-8b"
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[Process]:
+    proc = Process("simulate", "--itl-ms", "2", "--itl-ms-per-seq", "0")
+    yield proc
+    proc.stop()
+
+
+def _serve(sim: Process, redis_server: RedisProcess) -> Process:
+    return Process("serve", "--upstream", sim.url, "--redis", redis_server.url, "--lease", "1")
+
+
+def _post(url: str, body: dict[str, Any], key: str) -> dict[str, Any]:
+    r = httpx2.post(
+        url + "/v1/chat/completions", json=body, headers={"Idempotency-Key": key}, timeout=30
+    )
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def _generations(sim: Process) -> int:
+    return int(httpx2.get(sim.url + "/stats", timeout=10).json()["generations_started"])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_finished_generation_s_key_holds_after_redis_restarted_empty(
+    sim: Process, own_redis: RedisProcess, stream: bool
+) -> None:
+    owner, other = _serve(sim, own_redis), _serve(sim, own_redis)
+    try:
+        key = f"restart-empty-{stream}"
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": f"kept across a restart {stream}"}],
+            "max_tokens": 6,
+            "stream": stream,
+        }
+        if stream:
+            r = httpx2.post(
+                owner.url + "/v1/chat/completions",
+                json=body,
+                headers={"Idempotency-Key": key},
+                timeout=30,
+            )
+            first: Any = r.text
+        else:
+            first = _post(owner.url, body, key)
+        started = _generations(sim)
+        own_redis.kill()
+        own_redis.start()  # empty: no persistence
+        # The owner sees the new run id within a renewal (a third of a lease) and writes back
+        # what it keeps: the claim among it.
+        client = redis.Redis.from_url(own_redis.url)
+        deadline = time.monotonic() + 5
+        while not any(client.scan_iter(match="*restart-empty*")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for url in (owner.url, other.url):
+            if stream:
+                again = httpx2.post(
+                    url + "/v1/chat/completions",
+                    json=body,
+                    headers={"Idempotency-Key": key},
+                    timeout=30,
+                ).text
+            else:
+                again = _post(url, body, key)
+            assert again == first
+        assert _generations(sim) == started
+    finally:
+        owner.stop()
+        other.stop()
