@@ -251,16 +251,32 @@ def test_the_probe_asks_what_tells_each_server_apart(
 
 def test_ogx_serves_its_openai_routes_without_done_and_passes_the_rest() -> None:
     ogx = KINDS["ogx"]
-    assert set(ogx.routes) == {"/v1/chat/completions", "/v1/completions"}
+    assert set(ogx.routes) == {"/v1/chat/completions", "/v1/completions", "/v1/responses"}
+    assert ogx.route("/v1/responses").wire is Wire.OPENAI_RESPONSES  # type: ignore[union-attr]
     for route in ogx.routes.values():
         assert route.upstream_path == route.path
         # Relayed as OGX ends them, no [DONE]; a failure after commit is its own error event.
         assert not route.upstream_done and not route.client_done and not route.reset_on_failure
     assert ogx.passthrough and not ogx.can_continue and not ogx.health_covers_engine
     assert ogx.health_path == "/v1/health"
-    assert "POST /v1/chat/completions, /v1/completions" in describe_kind(ogx)
+    assert "POST /v1/chat/completions, /v1/completions, /v1/responses" in describe_kind(ogx)
 
 
 def test_ogx_error_events_carry_their_status_as_a_string_code() -> None:
     payload = b'{"error":{"message":"Service Unavailable","code":"503"}}'
     assert parse_error_event(KINDS["ogx"], payload) == ErrorEvent(503, "Service Unavailable")
+
+
+@pytest.mark.parametrize(
+    ("payload", "ends"),
+    [
+        (b'{"response":{"status":"completed"},"type":"response.completed"}', True),
+        (b'{"response":{},"sequence_number":22,"type":"response.incomplete"}', True),
+        (b'{"response": {}, "type": "response.failed"}', True),
+        (b'{"delta":"x","sequence_number":4,"type":"response.output_text.delta"}', False),
+        (b'{"item":{"type":"message"},"type":"response.output_item.done"}', False),
+        (b'{"response":{},"type":"response.in_progress"}', False),
+    ],
+)
+def test_a_responses_stream_ends_on_its_terminal_event(payload: bytes, ends: bool) -> None:
+    assert ends_answer(Wire.OPENAI_RESPONSES, payload) is ends

@@ -7,7 +7,8 @@ Fixtures:
 - ``today``: the session's server of one flavor (the tests that take it run once per flavor,
   ``ogx`` and ``llama-stack-0.7``), with ``.url``, ``.engine(...)``, ``.seen`` (what reached the
   engine), ``.client_python`` (the venv's Python, with the flavor's client) and ``.flavor``.
-- ``ogx_server``: the OGX one alone, for what only OGX and ogx-client do.
+- ``ogx_server``: the OGX one alone, for what only OGX and ogx-client do; it serves the
+  Responses API too.
 
 Without a flavor's virtualenv (``make ogx``, ``make llamastack07``) its tests are skipped, saying
 so; in CI (``CI=true``) they fail instead, so a CI run never passes without the real servers.
@@ -67,7 +68,9 @@ class _Servers:
                 llama_stack_deployment(
                     Simulator(SimConfig(**FAST)),
                     MODEL,
-                    server=lambda url: OGXServer(url, flavor=flavor, venv=venv),
+                    server=lambda url: OGXServer(
+                        url, flavor=flavor, venv=venv, responses=flavor is OGX
+                    ),
                 )
             )
             tier = self.started[flavor.name] = TodayTier(flavor, deployment)

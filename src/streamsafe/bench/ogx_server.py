@@ -115,16 +115,19 @@ def run_config(
     *,
     port: int = 8321,
     provider_max_tokens: int = 4096,
+    responses: bool = False,
 ) -> dict[str, Any]:
     """A run config (version 2, the same for both flavors) with only the inference API in front
     of one engine (``engine_url``: its base, ``/v1`` added unless present). The provider is
     ``vllm``, so the engine's models are served as ``vllm/<id>``. ``provider_max_tokens`` is the
-    ``max_tokens`` the server sends where a request sets none. Stores live in ``state_dir``."""
+    ``max_tokens`` the server sends where a request sets none. Stores live in ``state_dir``.
+    ``responses``: the Responses API too (``/v1/responses``), with the APIs it depends on, each
+    from its inline provider (sqlite-vec, file-search, local files)."""
     base = engine_url.rstrip("/")
     if not base.endswith("/v1"):
         base += "/v1"
     state = Path(state_dir)
-    return {
+    config: dict[str, Any] = {
         "version": 2,
         "distro_name": "streamsafe",
         "apis": ["inference"],
@@ -154,6 +157,58 @@ def run_config(
         "registered_resources": {"models": []},
         "server": {"port": port, "host": "127.0.0.1"},
     }
+    if responses:
+        config["apis"] += ["responses", "vector_io", "tool_runtime", "files"]
+        kv, sql = "kv_default", "sql_default"
+        config["providers"].update(
+            {
+                "vector_io": [
+                    {
+                        "provider_id": "sqlite-vec",
+                        "provider_type": "inline::sqlite-vec",
+                        "config": {
+                            "db_path": str(state / "sqlite_vec.db"),
+                            "persistence": {"namespace": "vector_io::sqlite_vec", "backend": kv},
+                        },
+                    }
+                ],
+                "tool_runtime": [
+                    {"provider_id": "file-search", "provider_type": "inline::file-search"}
+                ],
+                "files": [
+                    {
+                        "provider_id": "files",
+                        "provider_type": "inline::localfs",
+                        "config": {
+                            "storage_dir": str(state / "files"),
+                            "metadata_store": {"table_name": "files_metadata", "backend": sql},
+                        },
+                    }
+                ],
+                "responses": [
+                    {
+                        "provider_id": "builtin",
+                        "provider_type": "inline::builtin",
+                        "config": {
+                            "persistence": {
+                                "responses": {"table_name": "responses", "backend": sql}
+                            }
+                        },
+                    }
+                ],
+            }
+        )
+        config["storage"]["stores"].update(
+            {
+                name: {"table_name": table, "backend": sql}
+                for name, table in (
+                    ("conversations", "openai_conversations"),
+                    ("prompts", "prompts"),
+                    ("connectors", "connectors"),
+                )
+            }
+        )
+    return config
 
 
 _SELF_SIGNED = """
@@ -202,7 +257,8 @@ class OGXServer(LlamaStackServer):
     the server's for all its log categories (default ``warning``: a failed engine call shows,
     one JSON line each). ``venv`` defaults to :func:`find_venv`'s. ``tls``: serve HTTPS with a
     self-signed certificate for ``127.0.0.1`` (:attr:`ca_bundle`), as OGX does by default
-    (without it OGX runs ``--insecure``).
+    (without it OGX runs ``--insecure``). ``responses``: serve the Responses API too (see
+    :func:`run_config`; OGX's venv has its providers' packages).
     """
 
     def __init__(
@@ -216,9 +272,11 @@ class OGXServer(LlamaStackServer):
         provider_max_tokens: int = 4096,
         log_level: str = "warning",
         tls: bool = False,
+        responses: bool = False,
     ) -> None:
         self.flavor = flavor
         self.tls = tls
+        self.responses = responses
         self.venv = venv or find_venv(flavor)
         super().__init__(
             engine_url,
@@ -257,6 +315,7 @@ class OGXServer(LlamaStackServer):
             self.state_dir,
             port=self.port,
             provider_max_tokens=self.provider_max_tokens,
+            responses=self.responses,
         )
         extra_args = flavor.extra_args
         if self.tls:

@@ -205,6 +205,10 @@ def _parse_body(raw: bytes, wire: Wire) -> dict[str, Any]:
     elif wire is Wire.LLAMA_STACK_COMPLETION:
         if "content" not in body or body["content"] is None:
             raise BadRequest(400, "missing required field 'content'", "content")
+    elif wire is Wire.OPENAI_RESPONSES:
+        given = body.get("input")
+        if not (isinstance(given, str) and given) and not (isinstance(given, list) and given):
+            raise BadRequest(400, "missing required field 'input' (a string or items)", "input")
     else:
         _check_prompt(body.get("prompt"))
     stream = body.get("stream", False)

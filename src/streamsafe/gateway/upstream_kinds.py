@@ -87,6 +87,11 @@ class Wire(enum.Enum):
     OPENAI_COMPLETION = "openai-completion"
     """``text_completion`` (``choices[].text``)."""
 
+    OPENAI_RESPONSES = "openai-responses"
+    """The Responses API: ``input`` (a string or items) in; a ``response`` object out, or a
+    stream of typed events (``response.created`` ... ``response.output_text.delta`` ...
+    ``response.completed``), each with its ``sequence_number``."""
+
     LLAMA_STACK_CHAT = "llama-stack-chat"
     """Llama Stack's native chat: ``{"event": {"event_type", "delta": {"text"}, ...}}`` chunks,
     ``{"completion_message": {...}}`` whole answers; the request names ``model_id``."""
@@ -280,6 +285,11 @@ KINDS: Mapping[KindName, UpstreamKind] = {
             CompletionRoute(
                 "/v1/completions", "/v1/completions", Wire.OPENAI_COMPLETION, False, False
             ),
+            # response.created and response.in_progress come at once, before the engine's
+            # first token.
+            CompletionRoute(
+                "/v1/responses", "/v1/responses", Wire.OPENAI_RESPONSES, False, False, preamble=2
+            ),
         ),
         passthrough=True,
         can_continue=False,
@@ -305,6 +315,14 @@ def cost_view(wire: Wire, body: Mapping[str, object]) -> Mapping[str, object]:
     default, where none is given)."""
     if wire is Wire.OPENAI_CHAT or wire is Wire.OPENAI_COMPLETION:
         return body
+    if wire is Wire.OPENAI_RESPONSES:
+        # Input items ({"role", "content"}) count as messages; a string as a prompt.
+        given = body.get("input")
+        limit = body.get("max_output_tokens")
+        responses: dict[str, object] = {"messages" if isinstance(given, list) else "prompt": given}
+        if isinstance(limit, int):
+            responses["max_tokens"] = limit
+        return responses
     params = body.get("sampling_params")
     limit = params.get("max_tokens") if isinstance(params, dict) else None
     view: dict[str, object] = {"max_tokens": limit if isinstance(limit, int) else 4096}
@@ -320,15 +338,24 @@ def cost_view(wire: Wire, body: Mapping[str, object]) -> Mapping[str, object]:
 # Byte patterns, not a JSON parse: this runs on the last event of every stream. Servers write
 # compact JSON (pydantic, orjson, vLLM) or json.dumps' ", " / ": " style; both are matched.
 _OPENAI_FINISHED = (b'"finish_reason":"', b'"finish_reason": "')
+# The Responses API's terminal events (a nested object's "type" never starts with "response.").
+_RESPONSE_ENDED = tuple(
+    b'"type":%s"response.%s"' % (space, end)
+    for end in (b"completed", b"incomplete", b"failed")
+    for space in (b"", b" ")
+)
 _LS_CHAT_COMPLETE = (b'"event_type":"complete"', b'"event_type": "complete"')
 _LS_COMPLETION_STOPPED = (b'"stop_reason":"', b'"stop_reason": "')
 
 
 def ends_answer(wire: Wire, payload: bytes) -> bool:
     """True if the event ``payload`` (an SSE ``data`` field) closes a whole answer in ``wire``:
-    a ``finish_reason`` (OpenAI), the ``complete`` event (Llama Stack chat), a ``stop_reason``
-    (Llama Stack completion). A stream that ends on any other event was cut short."""
-    if wire is Wire.LLAMA_STACK_CHAT:
+    a ``finish_reason`` (OpenAI), ``response.completed``, ``.incomplete`` or ``.failed`` (the
+    Responses API), the ``complete`` event (Llama Stack chat), a ``stop_reason`` (Llama Stack
+    completion). A stream that ends on any other event was cut short."""
+    if wire is Wire.OPENAI_RESPONSES:
+        patterns = _RESPONSE_ENDED
+    elif wire is Wire.LLAMA_STACK_CHAT:
         patterns = _LS_CHAT_COMPLETE
     elif wire is Wire.LLAMA_STACK_COMPLETION:
         patterns = _LS_COMPLETION_STOPPED

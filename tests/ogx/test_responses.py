@@ -1,0 +1,105 @@
+"""The Responses API (``POST /v1/responses``) as a route the gateway serves with its promises, in
+front of the real OGX 1.5.0: an ``Idempotency-Key`` sent again attaches to the one generation, a
+retry marked by its client attaches too, ``Last-Event-ID`` resumes with exactly the rest, and
+openai-python's ``responses.create`` gets OGX's own text, streamed or not. Counted at the
+engine."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx2
+import openai
+import orjson
+import pytest
+from today_tier import TodayTier
+
+from streamsafe.gateway import Gateway, GatewayConfig
+from streamsafe.serving import ServerThread
+from streamsafe.sse import SSEDecoder
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def through(ogx_server: TodayTier) -> Iterator[tuple[str, Gateway]]:
+    gateway = Gateway(GatewayConfig(upstream=ogx_server.url))
+    with ServerThread(gateway) as server:
+        yield server.url, gateway
+
+
+def body(tier: TodayTier, text: str, stream: bool = True) -> dict[str, Any]:
+    return {"model": tier.model, "input": text, "max_output_tokens": 16, "stream": stream}
+
+
+def events(url: str, payload: dict[str, Any], **headers: str) -> list[tuple[str | None, Any]]:
+    """(id, parsed data) of every event of one streamed call."""
+    r = httpx2.post(url + "/v1/responses", json=payload, headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+    return [(ev.id, orjson.loads(ev.data)) for ev in SSEDecoder().feed(r.content)]
+
+
+def text_of(evs: list[tuple[str | None, Any]]) -> str:
+    return "".join(d.get("delta", "") for _, d in evs if d["type"] == "response.output_text.delta")
+
+
+def test_a_key_sent_again_attaches_and_last_event_id_resumes_exactly(
+    ogx_server: TodayTier, through: tuple[str, Gateway]
+) -> None:
+    url, gateway = through
+    sim = ogx_server.engine(itl_ms=5.0)
+    key = {"idempotency-key": "resp-1"}
+    first = events(url, body(ogx_server, "a key"), **key)
+    assert first[-1][1]["type"] in ("response.completed", "response.incomplete")
+    again = events(url, body(ogx_server, "a key"), **key)
+    assert again == first  # replayed: the same events, the same response id
+    cut = len(first) // 2
+    rest = events(url, body(ogx_server, "a key"), **key, **{"last-event-id": str(first[cut][0])})
+    assert rest == first[cut + 1 :]
+    assert sim.stats()["generations_started"] == 1
+    assert gateway.stats()["generations_started"] == 1
+
+
+def test_a_marked_retry_of_a_live_response_attaches(
+    ogx_server: TodayTier, through: tuple[str, Gateway]
+) -> None:
+    url, _gateway = through
+    sim = ogx_server.engine(itl_ms=60.0)  # about a second of answer
+    got: list[list[tuple[str | None, Any]]] = []
+    first = threading.Thread(target=lambda: got.append(events(url, body(ogx_server, "live"))))
+    first.start()
+    while sim.stats()["generations_started"] < 1:
+        threading.Event().wait(0.01)
+    retry = events(url, body(ogx_server, "live"), **{"x-stainless-retry-count": "1"})
+    first.join(30)
+    assert text_of(retry) == text_of(got[0]) and retry[-1] == got[0][-1]
+    assert sim.stats()["generations_started"] == 1
+
+
+def test_openai_python_gets_ogx_s_own_answer_through_the_gateway(
+    ogx_server: TodayTier, through: tuple[str, Gateway]
+) -> None:
+    url, gateway = through
+    ogx_server.engine()
+    straight = openai.OpenAI(base_url=ogx_server.url + "/v1", api_key="none")
+    expected = straight.responses.create(
+        model=ogx_server.model, input="same text", max_output_tokens=16
+    ).output_text
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none")
+    plain = client.responses.create(model=ogx_server.model, input="same text", max_output_tokens=16)
+    streamed = client.responses.create(
+        model=ogx_server.model, input="same text", max_output_tokens=16, stream=True
+    )
+    deltas = "".join(ev.delta for ev in streamed if ev.type == "response.output_text.delta")
+    assert plain.output_text == expected and deltas == expected
+    assert gateway.stats()["generations_started"] == 2
+
+
+def test_a_response_without_input_is_refused_by_the_gateway(
+    ogx_server: TodayTier, through: tuple[str, Gateway]
+) -> None:
+    url, _gateway = through
+    r = httpx2.post(url + "/v1/responses", json={"model": ogx_server.model}, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input"
