@@ -8,6 +8,7 @@ write into a log another replica has taken over.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,12 +19,17 @@ from redis.exceptions import RedisError
 from streamsafe.gateway.redis_scripts import Scripts, entry_offset, ms
 from streamsafe.gateway.store import LeaseLost, MemoryEventLog
 
-__all__ = ["LogConflict", "LogLost", "RedisEventLog", "ReplicatedLog"]
+__all__ = ["APPEND_PATIENCE", "LogConflict", "LogLost", "RedisEventLog", "ReplicatedLog"]
 
 log = logging.getLogger("streamsafe.gateway")
 
 #: Field of a log entry that holds the payload.
 _FIELD = b"d"
+#: Seconds the writer of a log waits for Redis to take an append before it goes on with its copy
+#: alone (detached, as in an outage; written back once Redis answers again). Redis takes one in
+#: well under a millisecond; a frozen one (SIGSTOP) held every stream of its owner for the socket
+#: timeout (5 s then).
+APPEND_PATIENCE = 0.25
 
 
 class LogConflict(Exception):
@@ -158,11 +164,15 @@ class ReplicatedLog:
 
     async def append(self, payloads: Sequence[bytes]) -> int:
         """Append to Redis, then to the copy; return the new length. :class:`LeaseLost`
-        propagates (another replica writes this log now); a Redis failure detaches the log."""
+        propagates (another replica writes this log now); a Redis failure detaches the log, and
+        so does a Redis that has not answered within :data:`APPEND_PATIENCE` (frozen, or
+        unreachable without a reset): the subscribers here, who read the copy, never wait on
+        Redis for longer than that."""
         if not self.detached:
             try:
-                await self.remote.append(payloads)
-            except (RedisError, OSError, LogLost) as exc:
+                async with asyncio.timeout(APPEND_PATIENCE):
+                    await self.remote.append(payloads)
+            except (RedisError, OSError, LogLost, TimeoutError) as exc:
                 log.warning("redis failed under a log append (%r); going on locally", exc)
                 self.detached = True
                 if self.on_detach is not None:

@@ -51,7 +51,10 @@ class RedisStore:
 
     Every method is one round trip (a command, a script or a pipeline). Redis errors
     (:class:`redis.exceptions.RedisError`, connection errors included) propagate: what to do when
-    Redis is away is the registry's policy, not the store's.
+    Redis is away is the registry's policy, not the store's. ``socket_timeout`` (default 1 s)
+    bounds each round trip: a frozen Redis (SIGSTOP, a partition without a reset) is taken for
+    away after it, so a request waits that long at most before the replica serves with its own
+    state (it waited 5 s).
     """
 
     def __init__(
@@ -59,7 +62,7 @@ class RedisStore:
         url: str = "redis://127.0.0.1:6379/0",
         *,
         prefix: str = DEFAULT_PREFIX,
-        socket_timeout: float = 5.0,
+        socket_timeout: float = 1.0,
     ) -> None:
         self.url = url
         self.prefix = prefix
