@@ -237,6 +237,14 @@ class Registry:
         gen.task = asyncio.get_running_loop().create_task(self._run(gen), name=new_id)
         return gen, 0
 
+    def rejoin(self, gen: Generation, start: int) -> int:
+        r"""A subscriber resuming ``gen`` from offset ``start``, found by other means than
+        :meth:`open` (a Responses-API resume by the response's id); it :meth:`leave`\ s it when
+        done. Returns the offset to read from."""
+        self.counters.resumed += 1
+        self._join(gen)
+        return min(start, gen.length) if gen.finished else start
+
     async def _run(self, gen: Generation, cut: str | None = None) -> None:
         """The reader task of a generation this replica runs."""
         try:
@@ -403,12 +411,16 @@ class Registry:
         if replicas.is_mirror(gen):
             replicas.unfollow(gen)  # the owner decides what Redis keeps
             return
-        if gen.key is None or replicas.degraded or replicas.closing:
+        if replicas.degraded or replicas.closing:
             return
-        # Redis drops the record when its time is up; the key goes now where a retry must
-        # start over (failed, aborted, or evicted).
+        # The key goes now where a retry must start over (failed, aborted, or evicted). An
+        # answer this replica let go of (evicted for --max-kept-mb, or past its time) goes from
+        # Redis too, so Redis holds what the replicas keep, not --keep-finished of everything.
         try:
-            await self.store.release(gen.key, gen.id)
+            if gen.state is State.DONE:
+                await replicas.let_go(gen)
+            if gen.key is not None:
+                await self.store.release(gen.key, gen.id)
         except REDIS_ERRORS as exc:
             replicas.failed(exc)
 

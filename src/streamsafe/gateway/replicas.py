@@ -274,6 +274,15 @@ class Replicas:
                 await store.expire_generation(gen.id, max(self.lease * 2, 1.0))
             await store.release_lease(gen.id)
 
+    async def let_go(self, gen: Generation) -> None:
+        """``gen``, which this replica ran and kept for replay, is no longer kept (evicted, or
+        its time is up): let its keys in Redis lapse too, two leases from now (a mirror still
+        copying its end has that long), instead of ``keep_finished`` after it ended."""
+        store = self.store
+        async with self._lifetimes:
+            await store.unindex_fingerprint(gen.tenant, gen.fingerprint, gen.id)
+            await store.expire_generation(gen.id, max(self.lease * 2, 1.0))
+
     async def hand_over(self, gen: Generation) -> None:
         """This replica stops (a graceful shutdown) while ``gen`` runs: give up its lease and
         leave its record live, so a replica that follows it, or the next request for it, takes it
