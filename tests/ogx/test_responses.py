@@ -103,3 +103,71 @@ def test_a_response_without_input_is_refused_by_the_gateway(
     url, _gateway = through
     r = httpx2.post(url + "/v1/responses", json={"model": ogx_server.model}, timeout=10)
     assert r.status_code == 400 and r.json()["error"]["param"] == "input"
+
+
+def resumed(url: str, response_id: str, after: int | None) -> list[tuple[str | None, Any]]:
+    query = "stream=true" + ("" if after is None else f"&starting_after={after}")
+    r = httpx2.get(f"{url}/v1/responses/{response_id}?{query}", timeout=60)
+    assert r.status_code == 200, r.text
+    return [(ev.id, orjson.loads(ev.data)) for ev in SSEDecoder().feed(r.content)]
+
+
+def test_starting_after_resumes_a_finished_stream_from_the_gateway_s_log(
+    ogx_server: TodayTier, through: tuple[str, Gateway]
+) -> None:
+    url, gateway = through
+    sim = ogx_server.engine()
+    first = events(url, body(ogx_server, "starting after"))
+    response_id = first[0][1]["response"]["id"]
+    seq = [d["sequence_number"] for _, d in first]
+    assert seq == list(range(len(first)))
+    for after in (0, 5, seq[-2]):
+        assert resumed(url, response_id, after) == first[after + 1 :]
+    assert resumed(url, response_id, None) == first
+    assert sim.stats()["generations_started"] == 1
+    assert gateway.stats()["resumed"] == 4
+
+
+def test_starting_after_follows_a_live_stream_to_its_end(
+    ogx_server: TodayTier, through: tuple[str, Gateway]
+) -> None:
+    url, _gateway = through
+    sim = ogx_server.engine(itl_ms=80.0)  # over a second of answer
+    got: list[list[tuple[str | None, Any]]] = []
+    first = threading.Thread(target=lambda: got.append(events(url, body(ogx_server, "live"))))
+    first.start()
+    # The caller lost its stream after the first delta: it comes back for the rest.
+    while True:
+        held = ogx_server_events(through[1])
+        if held is not None:
+            break
+        threading.Event().wait(0.02)
+    response_id, after = held
+    rest = resumed(url, response_id, after)
+    first.join(30)
+    assert rest == got[0][after + 1 :]
+    assert sim.stats()["generations_started"] == 1
+
+
+def ogx_server_events(gateway: Gateway) -> tuple[str, int] | None:
+    """The response id of the one live Responses stream the gateway holds, and the sequence
+    number of its first delta, once it has one."""
+    for gen in gateway.registry.generations:
+        payloads = gen.log.read_nowait(0)
+        deltas = [
+            orjson.loads(p)
+            for p in payloads
+            if b'"type":"response.output_text.delta"' in p and not gen.finished
+        ]
+        if deltas:
+            return orjson.loads(payloads[0])["response"]["id"], deltas[0]["sequence_number"]
+    return None
+
+
+def test_a_response_the_gateway_does_not_hold_is_the_server_s_to_answer(
+    ogx_server: TodayTier, through: tuple[str, Gateway]
+) -> None:
+    url, gateway = through
+    r = httpx2.get(f"{url}/v1/responses/resp_unknown?stream=true&starting_after=3", timeout=10)
+    assert r.status_code == 404  # OGX's own answer
+    assert gateway.stats()["passed_through"] == 1

@@ -67,6 +67,7 @@ from streamsafe.gateway.requests import (
     read_request_body,
     tenant_id,
 )
+from streamsafe.gateway.responses import find_response, resume_request, start_after
 from streamsafe.gateway.store import MemoryStore, Store
 from streamsafe.gateway.store_redis import RedisStore
 from streamsafe.gateway.subscriber import Subscriber, serve_json, serve_stream
@@ -351,8 +352,14 @@ class Gateway:
                 await self._completion(scope, receive, send, route, access)
             elif kind.passthrough:
                 # Every other route, and GET on the completion paths (Llama Stack lists and
-                # reads stored completions there), goes to the upstream unchanged.
+                # reads stored completions there), goes to the upstream unchanged; except a
+                # Responses stream asked again that the gateway holds (see responses.py).
                 access.tenant = tenant = self._tenant(scope)
+                again = resume_request(method, path, scope["query_string"])
+                if again is not None and await self._resume_response(
+                    scope, receive, send, access, tenant, *again
+                ):
+                    return
                 if (
                     tenant != _ANONYMOUS
                     and self.config.tenant_passthrough == "refuse"
@@ -546,9 +553,53 @@ class Gateway:
             # Joined only by being identical (collapse_identical): another caller's answer,
             # so a completion id of its own.
             sub.rename = own_completion_id()
+        await self._serve(sub, start, route, req.stream, scope, receive, send)
+
+    async def _resume_response(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        access: Access,
+        tenant: str,
+        response_id: str,
+        after: int | None,
+    ) -> bool:
+        """Serve ``GET /v1/responses/{id}?stream=true&starting_after=N`` from the log of the
+        stream held here; False where none is (the server answers instead)."""
+        found = await find_response(self.registry.generations, tenant, response_id)
+        if found is None:
+            return False
+        gen, payloads = found
+        start = start_after(payloads, after)
+        if start is None:
+            msg = f"response {response_id} has no event numbered {after} (yet)"
+            raise BadRequest(400, msg, param="starting_after")
+        route = gen.request.route
+        assert route is not None
+        access.completion = access.stream = True
+        start = self.registry.rejoin(gen, start)
+        access.join(gen, False, True, gen.finished)
+        sub = access.sub = Subscriber(gen, client_read_timeout(scope), last_attempt(scope))
+        await self._serve(sub, start, route, True, scope, receive, send)
+        return True
+
+    async def _serve(
+        self,
+        sub: Subscriber,
+        start: int,
+        route: CompletionRoute,
+        stream: bool,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """Send ``sub`` its generation from offset ``start``, streamed or as one JSON answer;
+        it leaves the generation when done."""
+        gen = sub.gen
         sub.listen(scope, receive)
         try:
-            if req.stream:
+            if stream:
                 # Where the gateway speaks Llama Stack's way (no [DONE]) for an upstream that
                 # ends with it, a failed stream ends with a reset: llama-stack-client ignores
                 # error events, so its caller sees a transport error instead of a short answer
@@ -571,7 +622,7 @@ class Gateway:
         finally:
             await sub.unlisten()
             if sub.hold:  # told to come back: refused for now, by admission
-                counters.shed += 1
+                self.registry.counters.shed += 1
             self.registry.leave(gen, sub.hold)
 
 
