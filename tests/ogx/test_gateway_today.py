@@ -113,10 +113,11 @@ def test_auto_finds_today_s_server_and_says_what_it_protects(
     assert "serves POST /v1/chat/completions, /v1/completions" in found[0]
 
 
-def test_plain_llama_stack_client_calls_through_the_gateway_are_one_generation_each(
-    today: TodayTier,
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_llama_stack_client_calls_through_the_gateway_are_one_generation_each(
+    today: TodayTier, stream: bool
 ) -> None:
-    load = TierLoad(stream=False, api="openai")
+    load = TierLoad(stream=stream, api="openai")
     engine = storm_engine(today, load)
     with gateway_in_front(today) as (url, gateway):
         results = llama_stack_client_calls(today, url, load)

@@ -5,12 +5,13 @@ position, counted at the engine: the figures of docs/design.md, "Positions aroun
 
 The server starts once per flavor in front of an engine slot; each run installs a fresh
 simulator sized as the report's engine (room for each call once, :func:`engine_for`) and makes 32
-concurrent calls (:class:`TierLoad`): plain calls from llama-stack-client 0.7.5 (3 s timeout, its
-2 retries), openai streams (3 s, 2 retries), plain calls from ogx-client 1.5.0 with its defaults
-and with a 3 s timeout. Positions: ``direct`` (client -> server -> engine), ``in-front``
-(client -> gateway, default flags -> server -> engine), ``behind`` (client -> server -> gateway,
-default flags -> engine), ``behind-collapse`` (the same with ``--collapse-identical``, which
-attaches the client's retry the server sends on as a fresh call).
+concurrent calls (:class:`TierLoad`): plain calls and streams from llama-stack-client 0.7.5 (3 s
+timeout, its 2 retries), openai streams (3 s, 2 retries), plain calls from ogx-client 1.5.0 with
+its defaults and with a 3 s timeout. Positions: ``direct`` (client -> server -> engine),
+``in-front`` (client -> gateway, default flags -> server -> engine), ``behind`` (client ->
+server -> gateway, default flags -> engine), ``behind-collapse`` (the same with
+``--collapse-identical``, which attaches the client's retry the server sends on as a fresh
+call).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ POSITIONS: tuple[Position, ...] = ("direct", "in-front", "behind", "behind-colla
 #: The loads: (name, client, streamed, the client's timeout or None for its default).
 LOADS: tuple[tuple[str, str, bool, float | None], ...] = (
     ("llama-stack-client plain", "llama-stack-client", False, 3.0),
+    ("llama-stack-client streams", "llama-stack-client", True, 3.0),
     ("openai streams", "openai", True, 3.0),
     ("ogx-client plain, defaults", "ogx-client", False, None),
     ("ogx-client plain, 3 s", "ogx-client", False, 3.0),
@@ -121,7 +123,12 @@ def _calls(url: str, client: str, load: TierLoad, timeout: float | None) -> list
     if client == "openai":
         return asyncio.run(_openai_streams(url, load, model))
     calls = [
-        {"model": model, "messages": load.messages(i), "max_tokens": load.max_tokens}
+        {
+            "model": model,
+            "messages": load.messages(i),
+            "max_tokens": load.max_tokens,
+            "stream": load.stream,
+        }
         for i in range(load.calls)
     ]
     plan = {"client": client, "base_url": url, "calls": calls, "timeout": timeout}
