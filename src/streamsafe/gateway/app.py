@@ -151,7 +151,13 @@ class Gateway:
         )
         replicas = None
         if store is None and config.redis_url is not None:
-            redis_store = RedisStore(config.redis_url)
+            redis_store = RedisStore(config.redis_url, secret=config.redis_secret)
+            if config.redis_secret is None:
+                log.warning(
+                    "no Redis secret: prompts are kept in Redis in clear and provider data not at "
+                    "all (another replica cannot continue a generation that carried it); give "
+                    "every replica the same --redis-secret to seal both"
+                )
             replicas = Replicas(
                 redis_store,
                 lease=config.lease,

@@ -276,6 +276,14 @@ def add_arguments(p: argparse.ArgumentParser) -> dict[str, Any]:
         help="redis:// URL of the store shared by gateway replicas (default: this process only)",
     )
     replicas.add_argument(
+        "--redis-secret",
+        default=None,
+        metavar="SECRET",
+        help="a secret every replica is given (also STREAMSAFE_REDIS_SECRET): prompts and "
+        "provider data are sealed in Redis with it; without it provider data is kept out of "
+        "Redis and prompts are kept in clear",
+    )
+    replicas.add_argument(
         "--lease",
         type=float,
         default=3.0,
@@ -361,6 +369,7 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
         probe_interval=args.probe_interval,
         max_continuations=args.max_continuations,
         redis_url=args.redis,
+        redis_secret=args.redis_secret or os.environ.get("STREAMSAFE_REDIS_SECRET") or None,
         lease=args.lease,
         orphan_ttl=args.orphan_ttl,
         engines=engines,

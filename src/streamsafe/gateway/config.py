@@ -166,6 +166,12 @@ class GatewayConfig:
     #: keeps everything in this process. With it, a retry or a resume that lands on any replica
     #: finds the generation another one runs (see docs/design.md, Replicas).
     redis_url: str | None = None
+    #: A secret every replica sharing ``redis_url`` is given (``None``, default: none). With it
+    #: the prompt and the provider data (``X-LlamaStack-Provider-Data``) of a generation's Redis
+    #: record are sealed (AES-GCM, see :mod:`streamsafe.gateway.record_seal`); without it the
+    #: provider data is never written to Redis (a generation carrying it is not continued by
+    #: another replica) and the prompt is kept there in clear.
+    redis_secret: str | None = None
     #: Seconds of the lease a replica holds on each generation it runs (default 3, renewed
     #: every second): how long a dead replica's generations wait before another takes them over.
     lease: float = 3.0

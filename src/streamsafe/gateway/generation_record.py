@@ -1,6 +1,8 @@
 """A generation's record in Redis: what another replica needs to mirror it or take it over,
 written by the replica that runs it (:func:`record_of`) and read back by the others
-(:func:`request_of`).
+(:func:`request_of`). The prompt and the provider data it carries are sealed with the replicas'
+secret where they share one, and the provider data is left out where they do not (see
+:mod:`streamsafe.gateway.record_seal`).
 """
 
 from __future__ import annotations
@@ -8,16 +10,22 @@ from __future__ import annotations
 import orjson
 
 from streamsafe.gateway.generation import Generation, GenerationRequest
+from streamsafe.gateway.record_seal import SEALED, RecordSeal, Unsealable
 from streamsafe.gateway.upstream_kinds import CompletionRoute, Wire
 
 __all__ = ["record_of", "request_of"]
 
 
-def record_of(gen: Generation) -> dict[str, bytes | str | int]:
-    """What another replica needs to mirror ``gen`` or take it over."""
+def record_of(gen: Generation, seal: RecordSeal | None = None) -> dict[str, bytes | str | int]:
+    """What another replica needs to mirror ``gen`` or take it over (``seal``: the replicas'
+    shared secret, if any)."""
     req = gen.request
     route = req.route
-    return {
+    body, forward = req.body, req.forward
+    if seal is not None:
+        body = seal.seal(gen.id, "body", body)
+        forward = seal.seal(gen.id, "forward", forward) if forward else b""
+    record: dict[str, bytes | str | int] = {
         "route": b""
         if route is None
         else orjson.dumps(
@@ -32,29 +40,48 @@ def record_of(gen: Generation) -> dict[str, bytes | str | int]:
         ),
         "tenant": gen.tenant,
         "path": req.path,
-        "body": req.body,
+        "body": body,
         "fingerprint": gen.fingerprint,
         "cost": gen.cost,
         "stream": "1" if gen.stream else "0",
         "key": gen.key or "",
         "state": gen.state.value,
-        # The client headers it is sent upstream with: a replica that takes it over sends them.
-        "forward": req.forward,
     }
+    if seal is not None:
+        if forward:
+            # The client headers it is sent upstream with, sealed: a replica that takes it over
+            # sends them.
+            record["forward"] = forward
+    elif req.forward or req.withheld:
+        record["withheld"] = "1"  # it carries provider data, kept out of Redis
+    return record
 
 
-def request_of(record: dict[str, bytes]) -> GenerationRequest:
-    """The request a record (see :func:`record_of`) holds; its ``body`` must be there."""
+def request_of(
+    record: dict[str, bytes], gen_id: str, seal: RecordSeal | None = None
+) -> GenerationRequest:
+    """The request a record (see :func:`record_of`) holds; its ``body`` must be there. Raises
+    :class:`~streamsafe.gateway.record_seal.Unsealable` for sealed fields this replica cannot
+    open (no secret, or another one)."""
     return GenerationRequest(
         tenant=record["tenant"].decode(),
         path=record["path"].decode(),
-        body=record["body"],
+        body=_open(record["body"], gen_id, "body", seal),
         fingerprint=record["fingerprint"],
         cost=int(record["cost"]),
         stream=record["stream"] == b"1",
         route=_route(record.get("route", b"")),
-        forward=record.get("forward", b""),
+        forward=_open(record.get("forward", b""), gen_id, "forward", seal),
+        withheld=record.get("withheld") == b"1",
     )
+
+
+def _open(value: bytes, gen_id: str, field: str, seal: RecordSeal | None) -> bytes:
+    if not value.startswith(SEALED):
+        return value
+    if seal is None:
+        raise Unsealable(f"{gen_id}: the record's {field} is sealed, and no Redis secret is set")
+    return seal.open(gen_id, field, value)
 
 
 def _route(raw: bytes) -> CompletionRoute | None:

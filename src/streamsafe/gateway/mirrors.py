@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from streamsafe.gateway.errors import Failure, error_body
 from streamsafe.gateway.generation import Generation, State
 from streamsafe.gateway.generation_record import request_of
+from streamsafe.gateway.record_seal import Unsealable
 from streamsafe.gateway.redis_log import ReplicatedLog
 from streamsafe.gateway.store_redis import REDIS_ERRORS, RedisStore
 from streamsafe.sse import DONE
@@ -87,7 +88,11 @@ class Mirrors:
             await asyncio.sleep(delay)
             waited += delay
             delay = min(delay * 2, 0.1)
-        request = request_of(record)
+        try:
+            request = request_of(record, gen_id, self.store.seal)
+        except Unsealable as exc:
+            log.error("%s; every replica needs the same --redis-secret", exc)
+            return None
         log_ = self.store.replicated_log(gen_id, writer=False, lease=self.lease)
         log_.on_detach = self._failed
         stored_key = record.get("key", b"").decode() or None

@@ -106,6 +106,17 @@ class Relay:
             else OneEngine(self.upstream)
         )
         try:
+            if cut is not None and gen.request.withheld:
+                # Its provider data was kept out of Redis: continuing it here would run it under
+                # other credentials than its caller's.
+                msg = (
+                    f"{cut}, and the credentials it came with were not kept (no --redis-secret);"
+                    " send it again"
+                )
+                await self._endings.fail(
+                    gen, Failure(503, error_body(msg, "service_unavailable", 503), 1)
+                )
+                return
             if self._breaker.is_open:
                 await self._endings.fail_dead(gen)
                 return

@@ -186,7 +186,7 @@ class Replicas:
             self._unsynced.pop(gen.id, None)
             return  # another replica took it over while Redis was away: it writes now
         ttl = self.orphan_ttl
-        await store.put_generation(gen.id, record_of(gen), ttl)
+        await store.put_generation(gen.id, record_of(gen, store.seal), ttl)
         if gen.key is not None and (gen.live or (gen.state is State.DONE and self.keep_finished)):
             # Not for one that ended with nothing to replay: the registry forgot it and its key
             # (a retry starts over), and nothing would release the claim.
@@ -217,7 +217,7 @@ class Replicas:
     async def publish(self, gen: Generation) -> None:
         """Make ``gen`` findable by every replica and take its lease (one round trip each)."""
         store = self.store
-        await store.put_generation(gen.id, record_of(gen), self.orphan_ttl)
+        await store.put_generation(gen.id, record_of(gen, store.seal), self.orphan_ttl)
         if not await store.take_lease(gen.id, self.lease):
             raise LeaseLost(gen.id)  # ids are unique per process: only a bug gets here
         await store.index_fingerprint(gen.tenant, gen.fingerprint, gen.id, self.orphan_ttl)

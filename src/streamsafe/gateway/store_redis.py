@@ -33,6 +33,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from streamsafe.gateway.record_seal import RecordSeal
 from streamsafe.gateway.redis_client import CancelSafeRedis
 from streamsafe.gateway.redis_log import RedisEventLog, ReplicatedLog
 from streamsafe.gateway.redis_scripts import Scripts, ms, text
@@ -63,8 +64,12 @@ class RedisStore:
         *,
         prefix: str = DEFAULT_PREFIX,
         socket_timeout: float = 1.0,
+        secret: str | None = None,
     ) -> None:
         self.url = url
+        #: Seals the prompt and the provider data in generation records, with the secret the
+        #: replicas share (``None``: no secret; see :mod:`.record_seal`).
+        self.seal = RecordSeal(secret) if secret else None
         self.prefix = prefix
         #: Unique per store object: the lease value of generations this replica runs.
         self.replica_id = os.urandom(6).hex()
