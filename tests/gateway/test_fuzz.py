@@ -2,11 +2,13 @@
 generated methods, paths, headers, keys, ``Last-Event-ID``s and bodies. Whatever arrives, the
 gateway never answers 500, every error is an OpenAI-style JSON object, and it keeps serving.
 Pass-through paths are fuzzed over a real socket: no spelling reaches the upstream's completion
-route or leaves its prefix, however leniently the upstream reads it."""
+route or leaves its prefix, however leniently the upstream reads it. Redis-mode records and the
+pool's configuration are fuzzed as the pure functions that read them."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from collections.abc import Iterator
@@ -22,6 +24,11 @@ from path_helpers import BODY, COMPLETION_ROUTES, PREFIX, PathStack, lenient, pa
 
 from streamsafe.engine_sim import Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
+from streamsafe.gateway.generation import Generation, GenerationRequest
+from streamsafe.gateway.generation_record import record_of, request_of
+from streamsafe.gateway.pool import parse_engine, parse_fallback
+from streamsafe.gateway.record_seal import RecordSeal, Unreadable
+from streamsafe.gateway.store import MemoryEventLog
 from streamsafe.serving import ServerThread
 
 #: Seconds one fuzzed request may take before its client "leaves" (every call is bounded).
@@ -446,3 +453,74 @@ def test_no_path_spelling_reaches_a_completion_route_or_leaves_the_prefix(
             assert b"x-path-probe" not in headers, (target, raw)  # never passed through
             served += 1
     assert paths.gw.stats()["generations_started"] == started + served
+
+
+# -- Redis-mode records and the pool's configuration (pure) ---------------------------------------
+
+_SEAL = RecordSeal("fuzz-secret")
+_RECORD_FIELDS = ["route", "tenant", "path", "body", "fingerprint", "cost", "stream", "key"]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    body=st.binary(max_size=200),
+    forward=st.binary(max_size=100),
+    tenant=st.text(max_size=20),
+    cost=st.integers(min_value=0, max_value=2**40),
+    sealed=st.booleans(),
+)
+def test_a_generation_s_redis_record_reads_back_as_its_request(
+    body: bytes, forward: bytes, tenant: str, cost: int, sealed: bool
+) -> None:
+    req = GenerationRequest(
+        tenant, "/v1/chat/completions", body, b"f" * 16, cost, True, forward=forward
+    )
+    seal = _SEAL if sealed else None
+    record = record_of(Generation("gen-1", req, MemoryEventLog(), None, 0.0), seal)
+    stored = {k: v if isinstance(v, bytes) else str(v).encode() for k, v in record.items()}
+    back = request_of(stored, "gen-1", seal)
+    assert (back.body, back.tenant, back.cost) == (body, tenant, cost)
+    assert back.forward == (forward if sealed else b"")
+    assert back.withheld == (bool(forward) and not sealed)
+    if sealed and len(body) > 8:
+        assert body not in b"".join(stored.values())
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    record=st.dictionaries(
+        st.sampled_from([*_RECORD_FIELDS, "forward", "withheld"]),
+        st.one_of(
+            st.binary(max_size=40),
+            st.just(b"\x00ss1" + b"x" * 30),  # a sealed value that does not open
+            st.sampled_from([b"1", b"-3", b"[]", b'["/p","/p","openai-chat",true,true,""]']),
+        ),
+    ),
+    sealed=st.booleans(),
+)
+def test_any_redis_record_is_read_or_refused_as_unreadable(
+    record: dict[str, bytes], sealed: bool
+) -> None:
+    # A mirror reading a record it cannot read logs it and does not follow the generation; any
+    # other exception would have been a 500 for the request that wanted to attach to it.
+    with contextlib.suppress(Unreadable):
+        request_of(record, "gen-1", _SEAL if sealed else None)
+
+
+_spec_text = st.text(
+    alphabet=st.sampled_from(list("hps:/.,= 0123456789-abcmodelswightnfry")), max_size=60
+) | st.sampled_from(["http://a weight=nan", "http://a memory=-1", "http://a models=", "a=a"])
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(text=_spec_text)
+def test_any_engine_or_fallback_spec_is_parsed_or_refused_with_a_value_error(text: str) -> None:
+    for parse in (parse_engine, parse_fallback):
+        try:
+            parse(text)
+        except ValueError as exc:
+            assert str(exc)
+    try:
+        GatewayConfig(upstream="http://a", engines=(text, "http://b"))
+    except ValueError as exc:
+        assert str(exc)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import orjson
 
 from streamsafe.gateway.generation import Generation, GenerationRequest
-from streamsafe.gateway.record_seal import SEALED, RecordSeal, Unsealable
+from streamsafe.gateway.record_seal import SEALED, RecordSeal, Unreadable, Unsealable
 from streamsafe.gateway.upstream_kinds import CompletionRoute, Wire
 
 __all__ = ["record_of", "request_of"]
@@ -61,19 +61,25 @@ def request_of(
     record: dict[str, bytes], gen_id: str, seal: RecordSeal | None = None
 ) -> GenerationRequest:
     """The request a record (see :func:`record_of`) holds; its ``body`` must be there. Raises
-    :class:`~streamsafe.gateway.record_seal.Unsealable` for sealed fields this replica cannot
-    open (no secret, or another one)."""
-    return GenerationRequest(
-        tenant=record["tenant"].decode(),
-        path=record["path"].decode(),
-        body=_open(record["body"], gen_id, "body", seal),
-        fingerprint=record["fingerprint"],
-        cost=int(record["cost"]),
-        stream=record["stream"] == b"1",
-        route=_route(record.get("route", b"")),
-        forward=_open(record.get("forward", b""), gen_id, "forward", seal),
-        withheld=record.get("withheld") == b"1",
-    )
+    :class:`~streamsafe.gateway.record_seal.Unreadable` for a record it cannot read: malformed,
+    or sealed where this replica cannot open it
+    (:class:`~streamsafe.gateway.record_seal.Unsealable`: no secret, or another one)."""
+    try:
+        return GenerationRequest(
+            tenant=record["tenant"].decode(),
+            path=record["path"].decode(),
+            body=_open(record["body"], gen_id, "body", seal),
+            fingerprint=record["fingerprint"],
+            cost=int(record["cost"]),
+            stream=record["stream"] == b"1",
+            route=_route(record.get("route", b"")),
+            forward=_open(record.get("forward", b""), gen_id, "forward", seal),
+            withheld=record.get("withheld") == b"1",
+        )
+    except Unreadable:
+        raise
+    except (KeyError, ValueError, TypeError) as exc:  # UnicodeDecodeError, JSONDecodeError too
+        raise Unreadable(f"{gen_id}: its Redis record is malformed ({exc!r})") from None
 
 
 def _open(value: bytes, gen_id: str, field: str, seal: RecordSeal | None) -> bytes:

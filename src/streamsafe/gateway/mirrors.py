@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from streamsafe.gateway.errors import Failure, error_body
 from streamsafe.gateway.generation import Generation, State
 from streamsafe.gateway.generation_record import request_of
-from streamsafe.gateway.record_seal import Unsealable
+from streamsafe.gateway.record_seal import Unreadable, Unsealable
 from streamsafe.gateway.redis_log import ReplicatedLog
 from streamsafe.gateway.store_redis import REDIS_ERRORS, RedisStore
 from streamsafe.sse import DONE
@@ -92,6 +92,9 @@ class Mirrors:
             request = request_of(record, gen_id, self.store.seal)
         except Unsealable as exc:
             log.error("%s; every replica needs the same --redis-secret", exc)
+            return None
+        except Unreadable as exc:
+            log.error("%s", exc)
             return None
         log_ = self.store.replicated_log(gen_id, writer=False, lease=self.lease)
         log_.on_detach = self._failed

@@ -86,6 +86,8 @@ class EngineSpec:
 
 def parse_engine(text: str) -> EngineSpec:
     """An :class:`EngineSpec` from ``URL [models=a,b] [weight=W]`` (the ``--upstream`` value)."""
+    if not text.split():
+        raise ValueError("an engine is URL [models=a,b] [weight=W] [memory=TOKENS], not blank")
     url, *options = text.split()
     models: frozenset[str] = frozenset()
     weight = 1.0

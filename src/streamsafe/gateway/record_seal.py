@@ -23,14 +23,18 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-__all__ = ["SEALED", "RecordSeal", "Unsealable"]
+__all__ = ["SEALED", "RecordSeal", "Unreadable", "Unsealable"]
 
 #: What a sealed field begins with (a JSON body or header lines never begin with a NUL).
 SEALED = b"\x00ss1"
 _NONCE = 12
 
 
-class Unsealable(Exception):
+class Unreadable(Exception):
+    """A generation's Redis record that this replica cannot read (malformed, or sealed)."""
+
+
+class Unsealable(Unreadable):
     """A sealed field that this replica cannot open: no secret, another secret, or altered."""
 
 
