@@ -1,7 +1,8 @@
 """The report's deployment today with the real engine: OGX 1.5.0 (``remote::vllm``) in front of the
 real vLLM, and the gateway with its default flags in front of OGX. vLLM's engine is stalled past
 the clients' timeout (3 s, their 2 retries), as a busy engine is; every call is counted in vLLM's
-own request log."""
+own request log (each test tags its requests with a seed of its own, 7001-7999, which no
+other file of this folder uses: they share the session's vLLM)."""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def _plain(vllm: VLLMEngine, url: str, seed: int) -> list[dict[str, Any]]:
 
 def _expected(vllm: VLLMEngine) -> list[str]:
     return [
-        greedy_text(vllm, f"caller {i} of the stalled engine", 16, seed=3999) for i in range(CALLS)
+        greedy_text(vllm, f"caller {i} of the stalled engine", 16, seed=7999) for i in range(CALLS)
     ]
 
 
@@ -112,16 +113,16 @@ def test_plain_calls_through_the_gateway_and_ogx_are_one_vllm_request_each(
     vllm_engine: VLLMEngine, ogx: OGXServer
 ) -> None:
     with gateway_in_front(ogx) as gw:
-        results = _stalled(vllm_engine, lambda: _plain(vllm_engine, gw.url, seed=3001))
+        results = _stalled(vllm_engine, lambda: _plain(vllm_engine, gw.url, seed=7001))
     assert [r["text"] for r in results] == _expected(vllm_engine), results
-    assert len(vllm_engine.requests_received(seed=3001)) == CALLS
+    assert len(vllm_engine.requests_received(seed=7001)) == CALLS
 
 
 def test_without_the_gateway_each_retry_is_another_vllm_request(
     vllm_engine: VLLMEngine, ogx: OGXServer
 ) -> None:
-    results = _stalled(vllm_engine, lambda: _plain(vllm_engine, ogx.url, seed=3002))
-    received = len(vllm_engine.requests_received(seed=3002))
+    results = _stalled(vllm_engine, lambda: _plain(vllm_engine, ogx.url, seed=7002))
+    received = len(vllm_engine.requests_received(seed=7002))
     assert received >= 2 * CALLS, (received, [r["error"] for r in results])
 
 
@@ -148,7 +149,7 @@ def test_openai_streams_through_the_gateway_and_ogx_are_one_vllm_request_each(
 
         threads = [
             threading.Thread(target=one, args=(i, c))
-            for i, c in enumerate(_calls(vllm_engine, 3003, stream=True))
+            for i, c in enumerate(_calls(vllm_engine, 7003, stream=True))
         ]
         for t in threads:
             t.start()
@@ -159,4 +160,4 @@ def test_openai_streams_through_the_gateway_and_ogx_are_one_vllm_request_each(
     with gateway_in_front(ogx) as gw:
         results = _stalled(vllm_engine, lambda: streams(gw.url))
     assert [r["text"] for r in results] == _expected(vllm_engine), results
-    assert len(vllm_engine.requests_received(seed=3003)) == CALLS
+    assert len(vllm_engine.requests_received(seed=7003)) == CALLS
