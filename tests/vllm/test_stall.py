@@ -41,7 +41,7 @@ def test_openai_streams_survive_a_six_second_mid_stream_stall_with_default_flags
                     messages=[{"role": "user", "content": prompts[i]}],
                     max_tokens=TOKENS,
                     temperature=0,
-                    seed=3002,
+                    seed=3102,
                     stream=True,
                 )
                 for chunk in stream:
@@ -62,7 +62,7 @@ def test_openai_streams_survive_a_six_second_mid_stream_stall_with_default_flags
         for t in threads:
             t.start()
         wait_until(
-            lambda: len(vllm_engine.requests_received(seed=3002)) == STREAMS, what="all received"
+            lambda: len(vllm_engine.requests_received(seed=3102)) == STREAMS, what="all received"
         )
         vllm_engine.resume()
         for _ in range(STREAMS):
@@ -74,6 +74,6 @@ def test_openai_streams_survive_a_six_second_mid_stream_stall_with_default_flags
         stats = gw.gw.stats()
 
     assert results == wanted
-    assert len(vllm_engine.requests_received(seed=3002)) == STREAMS
+    assert len(vllm_engine.requests_received(seed=3102)) == STREAMS
     assert stats["retries_seen"] == 0  # nobody timed out
     assert stats["continued"] == 0  # and the gateway did not cut anything either
