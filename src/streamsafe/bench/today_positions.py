@@ -23,7 +23,7 @@ import json
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from streamsafe.bench.client_calls import run_calls
@@ -31,6 +31,7 @@ from streamsafe.bench.llamastack_deployment import Deployment, llama_stack_deplo
 from streamsafe.bench.ogx_server import FLAVORS, LLAMA_STACK_07, OGX, Flavor, OGXServer, find_venv
 from streamsafe.bench.tier_load import TierLoad, engine_for, expected_answer
 from streamsafe.engine_sim import SimConfig, Simulator
+from streamsafe.engine_sim.config import Fault
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.serving import ServerThread
 
@@ -138,11 +139,24 @@ def _calls(url: str, client: str, load: TierLoad, timeout: float | None) -> list
     return run_calls(venv / "bin" / "python", plan)
 
 
-def run(deployment: Deployment, flavor: Flavor, position: Position, load_name: str) -> Row:
-    """One load in one position around ``deployment``'s server."""
+def run(
+    deployment: Deployment,
+    flavor: Flavor,
+    position: Position,
+    load_name: str,
+    *,
+    refusing: bool = False,
+) -> Row:
+    """One load in one position around ``deployment``'s server. ``refusing``: one call, to an
+    engine that answers every request 503 (``Retry-After: 1``), as a loaded vLLM with
+    ``--max-num-queued-reqs`` does: how many engine requests one logical call costs."""
     _, client, stream, timeout = next(x for x in LOADS if x[0] == load_name)
     load = TierLoad(stream=stream, api="openai", timeout_s=timeout or 300.0)
-    sim = Simulator(engine_for(load))
+    engine = engine_for(load)
+    if refusing:
+        load = replace(load, calls=1)
+        engine = replace(engine_for(load), faults=(Fault.parse("status:503:1"),))
+    sim = Simulator(engine)
     t0 = time.monotonic()
     with _position(deployment, position, sim) as (url, _gateway):
         results = _calls(url, client, load, timeout)
@@ -177,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flavor", action="append", choices=sorted(FLAVORS))
     parser.add_argument("--position", action="append", choices=POSITIONS)
     parser.add_argument("--load", action="append", choices=[name for name, *_ in LOADS])
+    parser.add_argument(
+        "--refusing",
+        action="store_true",
+        help="one call per run, to an engine that refuses every request with 503",
+    )
     parser.add_argument("--json", help="write the rows to this file too")
     args = parser.parse_args(argv)
     rows: list[Row] = []
@@ -190,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         ) as deployment:
             for position in args.position or POSITIONS:
                 for load_name in args.load or [name for name, *_ in LOADS]:
-                    row = run(deployment, flavor, position, load_name)
+                    row = run(deployment, flavor, position, load_name, refusing=args.refusing)
                     rows.append(row)
                     print(json.dumps(asdict(row)), flush=True)
     if args.json:
