@@ -7,6 +7,7 @@ engine."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -170,4 +171,46 @@ def test_a_response_the_gateway_does_not_hold_is_the_server_s_to_answer(
     url, gateway = through
     r = httpx2.get(f"{url}/v1/responses/resp_unknown?stream=true&starting_after=3", timeout=10)
     assert r.status_code == 404  # OGX's own answer
+    assert gateway.stats()["passed_through"] == 1
+
+
+def test_cancel_ends_a_live_response_for_every_subscriber_and_at_the_engine(
+    ogx_server: TodayTier, through: tuple[str, Gateway]
+) -> None:
+    url, gateway = through
+    sim = ogx_server.engine(itl_ms=100.0)  # about 1.6 s of answer
+    readers: list[list[tuple[str | None, Any]]] = []
+    key = {"idempotency-key": "to-cancel"}
+
+    def read() -> None:
+        readers.append(events(url, body(ogx_server, "cancel me"), **key))
+
+    threads = [threading.Thread(target=read) for _ in range(2)]  # the second attaches
+    for t in threads:
+        t.start()
+    while (held := ogx_server_events(gateway)) is None:
+        threading.Event().wait(0.02)
+    response_id, _ = held
+    r = httpx2.post(f"{url}/v1/responses/{response_id}/cancel", timeout=10)
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    for t in threads:
+        t.join(30)
+    for got in readers:
+        last = got[-1][1]
+        assert last["error"]["type"] == "cancelled", last
+        assert not any(d.get("type") == "response.completed" for _, d in got)
+    stats = sim.stats()
+    assert stats["generations_started"] == 1
+    deadline = time.monotonic() + 10
+    while sim.stats()["generations_aborted"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sim.stats()["generations_aborted"] == 1  # OGX let its engine request go
+
+
+def test_a_cancel_of_a_response_not_held_here_is_the_server_s(
+    ogx_server: TodayTier, through: tuple[str, Gateway]
+) -> None:
+    url, gateway = through
+    r = httpx2.post(f"{url}/v1/responses/resp_unknown/cancel", timeout=10)
+    assert r.status_code != 200  # OGX's own answer
     assert gateway.stats()["passed_through"] == 1

@@ -67,7 +67,13 @@ from streamsafe.gateway.requests import (
     read_request_body,
     tenant_id,
 )
-from streamsafe.gateway.responses import find_response, resume_request, start_after
+from streamsafe.gateway.responses import (
+    cancel_request,
+    cancelled,
+    find_response,
+    resume_request,
+    start_after,
+)
 from streamsafe.gateway.store import MemoryStore, Store
 from streamsafe.gateway.store_redis import RedisStore
 from streamsafe.gateway.subscriber import Subscriber, serve_json, serve_stream
@@ -366,6 +372,9 @@ class Gateway:
                     scope, receive, send, access, tenant, *again
                 ):
                     return
+                cancel = cancel_request(method, path)
+                if cancel is not None and await self._cancel_response(send, tenant, cancel):
+                    return
                 if (
                     tenant != _ANONYMOUS
                     and self.config.tenant_passthrough == "refuse"
@@ -588,6 +597,17 @@ class Gateway:
         access.join(gen, False, True, gen.finished)
         sub = access.sub = Subscriber(gen, client_read_timeout(scope), last_attempt(scope))
         await self._serve(sub, start, route, True, scope, receive, send)
+        return True
+
+    async def _cancel_response(self, send: Send, tenant: str, response_id: str) -> bool:
+        """``POST /v1/responses/{id}/cancel`` of a stream this process runs: end it for every
+        subscriber and close its upstream request; False where none is (passed through)."""
+        found = await find_response(self.registry.generations, tenant, response_id)
+        if found is None or not found[0].live or found[0].task is None:
+            return False
+        why = error_body(f"response {response_id} was cancelled", "cancelled", 409)
+        await self.registry.end(found[0], why, 409)
+        await respond(send, 200, cancelled(response_id))
         return True
 
     async def _serve(

@@ -439,18 +439,22 @@ class Registry:
                 gen.task.cancel()  # the relay ends it aborted; _finish hands it over
             return len(live)
         for gen in live:
-            task = gen.task
-            if gen.stream and gen.length:
-                payload = error_body(message, "service_unavailable", 503)
-                gen.length = await gen.log.append((payload, DONE))
-            else:
-                body = error_body(message, "service_unavailable", 503)
-                gen.failure = Failure(503, body, 1)
-            if not gen.finished:
-                self._finish(gen, State.FAILED)
-            if task is not None:
-                task.cancel()  # the upstream request is closed: the engine aborts it
+            await self.end(gen, error_body(message, "service_unavailable", 503), 503)
         return len(live)
+
+    async def end(self, gen: Generation, error: bytes, status: int) -> None:
+        """End ``gen``, which this process runs, now: every subscriber gets ``error`` (an error
+        object) as the stream's last event, or as the answer with ``status`` where nothing was
+        sent yet; its upstream request is closed, so the engine aborts it."""
+        task = gen.task
+        if gen.stream and gen.length:
+            gen.length = await gen.log.append((error, DONE))
+        else:
+            gen.failure = Failure(status, error, 1)
+        if not gen.finished:
+            self._finish(gen, State.FAILED)
+        if task is not None:
+            task.cancel()
 
     async def close(self) -> None:
         """Cancel every reader (shutdown). With replicas, what this one runs is handed over:

@@ -1,4 +1,4 @@
-"""OpenAI's own resume form for a Responses-API stream, served from the gateway's log.
+"""OpenAI's own resume and cancel forms for a Responses-API stream the gateway holds.
 
 A client that lost a streamed response asks ``GET /v1/responses/{id}?stream=true&starting_after=N``
 for the events numbered after ``N`` (each event carries its ``sequence_number``). No engine
@@ -7,6 +7,11 @@ so it answers from them: the response is found by the id its first event
 (``response.created``) names, among the streams of the same tenant this process holds, and the
 subscriber starts at the event after the one numbered ``N``, then follows the live stream. A
 response the gateway does not hold is the server's to answer (passed through).
+
+``POST /v1/responses/{id}/cancel`` of a stream this process runs ends it for every subscriber
+(each gets an error event saying it was cancelled) and closes its upstream request, so the server
+and the engine stop it; the caller gets the response as cancelled. Any other cancel is passed
+through.
 
 Parsing here is per resume request, never per chunk.
 """
@@ -22,7 +27,7 @@ from streamsafe.gateway.errors import BadRequest
 from streamsafe.gateway.generation import Generation
 from streamsafe.gateway.upstream_kinds import Wire
 
-__all__ = ["find_response", "resume_request", "start_after"]
+__all__ = ["cancel_request", "cancelled", "find_response", "resume_request", "start_after"]
 
 _PREFIX = "/v1/responses/"
 
@@ -49,6 +54,19 @@ def resume_request(method: str, path: str, query: bytes) -> tuple[str, int | Non
     if after < -1:
         raise BadRequest(400, "starting_after must be an event's sequence_number", "starting_after")
     return response_id, after
+
+
+def cancel_request(method: str, path: str) -> str | None:
+    """The response id where the request is ``POST /v1/responses/{id}/cancel``, else ``None``."""
+    if method != "POST" or not path.startswith(_PREFIX) or not path.endswith("/cancel"):
+        return None
+    response_id = path[len(_PREFIX) : -len("/cancel")]
+    return response_id if response_id and "/" not in response_id else None
+
+
+def cancelled(response_id: str) -> bytes:
+    """The answer to a cancel the gateway carried out: the response, as cancelled."""
+    return orjson.dumps({"id": response_id, "object": "response", "status": "cancelled"})
 
 
 def _response_id(first: bytes) -> str | None:
