@@ -116,13 +116,16 @@ def run_config(
     port: int = 8321,
     provider_max_tokens: int = 4096,
     responses: bool = False,
+    api_keys: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """A run config (version 2, the same for both flavors) with only the inference API in front
     of one engine (``engine_url``: its base, ``/v1`` added unless present). The provider is
     ``vllm``, so the engine's models are served as ``vllm/<id>``. ``provider_max_tokens`` is the
     ``max_tokens`` the server sends where a request sets none. Stores live in ``state_dir``.
     ``responses``: the Responses API too (``/v1/responses``), with the APIs it depends on, each
-    from its inline provider (sqlite-vec, file-search, local files)."""
+    from its inline provider (sqlite-vec, file-search, local files). ``api_keys``: the server
+    authenticates its callers, each with one of these keys as its bearer token
+    (``local_api_key``)."""
     base = engine_url.rstrip("/")
     if not base.endswith("/v1"):
         base += "/v1"
@@ -157,6 +160,9 @@ def run_config(
         "registered_resources": {"models": []},
         "server": {"port": port, "host": "127.0.0.1"},
     }
+    if api_keys:
+        provider = {"type": "local_api_key", "api_keys": list(api_keys)}
+        config["server"]["auth"] = {"provider_config": provider}
     if responses:
         config["apis"] += ["responses", "vector_io", "tool_runtime", "files"]
         kv, sql = "kv_default", "sql_default"
@@ -258,7 +264,8 @@ class OGXServer(LlamaStackServer):
     one JSON line each). ``venv`` defaults to :func:`find_venv`'s. ``tls``: serve HTTPS with a
     self-signed certificate for ``127.0.0.1`` (:attr:`ca_bundle`), as OGX does by default
     (without it OGX runs ``--insecure``). ``responses``: serve the Responses API too (see
-    :func:`run_config`; OGX's venv has its providers' packages).
+    :func:`run_config`; OGX's venv has its providers' packages). ``api_keys``: the server
+    authenticates its callers by these bearer tokens.
     """
 
     def __init__(
@@ -273,10 +280,12 @@ class OGXServer(LlamaStackServer):
         log_level: str = "warning",
         tls: bool = False,
         responses: bool = False,
+        api_keys: tuple[str, ...] = (),
     ) -> None:
         self.flavor = flavor
         self.tls = tls
         self.responses = responses
+        self.api_keys = api_keys
         self.venv = venv or find_venv(flavor)
         super().__init__(
             engine_url,
@@ -316,6 +325,7 @@ class OGXServer(LlamaStackServer):
             port=self.port,
             provider_max_tokens=self.provider_max_tokens,
             responses=self.responses,
+            api_keys=self.api_keys,
         )
         extra_args = flavor.extra_args
         if self.tls:

@@ -378,6 +378,7 @@ class Gateway:
                 if (
                     tenant != _ANONYMOUS
                     and self.config.tenant_passthrough == "refuse"
+                    and not self.config.forward_authorization
                     and not shared_route(method, path)
                 ):
                     raise BadRequest(403, _NOT_PASSED)
@@ -386,7 +387,13 @@ class Gateway:
                 self.registry.counters.passed_through += 1
                 self._passing += 1
                 try:
-                    await pass_through(self.upstream.client, scope, receive, send)
+                    await pass_through(
+                        self.upstream.client,
+                        scope,
+                        receive,
+                        send,
+                        keep_authorization=self.config.forward_authorization,
+                    )
                 finally:
                     self._passing -= 1
             elif path in _MODEL_ROUTES:
@@ -398,6 +405,11 @@ class Gateway:
 
     def _tenant(self, scope: Scope) -> str:
         if not self._tenants:
+            if self.config.forward_authorization:
+                # The upstream authenticates: each credential is its own tenant, known here by
+                # its digest only (the credential itself goes upstream).
+                auth = header(scope, b"authorization")
+                return _ANONYMOUS if auth is None else tenant_id(auth.strip())
             return _ANONYMOUS
         auth = header(scope, b"authorization")
         if auth is not None:
@@ -531,7 +543,14 @@ class Gateway:
         tenant = access.tenant = self._tenant(scope)
         raw = await read_request_body(scope, receive, self.config.max_body_bytes)
         req = await self._bodies.run(
-            len(raw), completion_request, scope, raw, route, tenant, self.config.default_max_tokens
+            len(raw),
+            completion_request,
+            scope,
+            raw,
+            route,
+            tenant,
+            self.config.default_max_tokens,
+            self.config.forward_authorization,
         )
         access.stream = req.stream
         if req.retry:

@@ -105,6 +105,13 @@ def add_arguments(p: argparse.ArgumentParser) -> dict[str, Any]:
         "(default: the system's)",
     )
     upstreams.add_argument(
+        "--forward-authorization",
+        action="store_true",
+        help="send each caller's own Authorization upstream on every route, for an upstream "
+        "that authenticates its users (OGX with auth); each credential is then a tenant of its "
+        "own unless --api-key names the tenants",
+    )
+    upstreams.add_argument(
         "--fallback-model",
         action="append",
         default=[],
@@ -366,6 +373,7 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
         on_live_duplicate=args.on_live_duplicate,
         upstream_api_key=args.upstream_api_key,
         upstream_ca_bundle=args.upstream_ca_bundle,
+        forward_authorization=args.forward_authorization,
         probe_interval=args.probe_interval,
         max_continuations=args.max_continuations,
         redis_url=args.redis,

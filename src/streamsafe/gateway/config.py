@@ -106,6 +106,15 @@ class GatewayConfig:
     #: or the server's own self-signed certificate: OGX serves TLS unless told ``--insecure``).
     #: ``None``: the system's trusted CAs.
     upstream_ca_bundle: str | None = None
+    #: Send the caller's own ``Authorization`` upstream on every route, for an upstream that
+    #: authenticates its users itself (OGX with auth). Where the gateway has no ``api_keys``,
+    #: each caller's credential is then a tenant of its own (known by its digest), so no caller
+    #: attaches to another's generation; every route passes through whatever
+    #: ``tenant_passthrough`` says, as the upstream tells its users' data apart. Default False:
+    #: the caller's key is the gateway's business and never leaves it. Not with
+    #: ``upstream_api_key`` (one ``Authorization``). The credential is kept in a generation's
+    #: Redis record with its other forwarded headers, so a replica that takes it over sends it.
+    forward_authorization: bool = False
     #: Seconds to connect upstream (default 5, as the Stainless clients).
     connect_timeout: float = 5.0
     #: Extra attempts after a refused connection (default 2); spent from a retry budget shared by
@@ -187,6 +196,11 @@ class GatewayConfig:
             raise ValueError(
                 "upstream_kind must be 'auto', 'vllm', 'ogx', 'llama-stack' or 'openai', "
                 f"not {self.upstream_kind!r}"
+            )
+        if self.forward_authorization and self.upstream_api_key:
+            raise ValueError(
+                "forward_authorization sends the caller's Authorization upstream; "
+                "upstream_api_key would send another: set one of them"
             )
         if self.on_live_duplicate not in ("attach", "409"):
             raise ValueError("on_live_duplicate must be 'attach' or '409'")

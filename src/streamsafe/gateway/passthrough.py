@@ -77,15 +77,26 @@ class _ClientGone(Exception):
 
 
 async def pass_through(
-    client: httpx2.AsyncClient, scope: Scope, receive: Receive, send: Send
+    client: httpx2.AsyncClient,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    *,
+    keep_authorization: bool = False,
 ) -> int:
     """Forward the request in ``scope`` through ``client`` (whose base URL is the upstream) and
-    relay the response; return the status sent to the client (0 if the client left first)."""
+    relay the response; return the status sent to the client (0 if the client left first).
+    ``keep_authorization``: the caller's ``Authorization`` goes upstream too (for an upstream
+    that authenticates its own users; see ``GatewayConfig.forward_authorization``)."""
     method: str = scope["method"]
     path = scope.get("raw_path") or scope["path"].encode()
     query = scope.get("query_string") or b""
     url = (path + b"?" + query if query else path).decode("latin-1")
-    headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP_BY_HOP]
+    headers = [
+        (k, v)
+        for k, v in scope["headers"]
+        if k.lower() not in _HOP_BY_HOP or (keep_authorization and k.lower() == b"authorization")
+    ]
     body_done = asyncio.Event()
     content: bytes | AsyncIterator[bytes]
     declared = _content_length(scope)

@@ -67,10 +67,16 @@ async def read_request_body(scope: Scope, receive: Receive, limit: int) -> bytes
 
 
 def completion_request(
-    scope: Scope, raw: bytes, route: CompletionRoute, tenant: str, default_max_tokens: int
+    scope: Scope,
+    raw: bytes,
+    route: CompletionRoute,
+    tenant: str,
+    default_max_tokens: int,
+    forward_authorization: bool = False,
 ) -> GenerationRequest:
     """What the registry needs to know about a completion request with body ``raw`` on
-    ``route``."""
+    ``route``; with ``forward_authorization``, the caller's ``Authorization`` goes upstream
+    with it."""
     upstream_path = route.upstream_path
     body = _parse_body(raw, route.wire)
     key = header(scope, b"idempotency-key")
@@ -84,7 +90,7 @@ def completion_request(
             "Idempotency-Key",
         )
     last_id = _last_event_id(scope)
-    forward = forwarded_headers(scope)
+    forward = forwarded_headers(scope, authorization=forward_authorization)
     # Requests that reach the upstream with other provider keys are not the same work.
     fingerprint = hashlib.blake2b(
         upstream_path.encode()
@@ -120,10 +126,11 @@ def completion_request(
 FORWARDED_HEADERS = (b"x-ogx-provider-data", b"x-llamastack-provider-data")
 
 
-def forwarded_headers(scope: Scope) -> bytes:
-    """The :data:`FORWARDED_HEADERS` the request carries, as header lines (``b""`` for none)."""
+def forwarded_headers(scope: Scope, *, authorization: bool = False) -> bytes:
+    """The :data:`FORWARDED_HEADERS` the request carries, as header lines (``b""`` for none);
+    with ``authorization``, the caller's ``Authorization`` too."""
     lines = b""
-    for name in FORWARDED_HEADERS:
+    for name in (*FORWARDED_HEADERS, b"authorization") if authorization else FORWARDED_HEADERS:
         value = header(scope, name)
         if value is not None:
             lines += b"%s: %s\r\n" % (name, value)
