@@ -112,8 +112,8 @@ class GatewayConfig:
     #: attaches to another's generation; every route passes through whatever
     #: ``tenant_passthrough`` says, as the upstream tells its users' data apart. Default False:
     #: the caller's key is the gateway's business and never leaves it. Not with
-    #: ``upstream_api_key`` (one ``Authorization``). The credential is kept in a generation's
-    #: Redis record with its other forwarded headers, so a replica that takes it over sends it.
+    #: ``upstream_api_key`` (one ``Authorization``). The credential travels with the other
+    #: forwarded headers: in Redis only sealed with ``redis_secret``.
     forward_authorization: bool = False
     #: Seconds to connect upstream (default 5, as the Stainless clients).
     connect_timeout: float = 5.0
