@@ -58,6 +58,7 @@ from streamsafe.gateway.pacing import StreamRules
 from streamsafe.gateway.passthrough import pass_through, shared_route
 from streamsafe.gateway.paths import canonical_path
 from streamsafe.gateway.pool import parse_engine, parse_fallback
+from streamsafe.gateway.refusals import EngineRefused
 from streamsafe.gateway.registry import Registry
 from streamsafe.gateway.replicas import Replicas
 from streamsafe.gateway.requests import (
@@ -230,6 +231,7 @@ class Gateway:
             )
         doc = stats_document(registry.counters, readings, time.monotonic() - self._started)
         doc["upstream_kind"] = upstream.kind.name if upstream.kind_known else None
+        doc["refusals_answered"] = registry.refusals.answered
         if engines is not None:
             doc["engines"] = engines.stats()
         return doc
@@ -569,6 +571,15 @@ class Gateway:
             raise BadRequest(400, exc.message, param="Last-Event-ID") from None
         except Draining:
             raise _draining() from None
+        except EngineRefused as exc:
+            failure = exc.failure
+            ra = (
+                []
+                if failure.retry_after is None
+                else [(b"retry-after", b"%d" % failure.retry_after)]
+            )
+            await respond(send, failure.status, failure.body, headers=ra)
+            return
         except Shed as exc:
             counters.shed += 1
             msg = f"gateway at capacity ({exc.reason}); retry after {exc.retry_after} s"

@@ -112,6 +112,15 @@ def add_arguments(p: argparse.ArgumentParser) -> dict[str, Any]:
         "own unless --api-key names the tenants",
     )
     upstreams.add_argument(
+        "--engine-refusals",
+        choices=("wait", "answer"),
+        default="wait",
+        help="an engine's 429/503 before any work: wait for room, asking again after each "
+        "Retry-After (default), or answer it at once and answer the caller's retries of it "
+        "without asking the engine while it refuses (behind a server whose client retries, "
+        "such as OGX)",
+    )
+    upstreams.add_argument(
         "--fallback-model",
         action="append",
         default=[],
@@ -374,6 +383,7 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
         upstream_api_key=args.upstream_api_key,
         upstream_ca_bundle=args.upstream_ca_bundle,
         forward_authorization=args.forward_authorization,
+        engine_refusals=args.engine_refusals,
         probe_interval=args.probe_interval,
         max_continuations=args.max_continuations,
         redis_url=args.redis,

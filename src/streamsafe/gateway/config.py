@@ -115,6 +115,15 @@ class GatewayConfig:
     #: ``upstream_api_key`` (one ``Authorization``). The credential travels with the other
     #: forwarded headers: in Redis only sealed with ``redis_secret``.
     forward_authorization: bool = False
+    #: What a refusal before any work (429/503, as a status or an error event before the first
+    #: token) from the engine does. ``wait`` (default): the generation waits for room, asking
+    #: again after each ``Retry-After`` for up to ``queue_timeout`` (see docs/design.md,
+    #: Commit), right in front of vLLM. ``answer``: the refusal goes to the caller at once (an
+    #: error event where it was answered already), and while the engine refuses, a retry of the
+    #: same request gets the same answer without asking it again (``streamsafe.gateway.
+    #: refusals``): behind a server whose own client retries (OGX's openai SDK), at most one
+    #: engine request per logical call.
+    engine_refusals: Literal["wait", "answer"] = "wait"
     #: Seconds to connect upstream (default 5, as the Stainless clients).
     connect_timeout: float = 5.0
     #: Extra attempts after a refused connection (default 2); spent from a retry budget shared by
@@ -196,6 +205,10 @@ class GatewayConfig:
             raise ValueError(
                 "upstream_kind must be 'auto', 'vllm', 'ogx', 'llama-stack' or 'openai', "
                 f"not {self.upstream_kind!r}"
+            )
+        if self.engine_refusals not in ("wait", "answer"):
+            raise ValueError(
+                f"engine_refusals must be 'wait' or 'answer', not {self.engine_refusals!r}"
             )
         if self.forward_authorization and self.upstream_api_key:
             raise ValueError(

@@ -34,6 +34,7 @@ from streamsafe.gateway.generation import Generation, GenerationRequest, State, 
 from streamsafe.gateway.generation_index import GenerationIndex
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.redis_log import ReplicatedLog
+from streamsafe.gateway.refusals import EngineRefusals, EngineRefused
 from streamsafe.gateway.relay import Relay
 from streamsafe.gateway.replicas import Replicas
 from streamsafe.gateway.retention import Retention
@@ -83,6 +84,9 @@ class Registry:
         self._relay = Relay(
             config, admission, upstream, self.counters, self._finish, clock, engines
         )
+        #: The engine's refusals a retry is answered from (``engine_refusals`` ``answer``).
+        self.refusals = EngineRefusals()
+        self._relay.refused = self._note_refused
         #: The generations this process holds (the key index is what a retry finds while
         #: Redis is away).
         self.generations = GenerationIndex()
@@ -211,6 +215,12 @@ class Registry:
                 counters.attached += 1
             self._join(gen)
             return gen, min(start, gen.length) if gen.finished else start
+        if not resume and (req.retry or store_key is not None):
+            refused = self.refusals.answer(req.tenant, req.fingerprint, self._clock())
+            if refused is not None:  # the engine refuses still: it is not asked again
+                if store_key is not None:
+                    await store.release(store_key, new_id)
+                raise EngineRefused(refused)
         if resume or self.draining:
             if store_key is not None:
                 await store.release(store_key, new_id)
@@ -244,6 +254,10 @@ class Registry:
         self.counters.resumed += 1
         self._join(gen)
         return min(start, gen.length) if gen.finished else start
+
+    def _note_refused(self, gen: Generation) -> None:
+        if gen.failure is not None:
+            self.refusals.note(gen.tenant, gen.fingerprint, gen.failure, self._clock())
 
     async def _run(self, gen: Generation, cut: str | None = None) -> None:
         """The reader task of a generation this replica runs."""
@@ -350,6 +364,7 @@ class Registry:
         counters = self.counters
         if state is State.DONE:
             counters.generations_completed += 1
+            self.refusals.served()
         elif state is State.FAILED:
             counters.generations_failed += 1
         gen.wake()

@@ -75,6 +75,9 @@ class Relay:
         self._breaker = engines.breaker if engines is not None else upstream.breaker
         self.counters = counters
         self._finish = finish
+        #: Told of a generation that ended with the engine's refusal (``engine_refusals``
+        #: ``answer``); the registry keeps it for the retries.
+        self.refused: Callable[[Generation], None] = lambda gen: None
         self._endings = Endings(counters, finish, self._breaker.retry_after)
         self._streams = StreamReader(counters, finish, self._endings)
         self._clock = clock
@@ -208,6 +211,12 @@ class Relay:
             shed = broken.failure is not None and broken.failure.status in REFUSAL_STATUSES
             if shed and shed_since is None:
                 shed_since = loop.time()
+            if shed and self.config.engine_refusals == "answer":
+                # Its caller retries by itself: the refusal is its answer, and its retries get
+                # the same from the registry while the engine refuses (see refusals.py).
+                await self._endings.fail_broken(gen, broken)
+                self.refused(gen)
+                return
             if (
                 (broken.stalled is not None and broken.stalled.phase == "total")
                 or (tries >= self.config.max_continuations and not shed)
