@@ -11,7 +11,8 @@ its defaults and with a 3 s timeout. Positions: ``direct`` (client -> server -> 
 ``in-front`` (client -> gateway, default flags -> server -> engine), ``behind`` (client ->
 server -> gateway, default flags -> engine), ``behind-collapse`` (the same with
 ``--collapse-identical``, which attaches the client's retry the server sends on as a fresh
-call).
+call), ``behind-answer`` (the same with ``--engine-refusals answer``, which answers the server's
+retries of a refused request without asking the engine).
 """
 
 from __future__ import annotations
@@ -37,8 +38,14 @@ from streamsafe.serving import ServerThread
 
 __all__ = ["LOADS", "POSITIONS", "Row", "main", "run"]
 
-Position = Literal["direct", "in-front", "behind", "behind-collapse"]
-POSITIONS: tuple[Position, ...] = ("direct", "in-front", "behind", "behind-collapse")
+Position = Literal["direct", "in-front", "behind", "behind-collapse", "behind-answer"]
+POSITIONS: tuple[Position, ...] = (
+    "direct",
+    "in-front",
+    "behind",
+    "behind-collapse",
+    "behind-answer",
+)
 #: The loads: (name, client, streamed, the client's timeout or None for its default).
 LOADS: tuple[tuple[str, str, bool, float | None], ...] = (
     ("llama-stack-client plain", "llama-stack-client", False, 3.0),
@@ -83,6 +90,7 @@ def _position(
                 upstream=engine.url,
                 upstream_kind="vllm",
                 collapse_identical=position == "behind-collapse",
+                engine_refusals="answer" if position == "behind-answer" else "wait",
             )
             gateway = Gateway(config)
             deployment.install(gateway)
