@@ -188,3 +188,12 @@ def test_the_caller_s_provider_data_reaches_the_engine_through_ogx(
     engine_calls = [s for s in ogx_server.seen if s.path == "/v1/chat/completions"]
     assert len(engine_calls) == 2
     assert {s.headers.get("authorization") for s in engine_calls} == {"Bearer caller-key"}
+
+
+def test_the_positions_bench_measures_a_position(ogx_server: TodayTier) -> None:
+    # python -m streamsafe.bench.today_positions, one of its rows (the design doc's table).
+    from streamsafe.bench.today_positions import run
+
+    row = run(ogx_server.deployment, ogx_server.flavor, "in-front", "openai streams")
+    assert (row.exact, row.engine_generations, row.engine_dead) == (32, 32, False), row
+    ogx_server.engine()
