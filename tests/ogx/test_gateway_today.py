@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -197,3 +198,19 @@ def test_the_positions_bench_measures_a_position(ogx_server: TodayTier) -> None:
     row = run(ogx_server.deployment, ogx_server.flavor, "in-front", "openai streams")
     assert (row.exact, row.engine_generations, row.engine_dead) == (32, 32, False), row
     ogx_server.engine()
+
+
+def test_a_llama_stack_kind_set_by_hand_that_the_server_is_not_is_warned_about(
+    today: TodayTier, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The trap of the issue: the 0.2 kind in front of today's server protects routes it no
+    # longer has. Set by hand, it is kept, and said to be wrong.
+    caplog.set_level(logging.WARNING, logger="streamsafe.gateway")
+    gateway = Gateway(GatewayConfig(upstream=today.url, upstream_kind="llama-stack"))
+    with ServerThread(gateway):
+        deadline = time.monotonic() + 10
+        while not any("answers as ogx" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+            time.sleep(0.05)
+    said = next(r.getMessage() for r in caplog.records if "answers as ogx" in r.getMessage())
+    assert "was set as llama-stack" in said and "--upstream-kind ogx" in said

@@ -145,6 +145,7 @@ class Upstream:
             self.base_url, self._headers, connect_timeout=connect_timeout, ssl_context=self._ssl
         )
         self._probe: asyncio.Task[None] | None = None
+        self._kind_check: asyncio.Task[None] | None = None
         self._health_check: asyncio.Task[None] | None = None
 
     @property
@@ -172,10 +173,34 @@ class Upstream:
         return self._client
 
     async def start(self) -> None:
-        """Create the connection pool and, for an ``auto`` kind, ask the upstream what it is."""
+        """Create the connection pool and, for an ``auto`` kind, ask the upstream what it is.
+        A Llama Stack kind that was set is checked in the background (see
+        :meth:`_check_kind`)."""
         _ = self.client
         if not self.kind_known:
             await self.resolve_kind()
+        elif self.kind.name in ("llama-stack", "ogx"):
+            self._kind_check = asyncio.get_running_loop().create_task(self._check_kind())
+
+    async def _check_kind(self) -> None:
+        """Warn where a Llama Stack kind that was set is not what the upstream serves: the
+        0.2 kind in front of OGX or llama-stack >= 0.4 protects routes the server no longer
+        has, and passes the ones it has straight through (issue 21)."""
+        found: dict[str, ProbeResult] = {}
+        name = None
+        with contextlib.suppress(TimeoutError, httpx2.HTTPError):
+            async with asyncio.timeout(self._timeout.connect or 5.0):
+                name = await probe_kind(self.client, found=found)
+        if name is not None and name != self.kind.name:
+            log.warning(
+                "upstream %s was set as %s but answers as %s (probed: %s): the routes the "
+                "gateway protects are not the ones it serves; set --upstream-kind %s (or auto)",
+                self.base_url,
+                self.kind.name,
+                name,
+                describe_probes(found),
+                name,
+            )
 
     async def resolve_kind(self) -> UpstreamKind:
         """The upstream's kind: probed (once at a time, at most once per probe interval, within
@@ -214,7 +239,7 @@ class Upstream:
 
     async def close(self) -> None:
         """Stop the probe and close every upstream connection."""
-        for task in (self._probe, self._health_check):
+        for task in (self._probe, self._health_check, self._kind_check):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
