@@ -87,7 +87,10 @@ def _main(args: argparse.Namespace) -> int:
         results = asyncio.run(run_demo(settings, only=only, on_done=done))
     rows = [r.row for r in results]
     console.print(render_table(rows, "streamsafe demo: the same workload, six ways"))
-    tier_rows = _llama_stack_rows(console, args.quick, only)
+    if args.middle_tier == "llama-stack-0.2":
+        tier_rows = _llama_stack_rows(console, args.quick, only)
+    else:
+        tier_rows = _today_rows(console, args.quick, args.middle_tier)
     if args.json:
         write_json(args.json, {"scenarios": rows, "llama_stack": tier_rows})
         console.print(f"wrote {args.json}")
@@ -146,6 +149,47 @@ def _llama_stack_rows(console: Any, quick: bool, only: list[int] | None) -> list
             ]
             table.add_row(*cells, style="red" if row["engine_crashes"] else "green")
         console.print(table)
+    return rows
+
+
+def _today_rows(console: Any, quick: bool, flavor_name: str) -> list[dict[str, Any]]:
+    """The middle-tier rows with today's server (see streamsafe.bench.today_positions)."""
+    from rich.table import Table
+
+    from streamsafe.bench.ogx_server import FLAVORS, ServerUnavailable
+    from streamsafe.bench.today_positions import demo_rows
+
+    flavor = FLAVORS[flavor_name]
+    calls = 16 if quick else 32
+    console.print(
+        f"[bold]the real middle tier today[/]: {calls} concurrent calls (timeout 3 s, 2 "
+        f"retries) -> {flavor.name} {flavor.version} (remote::vllm) -> engine with room for "
+        "each call once"
+    )
+
+    def done(row: dict[str, Any]) -> None:
+        verdict = "engine died" if row["engine_dead"] else "engine lived"
+        console.print(
+            f"  {row['name']}: {row['engine_requests']} engine requests, {verdict}, "
+            f"{row['exact']}/{row['calls']} exact"
+        )
+
+    try:
+        rows = demo_rows(flavor, quick, on_done=done)
+    except ServerUnavailable as exc:
+        console.print(f"  [yellow]skipped[/]: {exc}")
+        return []
+    table = Table(
+        title=f"the report's deployment today ({flavor.name}): without and with streamsafe"
+    )
+    for header in ("scenario", "calls", "engine reqs", "engine gens", "exact", "errors", "seconds"):
+        table.add_column(header, justify="left" if header == "scenario" else "right")
+    for row in rows:
+        errors = ", ".join(f"{k} {v}" for k, v in row["errors"].items()) or "-"
+        cells = [row["name"], row["calls"], row["engine_requests"], row["engine_generations"]]
+        cells += [row["exact"], errors, row["seconds"]]
+        table.add_row(*map(str, cells), style="red" if row["engine_dead"] else "green")
+    console.print(table)
     return rows
 
 
@@ -234,5 +278,12 @@ def register(subparsers: Any) -> None:
         default="simulator",
         help="simulator: the fast, embedded default; vllm: the report's storm and cut streams "
         "against the real vLLM (`make vllm` builds it; a few minutes)",
+    )
+    p.add_argument(
+        "--middle-tier",
+        choices=("llama-stack-0.2", "ogx", "llama-stack-0.7"),
+        default="llama-stack-0.2",
+        help="the Llama Stack server of the middle-tier rows: 0.2.12 (default, in this "
+        "environment), or today's OGX 1.5.0 or llama-stack 0.7.3 (`make llama-servers`)",
     )
     p.set_defaults(func=_main)

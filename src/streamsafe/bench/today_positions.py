@@ -23,7 +23,7 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
@@ -36,7 +36,7 @@ from streamsafe.engine_sim.config import Fault
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.serving import ServerThread
 
-__all__ = ["LOADS", "POSITIONS", "Row", "main", "run"]
+__all__ = ["DEMO_ROWS", "LOADS", "POSITIONS", "Row", "demo_rows", "main", "run"]
 
 Position = Literal["direct", "in-front", "behind", "behind-collapse", "behind-answer"]
 POSITIONS: tuple[Position, ...] = (
@@ -154,12 +154,14 @@ def run(
     load_name: str,
     *,
     refusing: bool = False,
+    calls: int = 32,
 ) -> Row:
-    """One load in one position around ``deployment``'s server. ``refusing``: one call, to an
-    engine that answers every request 503 (``Retry-After: 1``), as a loaded vLLM with
-    ``--max-num-queued-reqs`` does: how many engine requests one logical call costs."""
+    """One load of ``calls`` calls in one position around ``deployment``'s server.
+    ``refusing``: one call, to an engine that answers every request 503 (``Retry-After: 1``),
+    as a loaded vLLM with ``--max-num-queued-reqs`` does: how many engine requests one logical
+    call costs."""
     _, client, stream, timeout = next(x for x in LOADS if x[0] == load_name)
-    load = TierLoad(stream=stream, api="openai", timeout_s=timeout or 300.0)
+    load = TierLoad(calls=calls, stream=stream, api="openai", timeout_s=timeout or 300.0)
     engine = engine_for(load)
     if refusing:
         load = replace(load, calls=1)
@@ -191,6 +193,56 @@ def run(
         engine_dead=bool(stats["engine_dead"]),
         seconds=round(seconds, 1),
     )
+
+
+#: The rows ``streamsafe demo --middle-tier ogx`` (or ``llama-stack-0.7``) shows: the report's
+#: deployment today, without and with streamsafe in front: (name, position, load, claim).
+DEMO_ROWS: tuple[tuple[str, Position, str, str], ...] = (
+    (
+        "7. llama-stack-client -> server, non-streamed",
+        "direct",
+        "llama-stack-client plain",
+        "the storm: the client's retries times the server's, the engine dies",
+    ),
+    (
+        "8. openai -> server, streamed",
+        "direct",
+        "openai streams",
+        "no copies, but callers time out waiting for a first token",
+    ),
+    (
+        "9. ... -> streamsafe -> server, non-streamed",
+        "in-front",
+        "llama-stack-client plain",
+        "default flags: retries attach, one generation each, every caller answered",
+    ),
+    (
+        "10. ... -> streamsafe -> server, streamed",
+        "in-front",
+        "openai streams",
+        "default flags: heartbeats, every caller gets its text",
+    ),
+)
+
+
+def demo_rows(
+    flavor: Flavor, quick: bool, on_done: Callable[[dict[str, Any]], None] | None = None
+) -> list[dict[str, Any]]:
+    """Start ``flavor``'s server once and run :data:`DEMO_ROWS` (16 calls each with
+    ``quick``, else 32); each row as a dict (:class:`Row`'s fields, ``name`` and ``claim``)."""
+    model = TierLoad().model
+    rows: list[dict[str, Any]] = []
+    with llama_stack_deployment(
+        Simulator(SimConfig(model=model)),
+        model,
+        server=lambda url: OGXServer(url, flavor=flavor),
+    ) as deployment:
+        for name, position, load_name, claim in DEMO_ROWS:
+            row = run(deployment, flavor, position, load_name, calls=16 if quick else 32)
+            rows.append({"name": name, "claim": claim, **asdict(row)})
+            if on_done is not None:
+                on_done(rows[-1])
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
