@@ -74,6 +74,8 @@ def test_ten_percent_refusals_and_broken_streams_cost_no_call_through_the_gatewa
         expected_text(_body(i), TOKENS, seed=1) for i in range(CALLS)
     ]
     injected = sim.stats()["faults_injected"]
-    # The mix really happened: refusals the client retried, stalls, and resumed breaks.
+    # The mix really happened: refusals (the gateway waits a shedding engine out, so no caller
+    # sees them: docs/design.md, Commit), stalls, and resumed breaks.
     assert injected["status"] >= 5 and injected["stall"] >= 5
-    assert len(proxy.requests) >= CALLS + injected["status"] + 5
+    assert gateway.stats()["engine_sheds"] == injected["status"]
+    assert len(proxy.requests) >= CALLS + 5

@@ -295,13 +295,20 @@ class VLLMEngine:
 
     def pause(self) -> None:
         """Stop the engine core and its worker (SIGSTOP): requests are still received and
-        logged, nothing is generated until :meth:`resume`."""
+        logged, nothing is generated until :meth:`resume`. Returns once they are stopped."""
         with self._pause_lock:
             if self._paused:
                 return
             self._paused = process_tree(self.engine_core_pid())
             for pid in self._paused:
                 os.kill(pid, signal.SIGSTOP)
+            # A signal is delivered when the process is next scheduled: on busy cores that may
+            # be a while. Return once every one of them is stopped, so nothing runs after this.
+            deadline = time.monotonic() + 10.0
+            while not all(_stopped(pid) for pid in self._paused):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"vLLM's engine did not stop: {self._paused}")
+                time.sleep(0.005)
 
     def resume(self) -> None:
         """Continue what :meth:`pause` stopped (nothing if it is not paused)."""
@@ -350,3 +357,12 @@ class VLLMEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _stopped(pid: int) -> bool:
+    """The process is stopped by a signal, or gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
