@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -60,15 +59,3 @@ def tier(llama_stack_tier: LlamaStackTier) -> LlamaStackTier:
     """The session's Llama Stack, with a fresh default engine for this test."""
     llama_stack_tier.engine()
     return llama_stack_tier
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
-    """The first truthy value of ``predicate()``, polled; fails after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met in {timeout} s: {what or predicate}")
-        time.sleep(0.005)

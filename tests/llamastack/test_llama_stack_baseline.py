@@ -12,10 +12,11 @@ import httpx2
 import orjson
 import pytest
 
-from conftest import MODEL, LlamaStackTier, wait_until
+from conftest import MODEL, LlamaStackTier
 from streamsafe.engine_sim import Fault, expected_text
 from streamsafe.gateway.upstream_kinds import KINDS, Wire, ends_answer, parse_error_event
 from streamsafe.sse import SSEDecoder
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -4,7 +4,6 @@ to it, and waiting on what its log says."""
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import httpx2
 import orjson
 
+import waiting
 from server_stops import stop_later
 from streamsafe.bench.vllm_engine import VLLMEngine
 from streamsafe.gateway import Gateway, GatewayConfig
@@ -41,15 +41,8 @@ def gateway(vllm: VLLMEngine, **config: Any) -> Iterator[GatewayRun]:
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
-    """The first truthy value of ``predicate()``, polled; fails after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not met within {timeout} s: {what or predicate}")
-        time.sleep(0.02)
+    """:func:`waiting.wait_until` with the longer default a loaded vLLM needs."""
+    return waiting.wait_until(predicate, timeout, what)
 
 
 def chat_body(vllm: VLLMEngine, content: str, max_tokens: int, seed: int, **extra: Any) -> dict:
