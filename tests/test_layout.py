@@ -142,6 +142,73 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_inside_the_gateway_the_relay_and_the_metrics_import_no_owner() -> None:
-    assert "streamsafe.gateway.registry" not in GRAPH["streamsafe.gateway.relay"]
+    assert "streamsafe.gateway.registry" not in GRAPH["streamsafe.gateway.relay.relay"]
     assert "streamsafe.gateway.app" not in GRAPH["streamsafe.gateway.metrics"]
     assert "streamsafe.engine_sim" not in {_part(m) for m in GRAPH["streamsafe.gateway.cli"]}
+
+
+# -- the gateway's own parts (docs/design.md, Layout) --------------------------------------------
+
+GATEWAY = SRC / "gateway"
+#: The gateway's sub-packages, lowest first: a package imports only packages of a lower rank
+#: (and the base modules below). Equal ranks do not import each other.
+GATEWAY_RANKS = {
+    "upstream": 0,
+    "admission": 0,
+    "generations": 1,
+    "engines": 2,
+    "relay": 3,
+    "replicas": 3,
+    "serving": 4,
+}
+#: Top-level modules every part may use: they import no sub-package.
+GATEWAY_BASE = {"config", "errors", "metrics", "tracing"}
+#: At most this many modules at the top of ``gateway/`` (the rest live in the parts).
+GATEWAY_TOP_MODULES = 12
+
+
+def _gateway_part(module: str) -> str | None:
+    """``relay`` for ``streamsafe.gateway.relay.stream_reader``; ``None`` for a top module."""
+    parts = module.split(".")
+    if parts[:2] != ["streamsafe", "gateway"] or len(parts) < 4:
+        return None
+    return parts[2]
+
+
+def test_the_gateway_is_its_parts_plus_a_few_modules() -> None:
+    packages = {p.name for p in GATEWAY.iterdir() if (p / "__init__.py").is_file()}
+    assert packages == set(GATEWAY_RANKS), packages
+    top = [p.stem for p in GATEWAY.glob("*.py") if p.stem != "__init__"]
+    assert len(top) <= GATEWAY_TOP_MODULES, sorted(top)
+
+
+def test_gateway_parts_import_only_lower_parts_and_the_base() -> None:
+    wrong = []
+    for module, targets in GRAPH.items():
+        part = _gateway_part(module)
+        if part is None:
+            continue
+        for target in targets:
+            if not target.startswith("streamsafe.gateway"):
+                continue
+            other = _gateway_part(target)
+            if other is None:
+                name = target.split(".")[2] if target.count(".") >= 2 else ""
+                if name and name not in GATEWAY_BASE and (GATEWAY / f"{name}.py").is_file():
+                    wrong.append(f"{module} -> {target} (a top module above the parts)")
+            elif other != part and GATEWAY_RANKS[other] >= GATEWAY_RANKS[part]:
+                wrong.append(f"{module} -> {target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_base_modules_import_no_part() -> None:
+    for name in GATEWAY_BASE:
+        targets = GRAPH[f"streamsafe.gateway.{name}"]
+        assert not {t for t in targets if _gateway_part(t) is not None}, (name, targets)
+
+
+def test_the_rank_check_sees_a_wrong_import() -> None:
+    # generation (rank 1) importing the relay (rank 3) is what the rule above must catch.
+    assert GATEWAY_RANKS["relay"] > GATEWAY_RANKS["generations"]
+    assert _gateway_part("streamsafe.gateway.relay.relay") == "relay"
+    assert _gateway_part("streamsafe.gateway.registry") is None

@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from fleet_helpers import RedisProcess, redis_binary
 
-from streamsafe.gateway.store_redis import RedisStore
+from streamsafe.gateway.replicas.store_redis import RedisStore
 
 
 @pytest.fixture(scope="session")

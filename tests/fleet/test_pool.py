@@ -7,9 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamsafe.gateway.breaker import BreakerState, EngineBreaker
-from streamsafe.gateway.failover import Failover, failover_step
-from streamsafe.gateway.pool import (
+from streamsafe.gateway.engines.failover import Failover, failover_step
+from streamsafe.gateway.engines.pool import (
     EngineSpec,
     Full,
     Pick,
@@ -18,6 +17,7 @@ from streamsafe.gateway.pool import (
     parse_engine,
     parse_fallback,
 )
+from streamsafe.gateway.upstream.breaker import BreakerState, EngineBreaker
 
 MODELS = ["llama-8b", "llama-70b", "qwen-7b"]
 models_st = st.frozensets(st.sampled_from(MODELS), max_size=3)

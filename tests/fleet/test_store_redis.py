@@ -12,11 +12,11 @@ import pytest
 from fleet_helpers import RedisProcess
 from redis.exceptions import RedisError
 
-from streamsafe.gateway.generation import Generation, GenerationRequest, State
-from streamsafe.gateway.redis_log import LogConflict, LogLost
-from streamsafe.gateway.replicas import Replicas
-from streamsafe.gateway.store import LeaseLost
-from streamsafe.gateway.store_redis import RedisStore
+from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
+from streamsafe.gateway.generations.store import LeaseLost
+from streamsafe.gateway.replicas.redis_log import LogConflict, LogLost
+from streamsafe.gateway.replicas.replicas import Replicas
+from streamsafe.gateway.replicas.store_redis import RedisStore
 
 pytestmark = pytest.mark.timeout(30)
 

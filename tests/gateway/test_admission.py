@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamsafe.gateway.admission import MAX_REQUEST_COST, Admission, Shed, request_cost
-from streamsafe.gateway.fair_queue import ADMITTED, QUEUED, SHED, AdmissionCore, Waiter
-from streamsafe.gateway.wait_plan import ANSWER_FRACTION, plan_wait
+from streamsafe.gateway.admission.admission import MAX_REQUEST_COST, Admission, Shed, request_cost
+from streamsafe.gateway.admission.fair_queue import ADMITTED, QUEUED, SHED, AdmissionCore, Waiter
+from streamsafe.gateway.serving.wait_plan import ANSWER_FRACTION, plan_wait
 
 TENANTS = ("a", "b", "c")
 

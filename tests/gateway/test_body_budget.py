@@ -10,7 +10,7 @@ import pytest
 from gateway_helpers import chat_body, fast_sim, make_stack, wait_for
 
 from streamsafe.gateway import GatewayConfig
-from streamsafe.gateway.body_budget import BodyBudget
+from streamsafe.gateway.admission.body_budget import BodyBudget
 
 _KB = 1024
 

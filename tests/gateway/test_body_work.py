@@ -12,7 +12,7 @@ import orjson
 import pytest
 from gateway_helpers import MODEL, Stack, chat_body, fast_sim, make_stack
 
-from streamsafe.gateway.body_work import MAX_JSON_CONTAINERS, exceeds_containers
+from streamsafe.gateway.serving.body_work import MAX_JSON_CONTAINERS, exceeds_containers
 
 _SIZE = 4 * 1024 * 1024 - 1024
 

@@ -7,7 +7,9 @@ import orjson
 from gateway_helpers import chat_body, content_of, fast_sim, make_stack, post_stream, sse_payloads
 
 from streamsafe.engine_sim import Fault, expected_text
-from streamsafe.gateway.continuation import (
+from streamsafe.gateway.generations.event_log import MemoryEventLog
+from streamsafe.gateway.generations.generation import GenerationRequest
+from streamsafe.gateway.relay.continuation import (
     Partial,
     Reshape,
     continuation_for,
@@ -16,8 +18,6 @@ from streamsafe.gateway.continuation import (
     tokenize_body,
     with_token_ids,
 )
-from streamsafe.gateway.event_log import MemoryEventLog
-from streamsafe.gateway.generation import GenerationRequest
 
 
 def test_cut_upstream_stream_is_continued_and_the_client_sees_the_exact_text() -> None:

@@ -16,7 +16,7 @@ from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.engine_sim.config import Fault
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.errors import Failure
-from streamsafe.gateway.refusals import EngineRefusals
+from streamsafe.gateway.generations.refusals import EngineRefusals
 from streamsafe.serving import ServerThread
 
 MODEL = "sim-llama-8b"

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamsafe.bench.recorded import recorded_chat_events
-from streamsafe.gateway.event_log import MemoryEventLog
+from streamsafe.gateway.generations.event_log import MemoryEventLog
 
 # Payloads alike and unlike their neighbours: shared prefixes and suffixes of every length,
 # empty ones, and batches of any size.

@@ -10,7 +10,7 @@ import json
 import weakref
 
 from streamsafe.engine_sim import SimConfig, Simulator
-from streamsafe.gateway.event_stream import EventStreamPool
+from streamsafe.gateway.upstream.event_stream import EventStreamPool
 from streamsafe.serving import ServerThread
 
 _JSON = {"content-type": "application/json"}

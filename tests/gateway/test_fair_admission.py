@@ -149,7 +149,7 @@ def test_a_tenant_that_floods_the_queue_does_not_starve_another() -> None:
 
 def test_tenant_weights_are_given_by_api_key_and_reach_admission() -> None:
     from streamsafe.gateway import Gateway, GatewayConfig
-    from streamsafe.gateway.requests import tenant_id
+    from streamsafe.gateway.serving.requests import tenant_id
 
     config = GatewayConfig(api_keys=("gold", "std"), tenant_weights=(("gold", 3.0),))
     assert Gateway(config).admission.core.weights == {tenant_id(b"gold"): 3.0}

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from streamsafe._asgi import BODY_WRITER_EXTENSION, body_writer
 from streamsafe.engine_sim import Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.gateway.fanout import Fanout
+from streamsafe.gateway.generations.fanout import Fanout
 from streamsafe.serving import ServerThread
 from streamsafe.sse import DONE, SSEDecoder, encode_events
 

@@ -7,9 +7,9 @@ import asyncio
 import httpx2
 import pytest
 
-from streamsafe.gateway.generation import Generation, GenerationRequest
-from streamsafe.gateway.store import MemoryEventLog
-from streamsafe.gateway.upstream import Upstream
+from streamsafe.gateway.generations.generation import Generation, GenerationRequest
+from streamsafe.gateway.generations.store import MemoryEventLog
+from streamsafe.gateway.upstream.connection import Upstream
 from streamsafe.sse import encode_events
 
 

@@ -24,11 +24,11 @@ from path_helpers import BODY, COMPLETION_ROUTES, PREFIX, PathStack, lenient, pa
 
 from streamsafe.engine_sim import Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.gateway.generation import Generation, GenerationRequest
-from streamsafe.gateway.generation_record import record_of, request_of
-from streamsafe.gateway.pool import parse_engine, parse_fallback
-from streamsafe.gateway.record_seal import RecordSeal, Unreadable
-from streamsafe.gateway.store import MemoryEventLog
+from streamsafe.gateway.engines.pool import parse_engine, parse_fallback
+from streamsafe.gateway.generations.generation import Generation, GenerationRequest
+from streamsafe.gateway.generations.store import MemoryEventLog
+from streamsafe.gateway.replicas.generation_record import record_of, request_of
+from streamsafe.gateway.replicas.record_seal import RecordSeal, Unreadable
 from streamsafe.serving import ServerThread
 
 #: Seconds one fuzzed request may take before its client "leaves" (every call is bounded).

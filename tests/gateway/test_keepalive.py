@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from streamsafe.engine_sim import Fault, expected_text
 from streamsafe.gateway.config import GatewayConfig
-from streamsafe.gateway.fanout import Fanout
-from streamsafe.gateway.generation import Generation, GenerationRequest, State
-from streamsafe.gateway.keepalive import KEEPALIVE_LINE, TICK, QuietWait, quiet_beat
-from streamsafe.gateway.store import MemoryEventLog
+from streamsafe.gateway.generations.fanout import Fanout
+from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
+from streamsafe.gateway.generations.keepalive import KEEPALIVE_LINE, TICK, QuietWait, quiet_beat
+from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.sse import SSEDecoder
 
 

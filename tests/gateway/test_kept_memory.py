@@ -134,7 +134,7 @@ def test_an_abandoned_generation_is_freed_by_its_last_reference() -> None:
 
     from gateway_helpers import fast_sim, wait_for
 
-    from streamsafe.gateway.generation import Generation
+    from streamsafe.gateway.generations.generation import Generation
 
     def alive(gen_id: str) -> bool:  # freed, or only unreachable (the collector is off)?
         return any(isinstance(o, Generation) and o.id == gen_id for o in gc.get_objects())

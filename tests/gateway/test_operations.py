@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from server_stops import stop_later
 from streamsafe.engine_sim import Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
+from streamsafe.gateway.admission.shedding import Shedding
 from streamsafe.gateway.metrics import exported_names
-from streamsafe.gateway.shedding import Shedding
 from streamsafe.serving import ServerThread, bind_socket
 
 KEY = "sk-secret-tenant-key"

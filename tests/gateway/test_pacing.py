@@ -9,10 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from streamsafe.gateway.admission.fair_queue import AdmissionCore
 from streamsafe.gateway.config import GatewayConfig
-from streamsafe.gateway.fair_queue import AdmissionCore
-from streamsafe.gateway.generation import Generation, GenerationRequest, State
-from streamsafe.gateway.pacing import (
+from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
+from streamsafe.gateway.generations.store import MemoryEventLog
+from streamsafe.gateway.serving.pacing import (
     COMMIT,
     HEARTBEAT,
     MIN_CLIENT_HEARTBEAT,
@@ -23,8 +24,7 @@ from streamsafe.gateway.pacing import (
     StreamRules,
     heartbeat_within,
 )
-from streamsafe.gateway.store import MemoryEventLog
-from streamsafe.gateway.subscriber import wait_for_change
+from streamsafe.gateway.serving.subscriber import wait_for_change
 
 
 def _generation(created_at: float = 100.0, *, queued: bool = False) -> Generation:

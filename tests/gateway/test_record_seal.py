@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from streamsafe.gateway.generation import Generation, GenerationRequest
-from streamsafe.gateway.generation_record import record_of, request_of
-from streamsafe.gateway.record_seal import RecordSeal, Unsealable
-from streamsafe.gateway.store import MemoryEventLog
+from streamsafe.gateway.generations.generation import Generation, GenerationRequest
+from streamsafe.gateway.generations.store import MemoryEventLog
+from streamsafe.gateway.replicas.generation_record import record_of, request_of
+from streamsafe.gateway.replicas.record_seal import RecordSeal, Unsealable
 
 PROMPT = b'{"model":"m","messages":[{"role":"user","content":"my private question"}]}'
 PROVIDER = b'x-llamastack-provider-data: {"together_api_key": "sk-provider-secret"}\r\n'

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from streamsafe.gateway.redis_client import CancelSafeRedis
+from streamsafe.gateway.replicas.redis_client import CancelSafeRedis
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -17,14 +17,14 @@ from gateway_helpers import MODEL, fast_sim, make_stack, sse_payloads, wait_for
 from server_stops import stop_later
 from streamsafe.engine_sim import Fault, Simulator, expected_text
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.gateway.attempts import OneEngine
-from streamsafe.gateway.endings import REFUSAL_WAIT, BrokenAttempt, Endings
-from streamsafe.gateway.failover import refusal_status
-from streamsafe.gateway.fair_queue import AdmissionCore
-from streamsafe.gateway.generation import Generation, GenerationRequest, State
+from streamsafe.gateway.admission.fair_queue import AdmissionCore
+from streamsafe.gateway.engines.attempts import OneEngine
+from streamsafe.gateway.engines.failover import refusal_status
+from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
+from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.metrics import Counters
-from streamsafe.gateway.store import MemoryEventLog
-from streamsafe.gateway.upstream import MAX_ENGINE_RETRY_AFTER, retry_after_value
+from streamsafe.gateway.relay.endings import REFUSAL_WAIT, BrokenAttempt, Endings
+from streamsafe.gateway.upstream.connection import MAX_ENGINE_RETRY_AFTER, retry_after_value
 from streamsafe.serving import ServerThread
 
 pytestmark = pytest.mark.timeout(60)

@@ -8,9 +8,9 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamsafe.gateway.event_log import MemoryEventLog
-from streamsafe.gateway.generation import Generation, GenerationRequest
-from streamsafe.gateway.retention import Retention
+from streamsafe.gateway.generations.event_log import MemoryEventLog
+from streamsafe.gateway.generations.generation import Generation, GenerationRequest
+from streamsafe.gateway.generations.retention import Retention
 
 
 def finished(i: int, at: float, payload: bytes = b"{}") -> Generation:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamsafe.gateway.generation import new_generation_id
-from streamsafe.gateway.store import MemoryStore
+from streamsafe.gateway.generations.generation import new_generation_id
+from streamsafe.gateway.generations.store import MemoryStore
 from streamsafe.sse import SSEDecoder, encode_events
 
 

@@ -373,7 +373,11 @@ def test_a_frozen_engine_bounds_every_call_and_readiness_says_so() -> None:
 
 
 async def test_attempt_watch_raises_a_stall_past_the_first_token_deadline() -> None:
-    from streamsafe.gateway.attempt_watch import AttemptWatch, UpstreamStalled, UpstreamTimeouts
+    from streamsafe.gateway.relay.attempt_watch import (
+        AttemptWatch,
+        UpstreamStalled,
+        UpstreamTimeouts,
+    )
 
     timeouts = UpstreamTimeouts(first_token=0.05, idle=None, total=None)
     with pytest.raises(UpstreamStalled) as info:
@@ -383,7 +387,11 @@ async def test_attempt_watch_raises_a_stall_past_the_first_token_deadline() -> N
 
 
 async def test_attempt_watch_idle_deadline_moves_with_every_chunk_and_then_fires() -> None:
-    from streamsafe.gateway.attempt_watch import AttemptWatch, UpstreamStalled, UpstreamTimeouts
+    from streamsafe.gateway.relay.attempt_watch import (
+        AttemptWatch,
+        UpstreamStalled,
+        UpstreamTimeouts,
+    )
 
     timeouts = UpstreamTimeouts(first_token=10.0, idle=0.2, total=None)
     chunks = 0
@@ -400,7 +408,11 @@ async def test_attempt_watch_idle_deadline_moves_with_every_chunk_and_then_fires
 
 
 async def test_attempt_watch_total_deadline_wins_and_a_real_cancel_still_propagates() -> None:
-    from streamsafe.gateway.attempt_watch import AttemptWatch, UpstreamStalled, UpstreamTimeouts
+    from streamsafe.gateway.relay.attempt_watch import (
+        AttemptWatch,
+        UpstreamStalled,
+        UpstreamTimeouts,
+    )
 
     loop = asyncio.get_running_loop()
     timeouts = UpstreamTimeouts(first_token=10.0, idle=10.0, total=0.1)

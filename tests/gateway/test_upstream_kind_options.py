@@ -20,7 +20,7 @@ from gateway_helpers import (
 )
 
 from streamsafe.engine_sim import Fault, expected_text
-from streamsafe.gateway.completion_id import own_completion_id
+from streamsafe.gateway.serving.completion_id import own_completion_id
 
 
 def _post_json(url: str, body: dict[str, object], out: list[httpx2.Response]) -> None:

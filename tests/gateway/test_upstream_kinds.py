@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamsafe.gateway.upstream_kinds import (
+from streamsafe.gateway.upstream.kinds import (
     KIND_NAMES,
     KINDS,
     ErrorEvent,

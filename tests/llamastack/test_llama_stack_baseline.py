@@ -1,6 +1,6 @@
 """What the real Llama Stack 0.2.12 server (remote::vllm in front of the simulator) does, pinned:
 the behaviour the gateway builds on in front of it and behind it, and the facts the upstream-kind
-table (streamsafe.gateway.upstream_kinds) states about it."""
+table (streamsafe.gateway.upstream.kinds) states about it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from conftest import MODEL, LlamaStackTier
 from streamsafe.engine_sim import Fault, expected_text
-from streamsafe.gateway.upstream_kinds import KINDS, Wire, ends_answer, parse_error_event
+from streamsafe.gateway.upstream.kinds import KINDS, Wire, ends_answer, parse_error_event
 from streamsafe.sse import SSEDecoder
 from waiting import wait_until
 

@@ -6,11 +6,11 @@
 
 from __future__ import annotations
 
-from streamsafe.gateway.admission import Admission, Shed, request_cost
+from streamsafe.gateway.admission.admission import Admission, Shed, request_cost
+from streamsafe.gateway.admission.fair_queue import AdmissionCore
 from streamsafe.gateway.app import Gateway
 from streamsafe.gateway.config import CommitMode, GatewayConfig
-from streamsafe.gateway.fair_queue import AdmissionCore
-from streamsafe.gateway.store import EventLog, MemoryEventLog, MemoryStore, Store
+from streamsafe.gateway.generations.store import EventLog, MemoryEventLog, MemoryStore, Store
 
 __all__ = [
     "Admission",

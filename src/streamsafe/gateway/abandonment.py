@@ -14,11 +14,11 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from streamsafe.gateway.admission import Admission
+from streamsafe.gateway.admission.admission import Admission
 from streamsafe.gateway.config import GatewayConfig
-from streamsafe.gateway.generation import Generation, State
+from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.metrics import Counters
-from streamsafe.gateway.replicas import Replicas
+from streamsafe.gateway.replicas.replicas import Replicas
 
 __all__ = ["Abandonment"]
 

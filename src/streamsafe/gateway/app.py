@@ -1,8 +1,9 @@
 """The gateway as a plain ASGI app: routing and tenants.
 
-A request for a completion becomes a subscription to a generation: :mod:`.requests` reads it,
-:class:`~streamsafe.gateway.registry.Registry` finds or starts its generation, and
-:mod:`.subscriber` writes the generation to the client.
+A request for a completion becomes a subscription to a generation:
+:mod:`streamsafe.gateway.serving.requests` reads it, :class:`~streamsafe.gateway.registry.Registry`
+finds or starts its generation, and :mod:`streamsafe.gateway.serving.subscriber` writes the
+generation to the client.
 """
 
 from __future__ import annotations
@@ -27,13 +28,10 @@ from streamsafe._asgi import (
     respond,
     serve_lifespan,
 )
-from streamsafe.gateway.access import Access, access_log, completion_tokens, write_access
-from streamsafe.gateway.admission import Admission, Shed
-from streamsafe.gateway.body_work import BodyWorker
-from streamsafe.gateway.breaker import BreakerState
-from streamsafe.gateway.completion_id import own_completion_id
+from streamsafe.gateway.admission.admission import Admission, Shed
 from streamsafe.gateway.config import GatewayConfig
-from streamsafe.gateway.engines import Engines
+from streamsafe.gateway.engines.engines import Engines
+from streamsafe.gateway.engines.pool import parse_engine, parse_fallback
 from streamsafe.gateway.errors import (
     BadRequest,
     Draining,
@@ -45,7 +43,9 @@ from streamsafe.gateway.errors import (
     send_bad_request,
     send_internal_error,
 )
-from streamsafe.gateway.generation import State
+from streamsafe.gateway.generations.generation import State
+from streamsafe.gateway.generations.refusals import EngineRefused
+from streamsafe.gateway.generations.store import MemoryStore, Store
 from streamsafe.gateway.metrics import (
     CONTENT_TYPE,
     EngineReading,
@@ -54,33 +54,34 @@ from streamsafe.gateway.metrics import (
     Readings,
     stats_document,
 )
-from streamsafe.gateway.pacing import StreamRules
-from streamsafe.gateway.passthrough import pass_through, shared_route
-from streamsafe.gateway.paths import canonical_path
-from streamsafe.gateway.pool import parse_engine, parse_fallback
-from streamsafe.gateway.refusals import EngineRefused
 from streamsafe.gateway.registry import Registry
-from streamsafe.gateway.replicas import Replicas
-from streamsafe.gateway.requests import (
+from streamsafe.gateway.replicas.replicas import Replicas
+from streamsafe.gateway.replicas.store_redis import RedisStore
+from streamsafe.gateway.serving.access import Access, access_log, completion_tokens, write_access
+from streamsafe.gateway.serving.body_work import BodyWorker
+from streamsafe.gateway.serving.completion_id import own_completion_id
+from streamsafe.gateway.serving.pacing import StreamRules
+from streamsafe.gateway.serving.passthrough import pass_through, shared_route
+from streamsafe.gateway.serving.paths import canonical_path
+from streamsafe.gateway.serving.requests import (
     client_read_timeout,
     completion_request,
     last_attempt,
     read_request_body,
     tenant_id,
 )
-from streamsafe.gateway.responses import (
+from streamsafe.gateway.serving.responses import (
     cancel_request,
     cancelled,
     find_response,
     resume_request,
     start_after,
 )
-from streamsafe.gateway.store import MemoryStore, Store
-from streamsafe.gateway.store_redis import RedisStore
-from streamsafe.gateway.subscriber import Subscriber, serve_json, serve_stream
+from streamsafe.gateway.serving.subscriber import Subscriber, serve_json, serve_stream
 from streamsafe.gateway.tracing import Tracing
-from streamsafe.gateway.upstream import Upstream
-from streamsafe.gateway.upstream_kinds import CompletionRoute
+from streamsafe.gateway.upstream.breaker import BreakerState
+from streamsafe.gateway.upstream.connection import Upstream
+from streamsafe.gateway.upstream.kinds import CompletionRoute
 
 __all__ = ["Gateway"]
 

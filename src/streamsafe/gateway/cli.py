@@ -420,7 +420,7 @@ def serve(args: argparse.Namespace, upstream: str) -> int:
     """Run the gateway the parsed arguments describe in front of ``upstream`` until interrupted
     (``args`` as ``streamsafe serve`` parses them); the exit code."""
     from streamsafe.gateway.app import Gateway
-    from streamsafe.gateway.pool import parse_engine
+    from streamsafe.gateway.engines.pool import parse_engine
     from streamsafe.serving import run_server
 
     try:

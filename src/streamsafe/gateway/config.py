@@ -7,7 +7,7 @@ from typing import Literal
 
 __all__ = ["CommitMode", "GatewayConfig", "UpstreamKindSetting"]
 
-#: What the upstream is (see :mod:`streamsafe.gateway.upstream_kinds`); ``auto`` asks it.
+#: What the upstream is (see :mod:`streamsafe.gateway.upstream.kinds`); ``auto`` asks it.
 UpstreamKindSetting = Literal["auto", "vllm", "ogx", "llama-stack", "openai"]
 
 #: ``early``: answer 200 as soon as the request is admitted (and upstream did not refuse it), then
@@ -95,7 +95,7 @@ class GatewayConfig:
     #: Bytes of request bodies held by queued and running generations, in all (default
     #: 256 MiB: 64 bodies at the 4 MiB limit, thousands of ordinary ones). A new generation
     #: whose body does not fit is shed (429 with ``Retry-After``) before it is queued, unless
-    #: its tenant holds less than its share (see :mod:`streamsafe.gateway.body_budget`).
+    #: its tenant holds less than its share (see :mod:`streamsafe.gateway.admission.body_budget`).
     max_live_body_bytes: int = 256 * 1024 * 1024
     #: What a duplicate of a live keyed generation gets: ``attach`` (default: replay, then live)
     #: or ``409`` (the IETF Idempotency-Key draft's answer).
@@ -155,7 +155,7 @@ class GatewayConfig:
     #: What a tenant (an API key; with ``api_keys`` set) may pass through to the upstream:
     #: ``refuse`` (default) passes only routes that hold no tenant's data (``GET`` of the model
     #: list and of one model, ``/v1/health``, ``/v1/version``; see
-    #: :func:`~streamsafe.gateway.passthrough.shared_route`) and refuses the rest with 403,
+    #: :func:`~streamsafe.gateway.serving.passthrough.shared_route`) and refuses the rest with 403,
     #: since every tenant reaches the upstream under the one ``upstream_api_key``, so Llama
     #: Stack's stored completions, responses, files, vector stores and agents would be shared
     #: between them; ``shared`` passes every route, for tenants that may share them (one team's
@@ -169,7 +169,8 @@ class GatewayConfig:
     #: :mod:`streamsafe.gateway.tracing`).
     tracing: bool = False
     #: Engines of a pool, each ``URL [models=a,b] [weight=W]`` (see
-    #: :class:`~streamsafe.gateway.pool.EngineSpec`); empty (default) for the one ``upstream``.
+    #: :class:`~streamsafe.gateway.engines.pool.EngineSpec`); empty (default) for the one
+    # ``upstream``.
     #: With a pool the gateway routes by model, picks the least loaded engine, fails over
     #: before the first token and continues a cut stream on another engine (see
     #: docs/design.md, Engine pool).
@@ -186,7 +187,8 @@ class GatewayConfig:
     redis_url: str | None = None
     #: A secret every replica sharing ``redis_url`` is given (``None``, default: none). With it
     #: the prompt and the provider data (``X-LlamaStack-Provider-Data``) of a generation's Redis
-    #: record are sealed (AES-GCM, see :mod:`streamsafe.gateway.record_seal`); without it the
+    #: record are sealed (AES-GCM, see :mod:`streamsafe.gateway.replicas.record_seal`); without it
+    # the
     #: provider data is never written to Redis (a generation carrying it is not continued by
     #: another replica) and the prompt is kept there in clear.
     redis_secret: str | None = None

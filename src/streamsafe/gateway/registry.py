@@ -4,8 +4,8 @@ The :class:`Registry` finds the generation a request belongs to (by ``(tenant,
 Idempotency-Key)``, or for an unkeyed retry or a resume by ``(tenant, body fingerprint)``), starts
 a new one when there is none, aborts what nobody reads after a grace period, and keeps finished
 ones for replay and resume within a time and memory bound (see docs/design.md, Replay and resume,
-and Abandonment and grace). Reading upstream is :class:`~streamsafe.gateway.relay.Relay`'s job;
-it tells the registry how each generation ended.
+and Abandonment and grace). Reading upstream is :class:`~streamsafe.gateway.relay.relay.Relay`'s
+job; it tells the registry how each generation ended.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from streamsafe.gateway.abandonment import MIRROR_KEPT, Abandonment
-from streamsafe.gateway.admission import Admission, Shed
-from streamsafe.gateway.body_budget import BodyBudget
+from streamsafe.gateway.admission.admission import Admission, Shed
+from streamsafe.gateway.admission.body_budget import BodyBudget
 from streamsafe.gateway.config import GatewayConfig
-from streamsafe.gateway.engines import Engines
+from streamsafe.gateway.engines.engines import Engines
 from streamsafe.gateway.errors import (
     Draining,
     Failure,
@@ -30,18 +30,23 @@ from streamsafe.gateway.errors import (
     ResumePastEnd,
     error_body,
 )
-from streamsafe.gateway.generation import Generation, GenerationRequest, State, new_generation_id
-from streamsafe.gateway.generation_index import GenerationIndex
+from streamsafe.gateway.generations.generation import (
+    Generation,
+    GenerationRequest,
+    State,
+    new_generation_id,
+)
+from streamsafe.gateway.generations.generation_index import GenerationIndex
+from streamsafe.gateway.generations.refusals import EngineRefusals, EngineRefused
+from streamsafe.gateway.generations.retention import Retention
+from streamsafe.gateway.generations.store import LeaseLost, MemoryStore, Store
 from streamsafe.gateway.metrics import Counters
-from streamsafe.gateway.redis_log import ReplicatedLog
-from streamsafe.gateway.refusals import EngineRefusals, EngineRefused
-from streamsafe.gateway.relay import Relay
-from streamsafe.gateway.replicas import Replicas
-from streamsafe.gateway.retention import Retention
-from streamsafe.gateway.store import LeaseLost, MemoryStore, Store
-from streamsafe.gateway.store_redis import REDIS_ERRORS
+from streamsafe.gateway.relay.relay import Relay
+from streamsafe.gateway.replicas.redis_log import ReplicatedLog
+from streamsafe.gateway.replicas.replicas import Replicas
+from streamsafe.gateway.replicas.store_redis import REDIS_ERRORS
 from streamsafe.gateway.tracing import Tracing
-from streamsafe.gateway.upstream import Upstream
+from streamsafe.gateway.upstream.connection import Upstream
 from streamsafe.sse import DONE
 
 __all__ = ["Registry"]
@@ -58,9 +63,10 @@ _RECORD_WAIT_S = 2.0
 class Registry:
     """Finds, starts, aborts and forgets generations. ``clock`` is injectable for tests.
 
-    With ``replicas`` (several gateways sharing Redis, see :mod:`.replicas`), ``store`` is the
-    shared :class:`~.store_redis.RedisStore`: a generation another replica runs is mirrored
-    here, and while Redis is unreachable the registry goes on with a store of its own.
+    With ``replicas`` (several gateways sharing Redis, see
+    :mod:`streamsafe.gateway.replicas.replicas`), ``store`` is the shared
+    :class:`~streamsafe.gateway.replicas.store_redis.RedisStore`: a generation another replica runs
+    is mirrored here, and while Redis is unreachable the registry goes on with a store of its own.
     """
 
     def __init__(

@@ -1,0 +1,1 @@
+"""Admission: which generation enters the engine, and when (sans-I/O core and its shell)."""

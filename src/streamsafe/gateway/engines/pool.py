@@ -1,0 +1,276 @@
+"""The engine pool: which engine serves an attempt.
+
+Sans-I/O, like :mod:`streamsafe.gateway.admission.fair_queue`: every decision takes the clock
+reading as an argument and nothing here sleeps, connects or logs.
+
+- **Routing**: an engine serves the models it lists (none listed: any model). Among the engines
+  of a model whose breaker lets traffic through, the least loaded wins: estimated memory in
+  flight per unit of weight, then queued requests per unit of weight, then the one picked least
+  recently (so equal engines take turns).
+- **Breaker** per engine (:class:`~streamsafe.gateway.upstream.breaker.EngineBreaker`): an engine
+whose
+  breaker is open takes no attempt; a half-open one takes one probe at a time.
+- **Fallback models**: when no engine of a model can take traffic, the model's configured
+  fallback (and its fallback, without cycles) is tried; the pick names the model that will answer.
+
+What to do when an attempt fails is :mod:`streamsafe.gateway.engines.failover`; the I/O shell around
+the pool is :mod:`streamsafe.gateway.engines.engines`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Collection, Mapping, Sequence
+from typing import Protocol
+
+from streamsafe.gateway.upstream.breaker import EngineBreaker
+
+__all__ = [
+    "Counts",
+    "Engine",
+    "EngineLoad",
+    "EngineSpec",
+    "Full",
+    "Pick",
+    "Pool",
+    "Unavailable",
+    "parse_engine",
+    "parse_fallback",
+]
+
+# -- configuration ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """One engine behind the gateway.
+
+    Written on the command line as ``URL [models=a,b] [weight=W] [memory=TOKENS]``, e.g.
+    ``--upstream "http://10.0.0.5:8000 models=llama-8b weight=2 memory=30000"``.
+    """
+
+    #: Base URL of the OpenAI-compatible engine.
+    url: str
+    #: Models it serves; empty (default) means any model, for a pool of identical engines.
+    models: frozenset[str] = frozenset()
+    #: Share of traffic relative to the others (default 1): an engine with twice the GPUs gets
+    #: weight 2 and is picked until it holds twice the load.
+    weight: float = 1.0
+    #: Engine memory in tokens that generations sent to it may hold at once (prompt +
+    #: max_tokens each; vLLM logs its KV capacity as "GPU KV cache size"). ``None`` (default):
+    #: no bound of its own; a generation that fits no engine of its model waits for room.
+    memory: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"engine URL must be http(s)://..., not {self.url!r}")
+        if not (self.weight > 0 and math.isfinite(self.weight)):
+            raise ValueError(f"engine weight must be a positive number, not {self.weight!r}")
+        if self.memory is not None and self.memory < 1:
+            raise ValueError(f"engine memory must be >= 1 token, not {self.memory!r}")
+
+    def serves(self, model: str) -> bool:
+        """True if this engine serves ``model``."""
+        return not self.models or model in self.models
+
+    def __str__(self) -> str:
+        parts = [self.url]
+        if self.models:
+            parts.append("models=" + ",".join(sorted(self.models)))
+        if self.weight != 1.0:
+            parts.append(f"weight={self.weight:g}")
+        if self.memory is not None:
+            parts.append(f"memory={self.memory}")
+        return " ".join(parts)
+
+
+def parse_engine(text: str) -> EngineSpec:
+    """An :class:`EngineSpec` from ``URL [models=a,b] [weight=W]`` (the ``--upstream`` value)."""
+    if not text.split():
+        raise ValueError("an engine is URL [models=a,b] [weight=W] [memory=TOKENS], not blank")
+    url, *options = text.split()
+    models: frozenset[str] = frozenset()
+    weight = 1.0
+    memory: int | None = None
+    for option in options:
+        name, sep, value = option.partition("=")
+        if not sep or not value:
+            raise ValueError(f"engine option {option!r} is not name=value")
+        if name == "models":
+            models = frozenset(m for m in value.split(",") if m)
+        elif name == "weight":
+            try:
+                weight = float(value)
+            except ValueError:
+                raise ValueError(f"engine weight {value!r} is not a number") from None
+        elif name == "memory":
+            try:
+                memory = int(value)
+            except ValueError:
+                raise ValueError(f"engine memory {value!r} is not a number of tokens") from None
+        else:
+            raise ValueError(f"unknown engine option {name!r} (models=, weight=, memory=)")
+    return EngineSpec(url.rstrip("/"), models, weight, memory)
+
+
+def parse_fallback(text: str) -> tuple[str, str]:
+    """``A=B`` (the ``--fallback-model`` value): when model A cannot answer, model B does."""
+    model, sep, fallback = text.partition("=")
+    model, fallback = model.strip(), fallback.strip()
+    if not sep or not model or not fallback or model == fallback:
+        raise ValueError(f"fallback must be MODEL=OTHER_MODEL, not {text!r}")
+    return model, fallback
+
+
+# -- load and picking ---------------------------------------------------------------------------
+
+
+class EngineLoad(Protocol):
+    """What the pool reads of an engine's load (an engine's admission provides it)."""
+
+    @property
+    def memory(self) -> int:
+        """Estimated engine memory held by admitted generations, in tokens."""
+        ...
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for this engine."""
+        ...
+
+
+@dataclasses.dataclass(slots=True)
+class Counts:
+    """A plain :class:`EngineLoad` (for a pool whose engines have no admission of their own)."""
+
+    memory: int = 0
+    queued: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class Engine:
+    """One engine of the pool: its spec, its load and its breaker."""
+
+    index: int
+    spec: EngineSpec
+    load: EngineLoad
+    breaker: EngineBreaker
+    #: Pick counter at its last pick: equal engines take turns.
+    last_pick: int = -1
+
+    def has_room(self, cost: int) -> bool:
+        """True if a generation of ``cost`` tokens fits the engine's memory now."""
+        cap = self.spec.memory
+        return cap is None or self.load.memory + cost <= cap
+
+    def score(self) -> tuple[float, float, int]:
+        """Lower is picked first: memory per weight, then queue per weight, then turn."""
+        weight = self.spec.weight
+        return (self.load.memory / weight, self.load.queued / weight, self.last_pick)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pick:
+    """An engine for an attempt, and the model it is asked for."""
+
+    engine: Engine
+    #: The model that will answer: the requested one, or a fallback where none of its engines
+    #: could take the attempt (the response then names this model).
+    model: str
+    #: The model the request asked for.
+    asked: str
+
+    @property
+    def fallback(self) -> bool:
+        """True where a fallback model answers instead of the one asked for."""
+        return self.model != self.asked
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Full:
+    """Engines of the model take traffic but none has room for the generation now: wait for
+    one to free memory (admission per engine)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Unavailable:
+    """No engine can take the model (or its fallbacks) now: answer 503 with ``Retry-After``;
+    ``known`` is False where no engine serves the model at all (404)."""
+
+    retry_after: float
+    known: bool = True
+
+
+class Pool:
+    """The engines behind one gateway (see the module).
+
+    ``loads`` gives each engine's :class:`EngineLoad` (default: plain counters); ``fallbacks``
+    maps a model to the model that answers when none of its engines can.
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[EngineSpec],
+        *,
+        fallbacks: Mapping[str, str] | None = None,
+        loads: Sequence[EngineLoad] | None = None,
+        failure_threshold: int = 3,
+        cooldown: float = 1.0,
+        max_cooldown: float = 30.0,
+    ) -> None:
+        if not specs:
+            raise ValueError("a pool needs at least one engine")
+        if loads is not None and len(loads) != len(specs):
+            raise ValueError("one load per engine")
+        self.engines = [
+            Engine(
+                i,
+                spec,
+                loads[i] if loads is not None else Counts(),
+                EngineBreaker(failure_threshold, cooldown, max_cooldown),
+            )
+            for i, spec in enumerate(specs)
+        ]
+        self.fallbacks = dict(fallbacks or {})
+        self._picks = 0
+
+    def serving(self, model: str) -> list[Engine]:
+        """Engines that serve ``model`` (whatever their breakers say)."""
+        return [e for e in self.engines if e.spec.serves(model)]
+
+    def pick(
+        self, model: str, now: float, exclude: Collection[int] = (), cost: int = 0
+    ) -> Pick | Full | Unavailable:
+        """The engine for the next attempt of a request for ``model`` that holds ``cost``
+        tokens; ``exclude`` holds the indexes of engines this request already failed on. Marks
+        the pick as a probe where the engine's breaker is half-open. :class:`Full` where engines
+        of the model are up but none has room (a full model waits; it does not fall back)."""
+        seen: set[str] = set()
+        wait = math.inf
+        known = False
+        current: str | None = model
+        while current is not None and current not in seen:
+            seen.add(current)
+            candidates = [e for e in self.serving(current) if e.index not in exclude]
+            known = known or bool(self.serving(current))
+            usable = [e for e in candidates if e.breaker.allows(now)]
+            if usable:
+                roomy = [e for e in usable if e.has_room(cost)]
+                if not roomy:
+                    return Full()
+                best = min(roomy, key=Engine.score)
+                best.breaker.on_attempt(now)
+                best.last_pick = self._picks
+                self._picks += 1
+                return Pick(best, current, model)
+            for e in candidates:
+                wait = min(wait, e.breaker.retry_after(now))
+            current = self.fallbacks.get(current)
+        if math.isinf(wait):
+            wait = min((e.breaker.retry_after(now) for e in self.engines), default=1.0)
+        return Unavailable(max(wait, 0.0), known)
+
+    def models(self) -> list[str]:
+        """Models some engine lists (engines that serve any model add nothing)."""
+        return sorted({m for e in self.engines for m in e.spec.models})

@@ -1,0 +1,2 @@
+"""Generations and their logs: one upstream request, its events, its subscribers' fan-out, and what
+is kept after it ends."""

@@ -1,0 +1,284 @@
+"""A generation: one upstream request, its event log, its state, and its wake-up.
+
+A :class:`Generation` is what every request with the same ``(tenant, Idempotency-Key)`` (or, for
+an unkeyed retry, the same body) shares: the upstream reader appends to its log and calls
+:meth:`Generation.publish` (new events) or :meth:`Generation.wake` (anything else); each
+subscriber keeps its own cursor and waits on :meth:`Generation.next_change`, so a slow one never
+holds up the reader or another subscriber. Subscribers that keep up are written to directly
+instead (its :class:`~streamsafe.gateway.generations.fanout.Fanout`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from streamsafe.gateway.admission.fair_queue import Waiter
+from streamsafe.gateway.errors import Failure
+from streamsafe.gateway.generations.fanout import Fanout
+from streamsafe.gateway.generations.store import EventLog
+from streamsafe.gateway.tracing import GenerationTrace
+from streamsafe.gateway.upstream.kinds import CompletionRoute
+
+__all__ = [
+    "GENERATION_OVERHEAD_BYTES",
+    "Continuation",
+    "Generation",
+    "GenerationRequest",
+    "State",
+    "new_generation_id",
+]
+
+#: Memory a finished generation holds besides its log and its key, measured on CPython 3.11 (the
+#: RSS of a gateway keeping thousands of tiny generations, about 2.2 KiB each with their logs):
+#: the generation and its request, the index entries that find it (by id, key and
+#: fingerprint), its retention entry and the store's key entry. Kept as measured before the
+#: retention timer per generation gave way to one for all (a little less now: counted high).
+GENERATION_OVERHEAD_BYTES = 2048
+
+
+class State(enum.Enum):
+    """Where a generation is. Queued and running are live; the other three are finished."""
+
+    #: Waiting for admission.
+    QUEUED = "queued"
+    #: Admitted and sent upstream.
+    RUNNING = "running"
+    #: Ended with ``[DONE]`` (or the whole non-streaming answer).
+    DONE = "done"
+    #: Ended with an error: a status before the first event, or an error event after it.
+    FAILED = "failed"
+    #: Stopped because nobody read it past the grace period, or at shutdown.
+    ABORTED = "aborted"
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    """What the registry needs to know about one incoming request."""
+
+    tenant: str
+    path: str
+    body: bytes
+    fingerprint: bytes
+    cost: int
+    stream: bool
+    idempotency_key: str | None = None
+    retry: bool = False
+    last_event_id: int | None = None
+    no_upstream_retry: bool = False
+    #: The route it came on: its wire format and how the upstream ends a stream. ``None``:
+    #: vLLM's ``/v1/chat/completions`` or ``/v1/completions`` (as ``path`` says).
+    route: CompletionRoute | None = None
+    #: Client headers sent upstream with it, as header lines (Llama Stack's
+    #: ``X-LlamaStack-Provider-Data``: a provider's per-request keys); part of the fingerprint.
+    forward: bytes = b""
+    #: Read from a Redis record that left its ``forward`` out (no ``--redis-secret``): another
+    #: replica cannot continue it under the credentials it came with.
+    withheld: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Continuation:
+    """What the latest attempt of a broken stream asks upstream instead of the request itself
+    (see docs/design.md, Continuation): ``body`` to ``path``; ``tokens_before`` delivered before
+    it (its usage is made whole with them); ``reshape``, where its chunks come in another format
+    than the caller's (a chat answer continued on the completion route by token ids), turns each
+    into the caller's."""
+
+    path: str
+    body: bytes
+    tokens_before: int
+    reshape: Callable[[bytes], bytes] | None = None
+
+
+class Generation:
+    """One upstream request and everything that follows from it.
+
+    Every change (events appended, state changed) bumps ``version`` and resolves the futures of
+    the subscribers waiting for it. A subscriber notes ``version``, checks, and waits on
+    :meth:`next_change` only if ``version`` has not moved meanwhile, so no change is missed and a
+    change costs one integer increment plus one ``set_result`` per waiting subscriber (no new
+    ``asyncio.Event`` per batch).
+    """
+
+    __slots__ = (
+        "_waiters",
+        "admitted_at",
+        "attempts",
+        "completion_tokens",
+        "continuation",
+        "continuations",
+        "cost",
+        "created_at",
+        "engine",
+        "failure",
+        "fanout",
+        "fingerprint",
+        "finished_at",
+        "first_event_at",
+        "id",
+        "key",
+        "length",
+        "log",
+        "multiline",
+        "request",
+        "state",
+        "stream",
+        "subscribers",
+        "task",
+        "tenant",
+        "timer",
+        "trace",
+        "upstream_status",
+        "version",
+        "waiter",
+    )
+
+    def __init__(
+        self,
+        gen_id: str,
+        request: GenerationRequest,
+        log_: EventLog,
+        key: str | None,
+        created_at: float = 0.0,
+    ) -> None:
+        self.id = gen_id
+        self.request = request
+        self.tenant = request.tenant
+        self.fingerprint = request.fingerprint
+        self.stream = request.stream
+        self.cost = request.cost
+        #: The store key that finds it (``None`` for an unkeyed request).
+        self.key = key
+        self.log = log_
+        #: Events in the log (as known to this process).
+        self.length = 0
+        self.state = State.QUEUED
+        #: Why it failed before its first event (a status and body to answer with).
+        self.failure: Failure | None = None
+        self.upstream_status: int | None = None
+        self.subscribers = 0
+        self.version = 0
+        # A list only while someone waits: a generation kept for replay holds no container the
+        # garbage collector walks but what it needs (see docs/benchmarks.md).
+        self._waiters: list[asyncio.Future[None]] | tuple[()] = ()
+        #: Subscribers that keep up, written to as events are published.
+        self.fanout = Fanout()
+        #: The upstream reader.
+        self.task: asyncio.Task[None] | None = None
+        #: While live: the grace timer that aborts it; once finished: its retention timer.
+        self.timer: asyncio.TimerHandle | None = None
+        #: When it was created (the registry's clock); early commit counts its wait from here.
+        self.created_at = created_at
+        self.admitted_at: float | None = None
+        #: When it finished (the registry's clock).
+        self.finished_at: float | None = None
+        #: Upstream attempts after the first (continuations and requests asked again).
+        self.continuations = 0
+        #: Requests sent upstream for it (failovers included), for the access log.
+        self.attempts = 0
+        #: The engine of its latest attempt, where a pool chose one (``None``: the one
+        #: upstream).
+        self.engine: str | None = None
+        #: When its first event came (``time.monotonic()``), for time to first token.
+        self.first_event_at: float | None = None
+        #: Completion tokens its answer's usage says, once read (see
+        # :mod:`streamsafe.gateway.serving.access`).
+        self.completion_tokens: int | None = None
+        #: Its span and its attempt's ``traceparent``, where tracing is on.
+        self.trace: GenerationTrace | None = None
+        #: What the latest attempt asks instead of the request, where it continues a broken
+        #: stream (``None``: the request as it came).
+        self.continuation: Continuation | None = None
+        #: Some payload holds a newline, so framing takes the slow path.
+        self.multiline = False
+        #: Its place in admission, from when it asks for one until it gives it back.
+        self.waiter: Waiter | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Done, failed or aborted: no event will be appended any more."""
+        # Identity tests: an Enum member's hash is a Python-level call, and this runs per read.
+        state = self.state
+        return state is not State.RUNNING and state is not State.QUEUED
+
+    @property
+    def live(self) -> bool:
+        """Queued or running."""
+        state = self.state
+        return state is State.QUEUED or state is State.RUNNING
+
+    @property
+    def kept_nbytes(self) -> int:
+        """Memory it holds once finished and kept for replay: its log, its key (in the
+        generation and in the store) and :data:`GENERATION_OVERHEAD_BYTES`."""
+        key = 2 * len(self.key) if self.key is not None else 0
+        return self.log.nbytes + GENERATION_OVERHEAD_BYTES + key
+
+    def wake(self) -> None:
+        """Wake every subscriber waiting on this generation, and hand the fan-out's members
+        back to their own loops: something besides new events happened."""
+        self.fanout.release_all()
+        self._wake_waiters()
+
+    def publish(self, payloads: Sequence[bytes], first: int) -> None:
+        """Events ``first, first + 1, ...`` were appended: write them to the fan-out's members,
+        wake the subscribers waiting."""
+        self.fanout.publish(payloads, first, self.multiline)
+        if self._waiters:
+            self._wake_waiters()
+        else:  # the usual case once its subscribers are in the fan-out
+            self.version += 1
+
+    def publish_one(self, payload: bytes, index: int) -> None:
+        """:meth:`publish` of event ``index`` alone, a single-line payload that does not end the
+        stream (the relay's per-read short path)."""
+        self.fanout.publish_one(payload, index)
+        if self._waiters:
+            self._wake_waiters()
+        else:
+            self.version += 1
+
+    def _wake_waiters(self) -> None:
+        self.version += 1
+        waiters = self._waiters
+        if waiters:
+            self._waiters = ()
+            for waiter in waiters:
+                if not waiter.done():  # cancelled by its subscriber's timeout
+                    waiter.set_result(None)
+
+    def next_change(self) -> asyncio.Future[None]:
+        """A future the next :meth:`wake` resolves. Check ``version`` first (see the class)."""
+        waiter = asyncio.get_running_loop().create_future()
+        waiters = self._waiters
+        if waiters:
+            waiters.append(waiter)  # a non-empty one is a list
+        else:
+            self._waiters = [waiter]
+        return waiter
+
+    def forget_waiter(self, waiter: asyncio.Future[None]) -> None:
+        """Drop a waiter that stopped waiting (timed out), so idle generations do not collect
+        them."""
+        waiters = self._waiters
+        if waiters:
+            with contextlib.suppress(ValueError):
+                waiters.remove(waiter)
+
+    def __repr__(self) -> str:
+        return (
+            f"Generation({self.id}, {self.state.value}, events={self.length}, "
+            f"subs={self.subscribers})"
+        )
+
+
+def new_generation_id() -> str:
+    """A random id (96 bits): unique across replicas and restarts, and telling nothing. A
+    per-process counter, as it was, let a tenant read other tenants' volume off the ids of its
+    own answers (``X-Streamsafe-Generation``)."""
+    return "gen-" + os.urandom(12).hex()

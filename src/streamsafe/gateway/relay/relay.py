@@ -1,0 +1,354 @@
+"""The upstream reader: one task per generation that waits for admission, sends the request
+upstream and appends what comes back to the generation's log.
+
+Every attempt goes through the generation's :class:`~streamsafe.gateway.engines.attempts.Attempts`
+(one engine, or the pool's failover before the first token), which is told what each engine did. A
+stream is read on the hot path (:mod:`streamsafe.gateway.relay.stream_reader`): payloads are relayed
+as the bytes upstream sent, never re-encoded (but for a continued stream's usage chunk, made to
+count the whole answer). How a generation ends is not its business: it calls
+``finish`` (given by whoever owns the generations) with the final state, so it never touches
+lookup or retention.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import httpx2
+
+from streamsafe.gateway.admission.admission import Admission, Shed
+from streamsafe.gateway.admission.fair_queue import Waiter
+from streamsafe.gateway.admission.shedding import Shedding
+from streamsafe.gateway.config import GatewayConfig
+from streamsafe.gateway.engines.attempts import Attempts, OneEngine
+from streamsafe.gateway.engines.engines import Engines
+from streamsafe.gateway.errors import Failure, error_body
+from streamsafe.gateway.generations.generation import Generation, State
+from streamsafe.gateway.generations.store import LeaseLost
+from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.relay.attempt_watch import AttemptWatch, UpstreamStalled, UpstreamTimeouts
+from streamsafe.gateway.relay.continuation import (
+    Partial,
+    continuation_for,
+    owed_usage,
+    read_partial,
+    tokenize_body,
+)
+from streamsafe.gateway.relay.endings import BrokenAttempt, Endings, Finish
+from streamsafe.gateway.relay.stream_reader import StreamReader
+from streamsafe.gateway.tracing import Tracing
+from streamsafe.gateway.upstream.connection import Upstream
+from streamsafe.retry import REFUSAL_STATUSES
+from streamsafe.sse import DONE
+
+__all__ = ["BrokenAttempt", "Finish", "Relay"]
+
+log = logging.getLogger("streamsafe.gateway")
+
+#: Longest Retry-After a refused continuation waits for; past it the stream ends with an error
+#: (an engine that asks for longer is not coming back while its caller reads).
+_MAX_REFUSAL_WAIT = 10.0
+
+
+class Relay:
+    """Runs generations upstream. ``finish`` is told how each one ended; ``counters`` counts
+    what happened on the way; ``clock`` stamps admission (injectable for tests)."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        admission: Admission,
+        upstream: Upstream,
+        counters: Counters,
+        finish: Finish,
+        clock: Callable[[], float] = time.monotonic,
+        engines: Engines | None = None,
+    ) -> None:
+        self.config = config
+        self.admission = admission
+        self.upstream = upstream
+        #: The engine pool, where the gateway has several engines (else ``upstream`` alone).
+        self.engines = engines
+        self._breaker = engines.breaker if engines is not None else upstream.breaker
+        self.counters = counters
+        self._finish = finish
+        #: Told of a generation that ended with the engine's refusal (``engine_refusals``
+        #: ``answer``); the registry keeps it for the retries.
+        self.refused: Callable[[Generation], None] = lambda gen: None
+        self._endings = Endings(counters, finish, self._breaker.retry_after)
+        self._streams = StreamReader(counters, finish, self._endings)
+        self._clock = clock
+        #: Episodes of the engine shedding load, logged as they begin and end.
+        self.engine_shedding = Shedding("engine")
+        self.tracing = Tracing(config.tracing)
+        #: The bounds every upstream attempt keeps (see :class:`AttemptWatch`).
+        self.timeouts = UpstreamTimeouts(
+            first_token=config.first_token_timeout,
+            idle=config.idle_timeout,
+            total=config.total_timeout,
+        )
+        #: A non-streamed answer's headers come when the whole answer is done, so neither a
+        #: first-token nor an idle bound tells a stalled engine from a long answer there: only
+        #: the total bounds it (cutting it would only make the engine start it over).
+        self.whole_answer_timeouts = UpstreamTimeouts(None, None, config.total_timeout)
+
+    async def run(self, gen: Generation, cut: str | None = None) -> None:
+        """Admit ``gen``, call upstream, and end it; the body of its reader task. Cancelling the
+        task closes the upstream response, so the engine aborts the request. ``cut`` says why a
+        generation whose log already holds events is run again (another replica ran it and is
+        gone): it is continued from its log, like a broken stream."""
+        admission = self.admission
+        waiter: Waiter | None = None
+        engines = self.engines
+        attempts: Attempts = (
+            engines.for_generation(gen.request.body, gen.cost, gen)
+            if engines is not None
+            else OneEngine(self.upstream)
+        )
+        try:
+            if cut is not None and gen.request.withheld:
+                # Its provider data was kept out of Redis: continuing it here would run it under
+                # other credentials than its caller's.
+                msg = (
+                    f"{cut}, and the credentials it came with were not kept (no --redis-secret);"
+                    " send it again"
+                )
+                await self._endings.fail(
+                    gen, Failure(503, error_body(msg, "service_unavailable", 503), 1)
+                )
+                return
+            if self._breaker.is_open:
+                await self._endings.fail_dead(gen)
+                return
+            try:
+                waiter = gen.waiter = admission.request(gen.tenant, gen.cost)
+                if gen.subscribers == 0:
+                    admission.set_active(waiter, False)
+                gen.wake()  # its subscribers plan their wait with the place it got
+                await admission.wait(waiter)
+            except Shed as exc:
+                self.counters.shed += 1
+                msg = f"gateway at capacity ({exc.reason}); retry after {exc.retry_after} s"
+                await self._endings.fail(
+                    gen, Failure(429, error_body(msg, "rate_limit_error", 429), exc.retry_after)
+                )
+                return
+            except ValueError as exc:
+                await self._endings.fail(
+                    gen, Failure(400, error_body(str(exc), "invalid_request_error", 400))
+                )
+                return
+            if self._breaker.is_open:
+                await self._endings.fail_dead(gen)
+                return
+            gen.state = State.RUNNING
+            gen.admitted_at = self._clock()
+            self.counters.generations_started += 1
+            gen.wake()
+            await self._call_upstream(gen, attempts, cut if gen.length else None)
+        except asyncio.CancelledError:
+            if not gen.finished:
+                self._finish(gen, State.ABORTED)
+            raise
+        except LeaseLost:
+            raise  # another replica runs it now; this one must not write a word more
+        except Exception as exc:  # a bug must not leave subscribers hanging
+            log.exception("%s: reader failed", gen.id)
+            why = f"gateway error: {type(exc).__name__}"
+            try:
+                await self._endings.fail_mid_stream(gen, why)
+            except Exception:  # the log cannot take the error event either
+                log.exception("%s: failing it failed too", gen.id)
+                if not gen.finished:  # its subscribers end with the error all the same
+                    gen.failure = Failure(502, error_body(why, "upstream_error", 502))
+                    self._finish(gen, State.FAILED)
+        finally:
+            attempts.release()
+            if waiter is not None:
+                admission.release(waiter)
+                gen.waiter = None
+
+    async def _call_upstream(
+        self, gen: Generation, attempts: Attempts, cut: str | None = None
+    ) -> None:
+        """The attempts of one generation: the first, then, for one that broke (cut, stalled,
+        malformed, dropped before its answer) or a continuation refused before any work, more
+        within ``max_continuations`` and the total timeout. A broken stream is continued from
+        its log, so nothing is generated twice; an attempt that relayed nothing is asked again
+        as it was (the engine aborted what it lost). With a pool, the next attempt goes to another
+        engine where there is one. ``cut``: the generation broke elsewhere (its replica died)
+        and is continued first."""
+        timeouts = self.timeouts
+        loop = asyncio.get_running_loop()
+        total_deadline = None if timeouts.total is None else loop.time() + timeouts.total
+        tries = 0
+        # When the engine first shed this generation (429/503): it waits for room from then on
+        # at most queue_timeout, as in the gateway's own queue, and sheds cost no continuation.
+        shed_since: float | None = None
+        while True:
+            if cut is not None:
+                broken: BrokenAttempt | None = BrokenAttempt(cut, 502)
+                cut = None
+            else:
+                broken = await self.attempt(gen, attempts, total_deadline)
+            if broken is None:
+                return
+            attempts.cut()
+            # Only a stream the upstream ends with [DONE] (OpenAI's format) reads back as a
+            # partial answer; Llama Stack's streams end in their own way (see stream_reader).
+            route = gen.request.route
+            partial = None
+            if gen.stream and gen.length and (route is None or route.upstream_done):
+                partial = await read_partial(gen.log)
+            if partial is not None and partial.finished:  # only the end was missing
+                gen.length = await gen.log.append(await self._owed_end(gen, attempts, partial))
+                attempts.succeeded()
+                self._finish(gen, State.DONE)
+                return
+            shed = broken.failure is not None and broken.failure.status in REFUSAL_STATUSES
+            if shed and shed_since is None:
+                shed_since = loop.time()
+            if shed and self.config.engine_refusals == "answer":
+                # Its caller retries by itself: the refusal is its answer, and its retries get
+                # the same from the registry while the engine refuses (see refusals.py).
+                await self._endings.fail_broken(gen, broken)
+                self.refused(gen)
+                return
+            if (
+                (broken.stalled is not None and broken.stalled.phase == "total")
+                or (tries >= self.config.max_continuations and not shed)
+                or self._breaker.is_open
+            ):
+                await self._endings.fail_broken(gen, broken)
+                return
+            if broken.retry_after is not None:
+                # Refused before any work: wait as told, within the total timeout (and, for an
+                # engine shedding load, the queue timeout since it began).
+                wait = min(float(broken.retry_after), _MAX_REFUSAL_WAIT)
+                until = loop.time() + wait
+                if (total_deadline is not None and until >= total_deadline) or (
+                    shed_since is not None and until - shed_since > self.config.queue_timeout
+                ):
+                    await self._endings.fail_broken(gen, broken)
+                    return
+                self.counters.engine_sheds += shed
+                if shed:
+                    self.engine_shedding.note(broken.why)
+                await asyncio.sleep(wait)
+                if self._breaker.is_open:
+                    await self._endings.fail_broken(gen, broken)
+                    return
+                if shed:
+                    log.debug("%s: %s; asking again in %g s", gen.id, broken.why, wait)
+                    continue
+            elif gen.length <= (route.preamble if route is not None else 0):
+                # Nothing of the answer relayed (at most the events the upstream sends before
+                # the first token, which the next attempt repeats and the sink drops): asked
+                # again as it was; the engine aborted what it lost.
+                gen.continuation = None
+            else:
+                # Where the upstream cannot continue a partial answer (Llama Stack, a generic
+                # OpenAI server), the subscribers get an error event: never an answer that
+                # looks whole but is not.
+                continuation = None
+                if partial is not None and attempts.upstream.kind.can_continue:
+                    continuation = continuation_for(gen.request, partial)
+                if continuation is None:
+                    await self._endings.fail_broken(gen, broken)
+                    return
+                gen.continuation = continuation
+            tries += 1
+            gen.continuations += 1
+            self.counters.continued += 1
+            log.info(
+                "%s: %s; asking upstream again (%d)",
+                gen.id,
+                broken.why,
+                tries,
+                extra={"fields": {"event": "continuation", "generation": gen.id}},
+            )
+
+    async def _owed_end(
+        self, gen: Generation, attempts: Attempts, partial: Partial
+    ) -> tuple[bytes, ...]:
+        """The end a stream still owes when the engine dropped it after its last token:
+        ``[DONE]``, after the usage chunk its request asked for where the engine's tokenizer
+        can count the prompt (docs/design.md, Continuation)."""
+        ask = None if partial.usage_seen else tokenize_body(gen.request)
+        prompt = None
+        if ask is not None:
+            # The prompt's ids came with the stream where the engine sent them: no question.
+            ids = partial.prompt_ids
+            prompt = len(ids) if ids is not None else await attempts.upstream.prompt_tokens(ask)
+        if prompt is None:
+            return (DONE,)
+        self.counters.usage_recovered += 1
+        return (owed_usage(partial, prompt), DONE)
+
+    async def attempt(
+        self,
+        gen: Generation,
+        attempts: Attempts,
+        total_deadline: float | None = None,
+    ) -> BrokenAttempt | None:
+        """One upstream request for ``gen`` (its request, or the continuation it has), within the
+        upstream timeouts. Returns why it broke where another attempt may repair it (this engine
+        or, for a pool, another), ``None`` where the generation has ended (done or failed).
+        Traced as one span where tracing is on (see :mod:`.tracing`)."""
+        tracing = self.tracing
+        if not tracing.enabled:
+            return await self._attempt(gen, attempts, total_deadline)
+        if gen.trace is None:  # taken over from another replica: a trace of its own here
+            gen.trace = tracing.generation(gen.id)
+        continuing = gen.continuations > 0 and gen.length > 0
+        span = tracing.attempt(gen.trace, gen.continuations + 1, continuing)
+        broken: BrokenAttempt | None = None
+        try:
+            broken = await self._attempt(gen, attempts, total_deadline)
+            return broken
+        finally:
+            engine = gen.engine or attempts.upstream.base_url
+            why = broken.why if broken is not None else None
+            tracing.end_attempt(span, gen.trace, engine, gen.upstream_status, why)
+
+    async def _attempt(
+        self, gen: Generation, attempts: Attempts, total_deadline: float | None
+    ) -> BrokenAttempt | None:
+        """:meth:`attempt`, untraced."""
+        continuing = gen.continuations > 0 and gen.length > 0
+        if self.engines is None:  # a pool counts its attempts itself (failovers included)
+            gen.attempts += 1
+        ask = gen.continuation
+        path, body = (gen.request.path, gen.request.body) if ask is None else (ask.path, ask.body)
+        response: httpx2.Response | None = None
+        try:
+            bounds = self.timeouts if gen.stream else self.whole_answer_timeouts
+            async with AttemptWatch(bounds, total_deadline) as watch:
+                if gen.stream:
+                    return await self._streams.attempt(gen, path, body, watch, continuing, attempts)
+                opened = await self._streams.open(gen, path, body, continuing, attempts)
+                if not isinstance(opened, httpx2.Response):
+                    return opened
+                response = opened
+                gen.wake()  # upstream accepted the request
+                body = await response.aread()
+                attempts.served()
+                gen.length = await gen.log.append((body,))
+                attempts.succeeded()
+                self._finish(gen, State.DONE)
+                return None
+        except UpstreamStalled as exc:
+            self.counters.upstream_timeouts += 1
+            if exc.phase != "total":
+                attempts.failed(str(exc))
+            return BrokenAttempt(str(exc), 504, stalled=exc)
+        except httpx2.HTTPError as exc:
+            why = f"upstream connection failed: {type(exc).__name__}"
+            attempts.failed(why)
+            return BrokenAttempt(why, 502)
+        finally:
+            if response is not None:
+                await response.aclose()

@@ -1,0 +1,257 @@
+"""One attempt of a streaming completion upstream, read on the hot path.
+
+With one engine the response is parsed in the connection's read callback
+(:mod:`streamsafe.gateway.upstream.event_stream`), where each read's events are checked, appended
+and the subscribers woken, with no task switch; the reader task only waits for the end. With an
+engine pool the attempt goes through the pool's failover
+(:class:`~streamsafe.gateway.engines.engines. EngineAttempts`) and its response is read by this
+task, read by read. Both feed the same :class:`~streamsafe.gateway.relay.stream_sink.StreamSink`, so
+the rules per event (error events, malformed chunks, a continued answer's usage, ``[DONE]``) and the
+endings are the same.
+
+A stream ends whole with ``[DONE]``, or, where the upstream sends none (Llama Stack), at the end
+of the body right after the event that closes an answer; a ``[DONE]`` is then appended to the
+log, so every whole stream in a log ends alike. An error event counts as an upstream failure
+where it stands for one (Llama Stack's masked 500s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import httpx2
+
+from streamsafe.gateway.engines.attempts import Attempts, OneEngine
+from streamsafe.gateway.generations.generation import Generation, State
+from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.relay.attempt_watch import AttemptWatch
+from streamsafe.gateway.relay.endings import BrokenAttempt, Endings, Finish, dropped
+from streamsafe.gateway.relay.stream_sink import StreamSink
+from streamsafe.gateway.upstream.connection import MAX_ERROR_BODY, read_bounded
+from streamsafe.gateway.upstream.event_stream import UpstreamClosed
+from streamsafe.gateway.upstream.kinds import ends_answer
+from streamsafe.sse import DONE, SSEDecoder, SSEError
+
+__all__ = ["StreamReader"]
+
+_BROKEN_STREAM = "upstream sent a broken event stream"
+
+
+class StreamReader:
+    """Runs one streaming attempt of a generation and says how it ended: ``None`` where the
+    generation ended (done or failed), else why it broke (see :class:`BrokenAttempt`)."""
+
+    __slots__ = ("_counters", "_endings", "_finish")
+
+    def __init__(self, counters: Counters, finish: Finish, endings: Endings) -> None:
+        self._counters = counters
+        self._finish = finish
+        self._endings = endings
+
+    async def attempt(
+        self,
+        gen: Generation,
+        path: str,
+        body: bytes,
+        watch: AttemptWatch,
+        continuing: bool,
+        attempts: Attempts,
+    ) -> BrokenAttempt | None:
+        """One attempt: on the read callback with one engine, through the pool's failover
+        with several."""
+        if isinstance(attempts, OneEngine):
+            return await self._one_engine(gen, path, body, watch, continuing, attempts)
+        return await self._pool(gen, path, body, watch, continuing, attempts)
+
+    async def _one_engine(
+        self,
+        gen: Generation,
+        path: str,
+        body: bytes,
+        watch: AttemptWatch,
+        continuing: bool,
+        attempts: Attempts,
+    ) -> BrokenAttempt | None:
+        req = gen.request
+        upstream = attempts.upstream
+        try:
+            trace = gen.trace
+            conn = await upstream.open_events(
+                path,
+                body,
+                retry_connect=not req.no_upstream_retry,
+                headers=req.forward + trace.header if trace is not None else req.forward,
+            )
+        except OSError as exc:
+            return await self._endings.unreachable(gen, exc)
+        sink = self._sink(gen, watch, continuing, conn.close, attempts)
+        try:
+            try:
+                await conn.head()
+            except UpstreamClosed as exc:
+                return dropped(attempts, str(exc))
+            status = conn.status
+            upstream.alive_at = asyncio.get_running_loop().time()
+            if status != 200:
+                gen.upstream_status = status
+                error = await conn.read_body(MAX_ERROR_BODY)
+                retry_after = conn.header(b"retry-after")
+                return await self._endings.refused(
+                    gen, status, error, _latin1(retry_after), continuing, attempts
+                )
+            # A 200 alone does not commit early: vLLM refuses in-band too (a first event that is
+            # an error carrying 503), which must reach a caller not yet answered as its status.
+            watch.follow(conn)
+            end = conn.stream_events(sink.events, one=sink.one)
+            while not sink.in_process and not end.done():
+                await asyncio.wait((end, sink.ready()), return_when=asyncio.FIRST_COMPLETED)
+                await sink.flush()
+            broke = await end
+            await sink.flush()
+            return await self._ended(gen, sink, broke, continuing, attempts)
+        finally:
+            conn.release(finished=sink.done)
+
+    async def _pool(
+        self,
+        gen: Generation,
+        path: str,
+        body: bytes,
+        watch: AttemptWatch,
+        continuing: bool,
+        attempts: Attempts,
+    ) -> BrokenAttempt | None:
+        opened = await self.open(gen, path, body, continuing, attempts)
+        if not isinstance(opened, httpx2.Response):
+            return opened
+        response = opened
+        try:
+            # A malformed chunk or a refusal stops the loop below; closing the response aborts
+            # the rest. (A 200 alone does not commit early: see _one_engine.)
+            sink = self._sink(gen, watch, continuing, _read_on, attempts)
+            decoder = SSEDecoder()
+            broke: str | None = None
+            try:
+                async for chunk in response.aiter_raw():
+                    watch.chunk()
+                    payloads = decoder.payloads(chunk)
+                    if payloads:
+                        sink.events(payloads)
+                        await sink.flush()
+                        if sink.done or sink.malformed or sink.refusal or gen.finished:
+                            break
+            except SSEError as exc:
+                broke = f"{_BROKEN_STREAM}: {exc}"
+            except httpx2.HTTPError as exc:
+                broke = type(exc).__name__
+            return await self._ended(gen, sink, broke, continuing, attempts)
+        finally:
+            await response.aclose()
+
+    async def open(
+        self, gen: Generation, path: str, body: bytes, continuing: bool, attempts: Attempts
+    ) -> httpx2.Response | BrokenAttempt | None:
+        """Send ``body`` to ``path`` through ``attempts`` (the pool's failover, or one engine for a
+        non-streaming request): the accepted response, its body unread, for the caller to
+        close; else how the attempt ended (see :meth:`attempt`)."""
+        req = gen.request
+        try:
+            response = await attempts.open(
+                "POST",
+                path,
+                content=body,
+                headers=_headers(req.forward + (gen.trace.header if gen.trace else b"")),
+                retry_connect=not req.no_upstream_retry,
+            )
+        except httpx2.ConnectError as exc:
+            return await self._endings.unreachable(gen, exc)
+        except httpx2.HTTPError as exc:
+            return dropped(attempts, type(exc).__name__)
+        status = response.status_code
+        if status == 200:
+            return response
+        gen.upstream_status = status
+        try:
+            error = await read_bounded(response)
+        finally:
+            await response.aclose()
+        retry_after = response.headers.get("retry-after")
+        return await self._endings.refused(gen, status, error, retry_after, continuing, attempts)
+
+    def _sink(
+        self,
+        gen: Generation,
+        watch: AttemptWatch,
+        continuing: bool,
+        stop: Callable[[], None],
+        attempts: Attempts,
+    ) -> StreamSink:
+        return StreamSink(
+            gen,
+            watch,
+            continuing,
+            stop=stop,
+            attempts=attempts,
+            counters=self._counters,
+            finish=self._finish,
+        )
+
+    async def _ended(
+        self,
+        gen: Generation,
+        sink: StreamSink,
+        broke: str | None,
+        continuing: bool,
+        attempts: Attempts,
+    ) -> BrokenAttempt | None:
+        """How an attempt ended once its body ended or broke (``broke``: why). One whose first
+        event refused it (vLLM's load shedding in-band) ends as the status it carries would."""
+        if sink.refusal is not None:
+            status, error = sink.refusal
+            return await self._endings.refused(
+                gen, status, error, None, continuing, attempts, in_band=True
+            )
+        if sink.malformed:
+            return BrokenAttempt("upstream sent a malformed chunk", 502)
+        if sink.done or gen.finished:
+            return None
+        route = gen.request.route
+        if broke is None and route is not None and not route.upstream_done:
+            # Llama Stack's streams just end: after their last event, or after an error event.
+            if sink.errored or ends_answer(route.wire, sink.last):
+                gen.length = await gen.log.append((DONE,))
+                if not sink.errored:
+                    attempts.succeeded()
+                self._finish(gen, State.FAILED if sink.errored else State.DONE)
+                return None
+            return BrokenAttempt("upstream stream ended before the answer was complete", 502)
+        if sink.errored:
+            await self._endings.fail_mid_stream(gen, "upstream stream ended after an error event")
+            return None
+        if broke is not None and broke.startswith(_BROKEN_STREAM):
+            await self._endings.fail_mid_stream(gen, broke)
+            return None
+        if broke is not None:
+            why = f"upstream connection failed: {broke}"
+            attempts.failed(why)
+            return BrokenAttempt(why, 502)
+        return BrokenAttempt("upstream stream ended before [DONE]", 502)
+
+
+def _read_on() -> None:
+    """A pooled attempt's reader loop stops by itself on a malformed chunk."""
+
+
+def _latin1(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
+
+
+def _headers(forward: bytes) -> dict[str, str]:
+    """A non-streamed request's headers: JSON, and the client's own it carries (header lines)."""
+    headers = {"content-type": "application/json"}
+    for line in forward.decode("latin-1").split("\r\n"):
+        name, sep, value = line.partition(": ")
+        if sep:
+            headers[name] = value
+    return headers

@@ -1,0 +1,260 @@
+"""What the relay does with each network read of an upstream stream, in the connection's read
+callback (see :mod:`streamsafe.gateway.upstream.event_stream`): check the payloads, append them to
+the generation's log and publish them (written at once to the subscribers that keep up, see
+:mod:`streamsafe.gateway.generations.fanout`), with no task switch per chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from streamsafe.gateway.engines.attempts import Attempts
+from streamsafe.gateway.engines.failover import refusal_status
+from streamsafe.gateway.errors import ERROR_PREFIXES
+from streamsafe.gateway.generations.generation import Generation, State
+from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.relay.attempt_watch import AttemptWatch
+from streamsafe.gateway.relay.continuation import is_role_chunk, whole_usage
+from streamsafe.gateway.upstream.connection import is_engine_death
+from streamsafe.gateway.upstream.kinds import parse_error_event
+from streamsafe.sse import DONE
+
+__all__ = ["StreamSink"]
+
+_RUNNING, _QUEUED = State.RUNNING, State.QUEUED
+
+
+class StreamSink:
+    """What the relay does with each network read of a stream, called from the connection's
+    read callback (or, with an engine pool, by the task reading the response): check the
+    payloads (error events and the engine's death or failure they stand for, reported to the
+    generation's ``attempts``; a malformed chunk, multi-line data, a continued answer's usage),
+    append them and wake the subscribers. A log in this process is appended to right there,
+    with no task switch; a networked one gets the payloads from the reader task
+    (:meth:`flush`), in order.
+
+    A stream that ends with ``[DONE]`` is finished here; one whose upstream sends none (Llama
+    Stack) is ended by the stream reader once the body is complete, from :attr:`last`."""
+
+    __slots__ = (
+        "_answer_at",
+        "_append_now",
+        "_append_one",
+        "_attempts",
+        "_counters",
+        "_finish",
+        "_pending",
+        "_preamble",
+        "_ready",
+        "_repeated",
+        "_stop",
+        "_watch",
+        "done",
+        "errored",
+        "gen",
+        "last",
+        "malformed",
+        "refusal",
+        "reshape",
+        "skip_role",
+        "tokens_before",
+    )
+
+    def __init__(
+        self,
+        gen: Generation,
+        watch: AttemptWatch,
+        continuing: bool,
+        *,
+        stop: Callable[[], None],
+        attempts: Attempts,
+        counters: Counters,
+        finish: Callable[[Generation, State], None],
+    ) -> None:
+        self.gen = gen
+        self._watch = watch
+        self._stop = stop
+        self._attempts = attempts
+        self._counters = counters
+        self._finish = finish
+        # A continuation opens with the assistant's role chunk again; the log has it.
+        self.skip_role = continuing
+        ask = gen.continuation if continuing else None
+        self.tokens_before = ask.tokens_before if ask is not None else 0
+        #: Turns a continuation's chunks into the caller's format (one asked by token ids).
+        self.reshape = ask.reshape if ask is not None else None
+        self._append_now = gen.log.append_nowait
+        self._append_one = gen.log.append_one
+        self._pending: list[bytes] = []
+        self._ready: asyncio.Future[None] | None = None
+        # Events before the engine's first token (Llama Stack's start event) do not end the
+        # first-token wait.
+        route = gen.request.route
+        self._preamble = route.preamble if route is not None else 0
+        # An attempt asked again after the log got only those events sends them again: the
+        # log has them. They come before the first token, so never through :meth:`one`
+        # (which takes only a flowing stream's reads).
+        self._repeated = gen.length if continuing and gen.length <= self._preamble else 0
+        # The log's length where this attempt's answer starts: an error event there, before any
+        # token of it, may be a refusal (see :attr:`refusal`).
+        self._answer_at = max(gen.length if continuing else 0, self._preamble)
+        #: The status and body of an error event that came before any token of this attempt
+        #: and refuses it (:func:`~streamsafe.gateway.engines.failover.refusal_status`: vLLM's load
+        #: shedding answers 200, then such an event): never appended; the attempt stopped
+        #: there, to be taken as that status.
+        self.refusal: tuple[int, bytes] | None = None
+        self.errored = False
+        #: The last payload appended (how a stream without ``[DONE]`` is told whole).
+        self.last = b""
+        self.done = False  # [DONE] seen
+        #: A chunk that is no JSON object came: the attempt stopped before it.
+        self.malformed = False
+
+    @property
+    def in_process(self) -> bool:
+        """The log lives in this process: :meth:`events` appends everything itself."""
+        return self._append_now is not None
+
+    def events(self, payloads: list[bytes]) -> None:
+        gen = self.gen
+        state = gen.state  # not gen.finished: a property call, once per read
+        if (
+            self.done
+            or self.malformed
+            or self.refusal is not None
+            or (state is not _RUNNING and state is not _QUEUED)
+        ):
+            return
+        reshape = self.reshape
+        if reshape is not None:
+            payloads[:] = [reshape(p) for p in payloads]
+        if self.skip_role:
+            self.skip_role = False
+            if is_role_chunk(payloads[0]):
+                del payloads[0]
+                if not payloads:
+                    return
+        if self._repeated:
+            n = min(self._repeated, len(payloads))
+            del payloads[:n]
+            self._repeated -= n
+            if not payloads:
+                return
+        malformed = None
+        for i, p in enumerate(payloads):
+            if p.startswith(ERROR_PREFIXES):
+                if gen.length + i <= self._answer_at and not self._watch.flowing:
+                    refusal = self._refusal(p)
+                    if refusal is not None:
+                        self.refusal = (refusal, p)
+                        del payloads[i:]
+                        self._stop()  # the engine did nothing; its [DONE] is not relayed
+                        break
+                self.errored = True
+                attempts = self._attempts
+                if is_engine_death(p):
+                    attempts.engine_died("error event")
+                else:
+                    # The engine of this attempt (each one in a pool is probed on its own).
+                    error = parse_error_event(attempts.upstream.kind, p)
+                    if error is not None and error.upstream_failure:
+                        self._counters.upstream_failures += 1
+                        attempts.failed(f"error event {error.status}")
+            elif p[:1] != b"{" or p[-1:] != b"}":
+                # Not a JSON object: a chunk cut off or garbled, never relayed (a check of its
+                # ends only: parsing every chunk would cost the hot path).
+                if p != DONE:
+                    malformed = i
+                    break
+            elif b"\n" in p:
+                gen.multiline = True
+            elif self.tokens_before and b'"usage"' in p:
+                payloads[i] = whole_usage(p, self.tokens_before)
+        if malformed is not None:
+            del payloads[malformed:]
+            self.malformed = True
+            self._stop()  # the rest of this attempt is not relayed; the engine aborts it
+        if not payloads:
+            return
+        self.last = payloads[-1]
+        self.done = self.last == DONE
+        append_now = self._append_now
+        if append_now is None:
+            self._pending.extend(payloads)
+            ready, self._ready = self._ready, None
+            if ready is not None and not ready.done():
+                ready.set_result(None)
+            return
+        gen.length = append_now(payloads)
+        self._appended(payloads)
+
+    def _refusal(self, payload: bytes) -> int | None:
+        """The status an error event before any token refuses the attempt with, if it does."""
+        error = parse_error_event(self._attempts.upstream.kind, payload)
+        return None if error is None else refusal_status(payload, error.status)
+
+    def one(self, payload: bytes) -> bool:
+        """Take the usual read, one plain chunk of an answer already flowing (what
+        :meth:`~streamsafe.sse.SSEDecoder.one_payload` found), with only the checks it needs:
+        not an error event, a JSON object, nothing to mend (a continuation's role chunk or
+        usage), the log cheap to append to
+        (:attr:`~streamsafe.gateway.generations.store.EventLog.append_one`). Return ``False``,
+        having done nothing, where :meth:`events` must take it instead."""
+        gen = self.gen
+        append_one = self._append_one
+        if (
+            append_one is None
+            or self.done
+            or self.malformed
+            or self.skip_role
+            or self.tokens_before
+            or self.reshape is not None
+            or not self._watch.flowing
+            or gen.state is not _RUNNING
+            or not payload
+            or payload[0] != 123  # {
+            or payload[-1] != 125  # }
+            or payload.startswith(ERROR_PREFIXES)
+        ):
+            return False
+        length = append_one(payload)
+        if not length:
+            return False
+        gen.length = length
+        self.last = payload
+        self._counters.events_relayed += 1
+        gen.publish_one(payload, length - 1)  # one line (one_payload saw to it), not [DONE]
+        return True
+
+    def ready(self) -> asyncio.Future[None]:
+        """A future resolved once payloads are pending for :meth:`flush`."""
+        self._ready = ready = asyncio.get_running_loop().create_future()
+        if self._pending:
+            ready.set_result(None)
+        return ready
+
+    async def flush(self) -> None:
+        """Append what is pending to a networked log (several reads at once when the store is
+        slower than the engine)."""
+        if self._pending:
+            payloads, self._pending = self._pending, []
+            self.gen.length = await self.gen.log.append(payloads)
+            self._appended(payloads)
+
+    def _appended(self, payloads: list[bytes]) -> None:
+        gen = self.gen
+        n = len(payloads)
+        self._counters.events_relayed += n
+        gen.publish(payloads, gen.length - n)
+        watch = self._watch
+        if not watch.flowing and gen.length > self._preamble:
+            watch.first_event()
+            self._attempts.served()  # the engine delivered: its breaker closes
+            if gen.first_event_at is None:
+                gen.first_event_at = time.monotonic()
+        if self.done and not self._pending:
+            if not self.errored:
+                self._attempts.succeeded()
+            self._finish(gen, State.FAILED if self.errored else State.DONE)

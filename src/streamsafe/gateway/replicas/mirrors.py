@@ -1,0 +1,221 @@
+"""Mirrors: generations another replica runs, copied here for this replica's subscribers (see
+:mod:`streamsafe.gateway.replicas.replicas` and docs/design.md, Replicas).
+
+One follower task per generation copies its log as the owner writes it (woken by ``XREAD BLOCK``
+through the store), brings the mirror's state up to the owner's record, and, when the owner's
+lease lapses with nobody taking it over, takes the lease (``SET NX``) and with it the generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from streamsafe.gateway.errors import Failure, error_body
+from streamsafe.gateway.generations.generation import Generation, State
+from streamsafe.gateway.replicas.generation_record import request_of
+from streamsafe.gateway.replicas.record_seal import Unreadable, Unsealable
+from streamsafe.gateway.replicas.redis_log import ReplicatedLog
+from streamsafe.gateway.replicas.store_redis import REDIS_ERRORS, RedisStore
+from streamsafe.sse import DONE
+
+__all__ = ["Mirrors", "OnEnd", "OnTakeover"]
+
+log = logging.getLogger("streamsafe.gateway")
+
+#: Least seconds a mirror waits for a generation that vanished from Redis to be written back by
+#: its owner (Redis restarted empty) before it ends it with an error.
+_WRITE_BACK_WAIT = 5.0
+
+#: Told that a mirrored generation ended (state as recorded by its owner).
+OnEnd = Callable[[Generation, State], None]
+#: Told that this replica took a generation over; starts running it.
+OnTakeover = Callable[[Generation], Awaitable[None]]
+
+
+class Mirrors:
+    """The generations this replica copies from their owners (see the module). ``failed`` is
+    told of every Redis failure (the replica's failure policy starts there)."""
+
+    def __init__(
+        self,
+        store: RedisStore,
+        *,
+        lease: float,
+        failed: Callable[[BaseException], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.lease = lease
+        self._failed = failed
+        self._clock = clock
+        self._mirrors: dict[str, Generation] = {}
+        self._followers: dict[str, asyncio.Task[None]] = {}
+
+    def __contains__(self, gen: Generation) -> bool:
+        """True if another replica runs ``gen`` and this one copies it."""
+        return gen.id in self._mirrors
+
+    def followed(self) -> list[str]:
+        """Ids of the mirrors that have subscribers here."""
+        return [g.id for g in self._mirrors.values() if g.subscribers > 0]
+
+    def followers(self) -> list[asyncio.Task[None]]:
+        """The follower tasks now running."""
+        return list(self._followers.values())
+
+    def forget(self, gen: Generation) -> None:
+        """``gen`` is no mirror any more (this replica runs it now)."""
+        self._mirrors.pop(gen.id, None)
+
+    async def find(
+        self, gen_id: str, key: str | None, created_at: float, wait: float = 0.0
+    ) -> Generation | None:
+        """A mirror of another replica's generation ``gen_id`` (not yet followed), or ``None``
+        where Redis does not hold it, after waiting up to ``wait`` seconds for its record (a
+        little longer between each look). A replica claims a key before it writes the record of
+        the generation it claimed it for, one round trip later: the loser of a claim waits, as
+        taking the key over at once would start the same request a second time."""
+        delay, waited = 0.005, 0.0
+        while True:
+            record = await self.store.generation(gen_id)
+            if record is not None and "body" in record:
+                break
+            if waited >= wait:
+                return None
+            await asyncio.sleep(delay)
+            waited += delay
+            delay = min(delay * 2, 0.1)
+        try:
+            request = request_of(record, gen_id, self.store.seal)
+        except Unsealable as exc:
+            log.error("%s; every replica needs the same --redis-secret", exc)
+            return None
+        except Unreadable as exc:
+            log.error("%s", exc)
+            return None
+        log_ = self.store.replicated_log(gen_id, writer=False, lease=self.lease)
+        log_.on_detach = self._failed
+        stored_key = record.get("key", b"").decode() or None
+        gen = Generation(gen_id, request, log_, key or stored_key, created_at)
+        await log_.pull()
+        gen.length = log_.length
+        ended = _apply(gen, record, log_)
+        if ended is not None:
+            gen.state = ended
+        if gen.length:
+            gen.upstream_status = 200
+        return gen
+
+    def follow(self, gen: Generation, on_end: OnEnd, on_takeover: OnTakeover) -> None:
+        """Start copying ``gen``'s log as its owner writes it; ``on_end`` is told when it ends,
+        ``on_takeover`` once this replica took it over from a dead owner (lease and log)."""
+        self._mirrors[gen.id] = gen
+        task = asyncio.get_running_loop().create_task(
+            self._follow(gen, on_end, on_takeover), name=f"follow-{gen.id}"
+        )
+        self._followers[gen.id] = task
+        task.add_done_callback(lambda _: self._followers.pop(gen.id, None))
+
+    def unfollow(self, gen: Generation) -> None:
+        """Stop copying ``gen`` (forgotten here)."""
+        self._mirrors.pop(gen.id, None)
+        task = self._followers.pop(gen.id, None)
+        if task is not None:
+            task.cancel()
+
+    async def _follow(self, gen: Generation, on_end: OnEnd, on_takeover: OnTakeover) -> None:
+        log_ = gen.log
+        assert isinstance(log_, ReplicatedLog)
+        store = self.store
+        states = 0
+        delay = 0.05
+        missing_since: float | None = None
+        while gen.id in self._mirrors:
+            try:
+                new = await log_.pull()
+                if new:
+                    gen.length = log_.length
+                    gen.upstream_status = 200
+                    if any(b"\n" in p for p in new):
+                        gen.multiline = True
+                    gen.wake()
+                seen = await store.state_changes(gen.id)
+                if seen != states or _ends(new) or missing_since is not None:
+                    states = seen
+                    record = await store.generation(gen.id)
+                    if record is None:
+                        # Gone from Redis: give its owner time to write it back (a restarted,
+                        # empty Redis) before calling it lost.
+                        now = self._clock()
+                        missing_since = missing_since or now
+                        if now - missing_since > max(_WRITE_BACK_WAIT, 2 * self.lease):
+                            on_end(gen, _lost(gen, log_))
+                            return
+                        await asyncio.sleep(self.lease / 4)
+                        continue
+                    missing_since = None
+                    ended = _apply(gen, record, log_)
+                    if ended is not None:
+                        on_end(gen, ended)
+                        return
+                if await store.wait(gen.id, log_.length, states, self.lease / 2):
+                    delay = 0.05
+                    continue
+                # Quiet for half a lease: is the owner still there? SET NX decides who takes
+                # over when it is not.
+                orphaned = gen.live and await store.lease_holder(gen.id) is None
+                # Only with its record there: an empty, restarted Redis is no proof of a
+                # dead owner (the owner writes it back).
+                orphaned = orphaned and await store.generation(gen.id) is not None
+                if orphaned and await store.take_lease(gen.id, self.lease):
+                    await log_.take_over(store.replica_id)
+                    gen.length = log_.length
+                    log.warning("%s: owner replica gone; taking the generation over", gen.id)
+                    self.forget(gen)
+                    await on_takeover(gen)
+                    return
+            except REDIS_ERRORS as exc:
+                self._failed(exc)
+                await asyncio.sleep(delay)
+                delay = min(1.0, delay * 2)
+
+
+def _ends(new: list[bytes]) -> bool:
+    return bool(new) and new[-1] == DONE
+
+
+def _apply(gen: Generation, record: dict[str, bytes], log_: ReplicatedLog) -> State | None:
+    """Bring a mirror's state up to its record; the final state once it has ended."""
+    state = State(record.get("state", b"queued").decode())
+    if state is State.RUNNING and gen.state is State.QUEUED:
+        gen.state = State.RUNNING
+        gen.wake()
+    if state in (State.QUEUED, State.RUNNING):
+        return None
+    if "status" in record and not log_.length:
+        retry_after = record.get("retry_after")
+        gen.failure = Failure(
+            int(record["status"]),
+            record.get("error", b""),
+            int(retry_after) if retry_after is not None else None,
+        )
+    complete = not log_.length or log_.read_nowait(log_.length - 1) == [DONE]
+    if state is not State.ABORTED and gen.stream and not complete:
+        return None  # the record is ahead of the log copy: pull the rest first
+    return state
+
+
+def _lost(gen: Generation, log_: ReplicatedLog) -> State:
+    """Redis no longer holds a mirrored generation (it expired, or Redis restarted empty and
+    the owner is gone): end it with an error rather than wait forever."""
+    msg = "the generation was lost by the shared store; retry the request"
+    if log_.length and gen.stream:
+        if log_.read_nowait(log_.length - 1) != [DONE]:
+            log_.local.append_nowait([error_body(msg, "upstream_error", 502), DONE])
+            gen.length = log_.length
+    else:
+        gen.failure = Failure(502, error_body(msg, "upstream_error", 502))
+    return State.FAILED

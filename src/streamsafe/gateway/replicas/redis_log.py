@@ -1,0 +1,212 @@
+"""A generation's event log in Redis (a Redis Stream whose entry ``0-(n+1)`` holds the payload
+with SSE id ``n``), and the log with a copy in this process that the replicas use.
+
+Appends go through :data:`~streamsafe.gateway.replicas.redis_scripts.APPEND`, which checks the
+writer's lease and the expected offset, so a replica that lost its lease (paused, partitioned)
+cannot write into a log another replica has taken over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from streamsafe.gateway.generations.store import LeaseLost, MemoryEventLog
+from streamsafe.gateway.replicas.redis_scripts import Scripts, entry_offset, ms
+
+__all__ = ["APPEND_PATIENCE", "LogConflict", "LogLost", "RedisEventLog", "ReplicatedLog"]
+
+log = logging.getLogger("streamsafe.gateway")
+
+#: Field of a log entry that holds the payload.
+_FIELD = b"d"
+#: Seconds the writer of a log waits for Redis to take an append before it goes on with its copy
+#: alone (detached, as in an outage; written back once Redis answers again). Redis takes one in
+#: well under a millisecond; a frozen one (SIGSTOP) held every stream of its owner for the socket
+#: timeout (5 s then).
+APPEND_PATIENCE = 0.25
+
+
+class LogConflict(Exception):
+    """A log is not at the offset its writer expected (two writers; the log is left as is)."""
+
+
+class LogLost(Exception):
+    """Redis no longer holds what the writer wrote (it restarted empty, or evicted the log):
+    the writer's copy is the only one left."""
+
+
+class RedisEventLog:
+    """One generation's event log in a Redis Stream. ``length`` is what this process last saw
+    (it grows by appends and reads), so a follower learns the length by reading."""
+
+    __slots__ = (
+        "_key",
+        "_lease_key",
+        "_length",
+        "_nbytes",
+        "_redis",
+        "_scripts",
+        "keep_ms",
+        "lease_holder",
+        "lease_ms",
+    )
+
+    #: Every read and append is a round trip: no coroutine-free fast path.
+    append_nowait = None
+    append_one = None
+    read_nowait = None
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        scripts: Scripts,
+        key: str,
+        lease_key: str,
+        lease_holder: str = "",
+        lease: float = 3.0,
+        keep: float | None = None,
+    ) -> None:
+        self._redis = redis
+        self._scripts = scripts
+        self._key = key
+        self._lease_key = lease_key
+        self._length = 0
+        self._nbytes = 0
+        #: Appends are fenced by this lease value ('' for none): see the module.
+        self.lease_holder = lease_holder
+        #: The lease an append takes back where it lapsed with nobody taking it over.
+        self.lease_ms = ms(lease)
+        #: The lifetime the append that creates the log gives it (0: none).
+        self.keep_ms = 0 if keep is None else ms(keep)
+
+    async def append(self, payloads: Sequence[bytes]) -> int:
+        """Append payloads at the offset this writer last saw; return the new length. Raises
+        :class:`LeaseLost` if another replica holds the lease, :class:`LogLost` if Redis lost
+        (part of) the log, and :class:`LogConflict` if the log moved under the writer."""
+        if not payloads:
+            return self._length
+        n = await self._scripts.append(
+            self._key,
+            self._lease_key,
+            self._length,
+            self.lease_holder,
+            self.lease_ms,
+            self.keep_ms,
+            payloads,
+        )
+        if n == -1:
+            raise LeaseLost(self._key)
+        if n == -2:
+            raise LogLost(self._key)
+        if n < 0:
+            held = -100 - n
+            if self.lease_holder and held < self._length:
+                # Under this writer's own lease, a shorter log is one Redis lost (evicted under
+                # maxmemory, flushed, a failover to a lagging replica): nobody else wrote it.
+                raise LogLost(f"{self._key} holds {held} events, its writer wrote {self._length}")
+            raise LogConflict(f"{self._key} holds {held} events, writer expected {self._length}")
+        self._length = n
+        self._nbytes += sum(map(len, payloads))
+        return n
+
+    async def read(self, start: int) -> list[bytes]:
+        """Payloads from offset ``start`` on (one ``XRANGE``)."""
+        entries: Any = await self._redis.xrange(self._key, min=f"0-{start + 1}", max="+")
+        if entries:
+            self._length = max(self._length, entry_offset(entries[-1][0]))
+        return [fields[_FIELD] for _, fields in entries]
+
+    async def sync(self) -> int:
+        """Learn the log's length from Redis (a writer that takes a log over starts here)."""
+        self._length = int(await self._redis.xlen(self._key))
+        return self._length
+
+    @property
+    def length(self) -> int:
+        """Events appended or read so far, as known to this process."""
+        return self._length
+
+    @property
+    def nbytes(self) -> int:
+        """Payload bytes this process appended (what its share of the kept memory is)."""
+        return self._nbytes
+
+
+class ReplicatedLog:
+    """A log in Redis with a copy in this process: subscribers here read the copy without a
+    round trip, other replicas read Redis.
+
+    The writer appends to Redis first (fenced by its lease) and then to the copy, so nothing
+    reaches a subscriber here that the other replicas cannot read. A follower copies what another
+    replica wrote with :meth:`pull`. If Redis fails under the writer, the log is *detached*: it
+    goes on in this process alone (its subscribers here lose nothing) and ``detached`` says so.
+    """
+
+    __slots__ = ("detached", "local", "on_detach", "remote")
+
+    #: Writes need a round trip to Redis.
+    append_nowait = None
+    append_one = None
+
+    def __init__(self, remote: RedisEventLog) -> None:
+        self.remote = remote
+        self.local = MemoryEventLog()
+        #: Redis failed under an append; the log goes on in this process only.
+        self.detached = False
+        #: Told why the log detached (the replica's Redis failure policy starts there).
+        self.on_detach: Callable[[BaseException], None] | None = None
+
+    async def append(self, payloads: Sequence[bytes]) -> int:
+        """Append to Redis, then to the copy; return the new length. :class:`LeaseLost`
+        propagates (another replica writes this log now); a Redis failure detaches the log, and
+        so does a Redis that has not answered within :data:`APPEND_PATIENCE` (frozen, or
+        unreachable without a reset): the subscribers here, who read the copy, never wait on
+        Redis for longer than that."""
+        if not self.detached:
+            try:
+                async with asyncio.timeout(APPEND_PATIENCE):
+                    await self.remote.append(payloads)
+            except (RedisError, OSError, LogLost, TimeoutError) as exc:
+                log.warning("redis failed under a log append (%r); going on locally", exc)
+                self.detached = True
+                if self.on_detach is not None:
+                    self.on_detach(exc)
+        return self.local.append_nowait(payloads)
+
+    async def read(self, start: int) -> list[bytes]:
+        """Payloads from ``start`` on, from the copy."""
+        return self.local.read_nowait(start)
+
+    def read_nowait(self, start: int) -> list[bytes]:
+        """Payloads from ``start`` on, from the copy, without a coroutine."""
+        return self.local.read_nowait(start)
+
+    async def pull(self) -> list[bytes]:
+        """Copy what Redis holds past the copy's end; return the new payloads."""
+        new = await self.remote.read(self.local.length)
+        if new:
+            self.local.append_nowait(new)
+        return new
+
+    async def take_over(self, lease_holder: str) -> int:
+        """Become the writer (after winning the lease): copy the whole log, fence appends
+        with ``lease_holder``, and return the length."""
+        await self.pull()
+        self.remote.lease_holder = lease_holder
+        return await self.remote.sync()
+
+    @property
+    def length(self) -> int:
+        """Events in the copy."""
+        return self.local.length
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the copy holds."""
+        return self.local.nbytes

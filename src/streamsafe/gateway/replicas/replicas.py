@@ -1,0 +1,447 @@
+"""Replicas: gateway processes that share their generations through Redis (see docs/design.md,
+Replicas).
+
+The replica that starts a generation *owns* it: it runs it upstream, writes its log to Redis
+(:class:`~streamsafe.gateway.replicas.redis_log.ReplicatedLog`) and holds a lease on it that it
+renews every third of the lease. Any other replica that gets a request for it (a retry, a
+``Last-Event-ID`` resume, a replay) *mirrors* it (:mod:`~streamsafe.gateway.replicas.mirrors`): one
+follower task per generation copies the log as it grows (woken by ``XREAD BLOCK``) and its
+subscribers read the copy. Mirrors say in Redis that they have subscribers, so the owner does not
+abort a generation nobody reads *on the owner*.
+
+When an owner dies (kill -9, a lost host), its lease lapses; the first follower that notices
+takes the lease (``SET NX``), and with it the generation: it continues it upstream from the log,
+like a broken stream (see docs/design.md, Continuation), and its subscribers, wherever they
+reconnect, see every token once. A replica whose lease was taken while it still ran (a long
+pause) cannot write any more (appends are fenced by the lease) and becomes a mirror itself.
+
+Redis failure policy: a replica that cannot reach Redis goes on with per-replica state. Live
+generations go on in this process (their logs detach from Redis, nothing their subscribers here
+were sent is lost); new requests get generations of this replica only, so during the outage a
+retry that lands on another replica is not recognised. Every failure is counted
+(``redis_errors``) and ``redis_degraded`` is 1 while Redis is away; a probe brings the replica
+back to Redis when it answers, and the generations it still runs, those it started meanwhile
+included, are written back to Redis (record, lease and the whole log), so a mirror elsewhere that
+lost them can go on and a retry or resume on any replica finds them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+from streamsafe.gateway.generations.generation import Generation, State
+from streamsafe.gateway.generations.store import LeaseLost
+from streamsafe.gateway.replicas.generation_record import record_of
+from streamsafe.gateway.replicas.mirrors import Mirrors, OnEnd, OnTakeover
+from streamsafe.gateway.replicas.redis_log import ReplicatedLog
+from streamsafe.gateway.replicas.store_redis import REDIS_ERRORS, RedisStore
+
+__all__ = ["RedisRestarted", "ReplicaCounters", "Replicas"]
+
+
+class RedisRestarted(Exception):
+    """Redis answers with a new run id: it restarted, and may have lost everything."""
+
+
+log = logging.getLogger("streamsafe.gateway")
+
+
+@dataclass(slots=True)
+class ReplicaCounters:
+    """What the replica did with other replicas' generations (``/stats``, ``/metrics``)."""
+
+    mirrored: int = 0
+    taken_over: int = 0
+    leases_lost: int = 0
+    redis_errors: int = 0
+
+
+class Replicas:
+    """This replica's link to the others (see the module). ``lease`` is the owner lease in
+    seconds (default 3: a dead owner's generations move within about 3 s, and a renewal every
+    second survives a slow Redis round trip)."""
+
+    def __init__(
+        self,
+        store: RedisStore,
+        *,
+        lease: float = 3.0,
+        keep_finished: float = 300.0,
+        orphan_ttl: float = 3600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if lease <= 0:
+            raise ValueError("lease must be > 0")
+        if orphan_ttl < 3 * lease:
+            raise ValueError("orphan_ttl must be at least three leases")
+        self.store = store
+        self.lease = lease
+        self.keep_finished = keep_finished
+        #: Seconds every key of a running generation outlives this replica's last renewal of it
+        #: (renewed every third of it), so a generation whose replica died and that nobody took
+        #: over leaves nothing in Redis after it.
+        self.orphan_ttl = orphan_ttl
+        self._clock = clock
+        self._kept_at = clock()
+        # Held while the keys' lifetimes are written (a renewal, a generation's end): a renewal
+        # in flight must not give a generation that ended meanwhile its running lifetime back.
+        self._lifetimes = asyncio.Lock()
+        self.counters = ReplicaCounters()
+        #: True while Redis is unreachable: new generations are this replica's only.
+        self.degraded = False
+        #: True once this replica shuts down: what it runs is handed over, not ended.
+        self.closing = False
+        #: Replicas whose heartbeat is live in Redis (this one included), as last seen.
+        self.fleet_replicas = 0
+        #: Bytes Redis used, as last seen (``INFO memory``).
+        self.redis_used_memory = 0
+        self._owned: dict[str, Generation] = {}
+        #: The generations other replicas run that this one copies.
+        self.mirrors = Mirrors(store, lease=lease, failed=self.failed, clock=clock)
+        self._renewer: asyncio.Task[None] | None = None
+        self._probe: asyncio.Task[None] | None = None
+        self._presence: set[asyncio.Task[None]] = set()
+        #: Generations that ended while Redis was away, to record once it is back.
+        self._unsynced: dict[str, Generation] = {}
+        #: The generations this process holds (the registry's index), for a write-back after
+        #: Redis restarted: those this replica ran and keeps for replay.
+        self.held: Callable[[], Iterable[Generation]] = tuple
+        self._redis_run: str | None = None  # Redis's run id, as last seen
+
+    @property
+    def replica_id(self) -> str:
+        """This replica's lease value."""
+        return self.store.replica_id
+
+    # -- Redis failures -------------------------------------------------------------------------
+
+    def failed(self, exc: BaseException) -> None:
+        """Redis failed under an operation: count it, go on with per-replica state, and probe
+        until it answers again."""
+        self.counters.redis_errors += 1
+        if not self.degraded:
+            log.warning(
+                "redis degraded: unreachable (%s); serving with per-replica state",
+                exc,
+                extra={"fields": {"event": "redis_degraded"}},
+            )
+            self.degraded = True
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.get_running_loop().create_task(self._probe_until_back())
+
+    async def _probe_until_back(self) -> None:
+        delay = 0.05
+        while not await self.store.ping():
+            await asyncio.sleep(delay)
+            delay = min(1.0, delay * 2)
+        try:
+            await self._write_back()
+        except REDIS_ERRORS as exc:
+            self.counters.redis_errors += 1
+            log.warning("redis failed again while generations were written back: %s", exc)
+            self._probe = None
+            self.failed(exc)
+            return
+        self.degraded = False
+        log.info(
+            "redis restored: reachable again; generations are shared again",
+            extra={"fields": {"event": "redis_restored"}},
+        )
+
+    async def _write_back(self) -> None:
+        """Put the generations this replica runs, or finished while Redis was away, back into
+        Redis (record, lease, key, whole log, final state), for a Redis that restarted empty or
+        lost writes meanwhile; mirrors elsewhere then go on from where their copy ends. That
+        includes the generations started while Redis was away (their logs detached from the
+        start): a retry or resume on another replica finds them once they are back."""
+        done: set[str] = set()
+        while True:
+            # Generations started meanwhile (while this ran, Redis still counted as away) are
+            # written back too, and so are the ends of those that finished meanwhile, written
+            # back already or not: each pass takes what is left. The last look and the return
+            # have no await between them.
+            todo = [gen for gen in self._owned.values() if gen.id not in done]
+            todo += self._unsynced.values()
+            if not todo:
+                return
+            done.update(gen.id for gen in todo)
+            for gen in todo:
+                await self._write_back_one(gen)
+
+    async def _write_back_one(self, gen: Generation) -> None:
+        """Write one generation back (see :meth:`_write_back`)."""
+        store = self.store
+        log_ = gen.log
+        if not isinstance(log_, ReplicatedLog):
+            self._unsynced.pop(gen.id, None)
+            return
+        lease_key = store.lease_key(gen.id)
+        await store.redis.set(lease_key, self.replica_id, nx=True, px=int(self.lease * 1000))
+        if await store.lease_holder(gen.id) != self.replica_id:
+            log_.detached = False  # its next append meets the lease taken meanwhile
+            self._unsynced.pop(gen.id, None)
+            return  # another replica took it over while Redis was away: it writes now
+        ttl = self.orphan_ttl
+        await store.put_generation(gen.id, record_of(gen, store.seal), ttl)
+        if gen.key is not None and (gen.live or (gen.state is State.DONE and self.keep_finished)):
+            # Not for one that ended with nothing to replay: the registry forgot it and its key
+            # (a retry starts over), and nothing would release the claim.
+            await store.redis.set(store.claim_key(gen.key), gen.id, nx=True, px=int(ttl * 1000))
+        await store.index_fingerprint(gen.tenant, gen.fingerprint, gen.id, ttl)
+        await log_.remote.sync()
+        # The relay goes on appending to the copy meanwhile: write until Redis has it all,
+        # then (with no await in between) let appends go to Redis again.
+        while missing := log_.local.read_nowait(log_.remote.length):
+            await log_.remote.append(missing)
+        log_.detached = False
+        if gen.id in self._unsynced:
+            await self._record_end(gen)
+            del self._unsynced[gen.id]  # kept for the next write-back where that failed
+
+    # -- owning ---------------------------------------------------------------------------------
+
+    def new_log(self, gen_id: str, detached: bool = False) -> ReplicatedLog:
+        """The log of a generation this replica starts; ``detached`` while Redis is away (the
+        log stays in this process until :meth:`_write_back` writes it to Redis)."""
+        log_ = self.store.replicated_log(
+            gen_id, writer=True, lease=self.lease, keep=self.orphan_ttl
+        )
+        log_.on_detach = self.failed
+        log_.detached = detached
+        return log_
+
+    async def publish(self, gen: Generation) -> None:
+        """Make ``gen`` findable by every replica and take its lease (one round trip each)."""
+        store = self.store
+        await store.put_generation(gen.id, record_of(gen, store.seal), self.orphan_ttl)
+        if not await store.take_lease(gen.id, self.lease):
+            raise LeaseLost(gen.id)  # ids are unique per process: only a bug gets here
+        await store.index_fingerprint(gen.tenant, gen.fingerprint, gen.id, self.orphan_ttl)
+        self.own(gen)
+
+    def own(self, gen: Generation) -> None:
+        """This replica runs ``gen`` now: renew its lease until it ends."""
+        self._owned[gen.id] = gen
+        self.mirrors.forget(gen)
+        self.start()
+
+    def disown(self, gen: Generation) -> None:
+        """This replica no longer runs ``gen`` (its lease went to another)."""
+        self._owned.pop(gen.id, None)
+
+    def owns(self, gen: Generation) -> bool:
+        """True if this replica runs ``gen``."""
+        return gen.id in self._owned
+
+    async def finished(self, gen: Generation) -> None:
+        """``gen``, which this replica ran, ended: record how, keep it for replay
+        ``keep_finished`` seconds (or drop what a retry must not find), give up the lease.
+        While Redis is away this waits for the write-back."""
+        self._owned.pop(gen.id, None)
+        if self.degraded:
+            self._unsynced[gen.id] = gen
+            return
+        try:
+            await self._record_end(gen)
+        except REDIS_ERRORS as exc:
+            self._unsynced[gen.id] = gen
+            self.failed(exc)
+
+    async def _record_end(self, gen: Generation) -> None:
+        """Record how ``gen`` ended and give its keys the lifetime of a finished generation
+        (its claim too: a failed one's is released when the registry forgets it)."""
+        store = self.store
+        fields: dict[str, bytes | str | int] = {}
+        failure = gen.failure
+        if failure is not None:
+            fields = {"status": failure.status, "error": failure.body}
+            if failure.retry_after is not None:
+                fields["retry_after"] = failure.retry_after
+        async with self._lifetimes:
+            await store.set_state(gen.id, gen.state.value, fields)
+            keep = self.keep_finished
+            if gen.state is State.DONE and keep > 0:
+                await store.expire_generation(gen.id, keep)
+                await store.expire_fingerprint(gen.tenant, gen.fingerprint, gen.id, keep)
+                if gen.key is not None:
+                    await store.expire(gen.key, gen.id, keep)
+            else:
+                await store.unindex_fingerprint(gen.tenant, gen.fingerprint, gen.id)
+                await store.expire_generation(gen.id, max(self.lease * 2, 1.0))
+            await store.release_lease(gen.id)
+
+    async def let_go(self, gen: Generation) -> None:
+        """``gen``, which this replica ran and kept for replay, is no longer kept (evicted, or
+        its time is up): let its keys in Redis lapse too, two leases from now (a mirror still
+        copying its end has that long), instead of ``keep_finished`` after it ended."""
+        store = self.store
+        async with self._lifetimes:
+            await store.unindex_fingerprint(gen.tenant, gen.fingerprint, gen.id)
+            await store.expire_generation(gen.id, max(self.lease * 2, 1.0))
+
+    async def hand_over(self, gen: Generation) -> None:
+        """This replica stops (a graceful shutdown) while ``gen`` runs: give up its lease and
+        leave its record live, so a replica that follows it, or the next request for it, takes it
+        over and continues it from the log."""
+        self._owned.pop(gen.id, None)
+        if self.degraded:
+            return
+        try:
+            await self.store.release_lease(gen.id)
+        except REDIS_ERRORS as exc:
+            self.failed(exc)
+
+    async def followed_elsewhere(self, gen: Generation) -> bool:
+        """True if another replica has subscribers of ``gen`` (so it is not abandoned)."""
+        if self.degraded:
+            return False
+        try:
+            return await self.store.remote_subscribers(gen.id) > 0
+        except REDIS_ERRORS as exc:
+            self.failed(exc)
+            return False
+
+    def start(self) -> None:
+        """Start renewing (leases, presence, this replica's heartbeat); otherwise the first
+        generation owned or mirrored starts it."""
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.get_running_loop().create_task(self._renew())
+
+    async def _renew(self) -> None:
+        """Every third of the lease: renew the leases of generations this replica runs, the
+        presence of its mirrors' subscribers, and its heartbeat (which gives the fleet's
+        figures); every third of ``orphan_ttl``, the lifetime of their keys; until
+        :meth:`close`."""
+        period = self.lease / 3
+        while True:
+            await asyncio.sleep(period)
+            if self.degraded:
+                continue
+            try:
+                lost = await self.store.renew_leases(list(self._owned), self.lease)
+                await self.store.set_presence(self.mirrors.followed(), self.lease * 2)
+                self.fleet_replicas = await self.store.heartbeat(self.lease * 2)
+                self.redis_used_memory = await self.store.used_memory() or 0
+                if self._restarted(await self.store.run_id()):
+                    continue
+                if self._clock() - self._kept_at >= self.orphan_ttl / 3:
+                    await self._keep_owned()
+            except REDIS_ERRORS as exc:
+                self.failed(exc)
+                continue
+            for gen_id in lost:
+                if gen_id in self._owned:
+                    self.counters.leases_lost += 1
+                    log.warning("%s: lease lost to another replica", gen_id)
+
+    def _restarted(self, run_id: str | None) -> bool:
+        """Whether Redis restarted since it was last seen (its run id changed). It may have come
+        back empty: the claims, records and logs of what this replica runs and keeps for replay
+        are gone, so a retry with the same Idempotency-Key would start its generation again. A
+        restart is taken as an outage that just ended: what this replica runs, and the finished
+        generations it keeps for replay, are written back (:meth:`_write_back`)."""
+        last, self._redis_run = self._redis_run, run_id or self._redis_run
+        if last is None or run_id is None or run_id == last:
+            return False
+        for gen in self.held():
+            log_ = gen.log
+            if (
+                gen.state is State.DONE
+                and gen.id not in self._owned
+                and isinstance(log_, ReplicatedLog)
+                and log_.remote.lease_holder == self.replica_id
+            ):
+                self._unsynced[gen.id] = gen  # its end is recorded again with its keys
+        self.failed(RedisRestarted(f"redis restarted (run id {last[:8]} -> {run_id[:8]})"))
+        return True
+
+    async def _keep_owned(self) -> None:
+        """Renew the lifetime of every key of the generations this replica runs (those that end
+        meanwhile wait for it, then give their keys a finished generation's lifetime)."""
+        self._kept_at = self._clock()
+        store = self.store
+        async with self._lifetimes:
+            running = [
+                (
+                    gen.id,
+                    None if gen.key is None else store.claim_key(gen.key),
+                    store.fingerprint_key(gen.tenant, gen.fingerprint),
+                )
+                for gen in self._owned.values()
+            ]
+            await store.keep_generations(running, self.orphan_ttl)
+
+    # -- mirroring (see :mod:`streamsafe.gateway.replicas.mirrors`)
+    # -----------------------------------------
+
+    async def find(
+        self, gen_id: str, key: str | None, created_at: float, wait: float = 0.0
+    ) -> Generation | None:
+        """A mirror of another replica's generation ``gen_id`` (not yet followed), or ``None``
+        where Redis does not hold it (see :meth:`Mirrors.find`)."""
+        return await self.mirrors.find(gen_id, key, created_at, wait)
+
+    async def find_fingerprint(self, tenant: str, fingerprint: bytes) -> str | None:
+        """The newest generation with this body for ``tenant``, on any replica."""
+        return await self.store.find_fingerprint(tenant, fingerprint)
+
+    def follow(self, gen: Generation, on_end: OnEnd, on_takeover: OnTakeover) -> None:
+        """Start copying ``gen``'s log as its owner writes it; ``on_end`` is told when it ends,
+        ``on_takeover`` when this replica takes it over from a dead owner."""
+        self.counters.mirrored += 1
+
+        async def taken_over(gen: Generation) -> None:
+            self.counters.taken_over += 1
+            self.own(gen)
+            await on_takeover(gen)
+
+        self.mirrors.follow(gen, on_end, taken_over)
+        self.start()
+
+    def is_mirror(self, gen: Generation) -> bool:
+        """True if another replica runs ``gen`` and this one copies it."""
+        return gen in self.mirrors
+
+    def subscribers_changed(self, gen: Generation) -> None:
+        """A mirror's subscriber count changed: tell its owner now, not at the next renewal."""
+        if self.degraded or gen not in self.mirrors:
+            return
+        coro = (
+            self.store.set_presence([gen.id], self.lease * 2)
+            if gen.subscribers > 0
+            else self.store.clear_presence(gen.id)
+        )
+        task = asyncio.get_running_loop().create_task(_quietly(coro, self))
+        self._presence.add(task)
+        task.add_done_callback(self._presence.discard)
+
+    def unfollow(self, gen: Generation) -> None:
+        """Stop copying ``gen`` (forgotten here)."""
+        self.mirrors.unfollow(gen)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Stop following and renewing; give up the leases this replica holds."""
+        tasks = [t for t in (self._renewer, self._probe, *self.mirrors.followers()) if t]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, *REDIS_ERRORS):
+                await task
+        for gen_id in list(self._owned):
+            with contextlib.suppress(*REDIS_ERRORS):
+                await self.store.release_lease(gen_id)
+        await self.store.close()
+
+
+async def _quietly(coro: Awaitable[object], replicas: Replicas) -> None:
+    try:
+        await coro
+    except REDIS_ERRORS as exc:
+        replicas.failed(exc)

@@ -1,0 +1,358 @@
+"""Generations in Redis, shared by every gateway replica: the
+:class:`~streamsafe.gateway.generations.store.Store` interface on redis-py's asyncio client.
+
+Keys (every key of one generation carries the hash tag ``{gen_id}``, so they share a cluster
+slot and one Lua script may touch them together):
+
+- ``<prefix>k:<key>``: a claim (``SET NX PX``), released and expired by compare-and-delete /
+  compare-and-expire scripts, so a replica never drops a key another one owns;
+- ``<prefix>{gen}:log``: the event log, a Redis Stream whose entry ids are ``0-1, 0-2, ...``:
+  entry ``0-(n+1)`` holds the payload with SSE id ``n``, so the id a client resumes from is the
+  log offset and reading from it is one ``XRANGE``. Appends are fenced by the writer's lease
+  (:mod:`~streamsafe.gateway.replicas.redis_log`);
+- ``<prefix>{gen}:state``: the generation's state changes, a second stream (``0-1, 0-2, ...``)
+  next to a hash ``<prefix>{gen}:meta`` holding the latest state and what a takeover needs;
+- ``<prefix>{gen}:lease``: which replica runs the generation, renewed by that replica;
+- ``<prefix>fp:<tenant>:<fingerprint>``: the newest live generation with that body, for unkeyed
+  retries.
+
+A replica that has subscribers of a generation another replica writes waits for it with
+:meth:`RedisStore.wait`: one ``XREAD BLOCK`` loop per store
+(:class:`~streamsafe.gateway.replicas.redis_tail.RedisTail`) follows every such log and state stream
+at once, so followers cost no connection each. The scripts are in
+:mod:`~streamsafe.gateway.replicas.redis_scripts`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from streamsafe.gateway.replicas.record_seal import RecordSeal
+from streamsafe.gateway.replicas.redis_client import CancelSafeRedis
+from streamsafe.gateway.replicas.redis_log import RedisEventLog, ReplicatedLog
+from streamsafe.gateway.replicas.redis_scripts import Scripts, ms, text
+from streamsafe.gateway.replicas.redis_tail import RedisTail
+
+__all__ = ["REDIS_ERRORS", "RedisStore"]
+
+#: What a lost Redis raises (connection errors are RedisError; a closed socket may be OSError).
+REDIS_ERRORS = (RedisError, OSError)
+#: Default key prefix: one Redis may serve several fleets under different prefixes.
+DEFAULT_PREFIX = "ss:"
+
+
+class RedisStore:
+    """:class:`~streamsafe.gateway.generations.store.Store` in Redis (see the module). ``url`` is a
+    ``redis://`` URL.
+
+    Every method is one round trip (a command, a script or a pipeline). Redis errors
+    (:class:`redis.exceptions.RedisError`, connection errors included) propagate: what to do when
+    Redis is away is the registry's policy, not the store's. ``socket_timeout`` (default 1 s)
+    bounds each round trip: a frozen Redis (SIGSTOP, a partition without a reset) is taken for
+    away after it, so a request waits that long at most before the replica serves with its own
+    state (it waited 5 s).
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        socket_timeout: float = 1.0,
+        secret: str | None = None,
+    ) -> None:
+        self.url = url
+        #: Seals the prompt and the provider data in generation records, with the secret the
+        #: replicas share (``None``: no secret; see :mod:`streamsafe.gateway.replicas.record_seal`).
+        self.seal = RecordSeal(secret) if secret else None
+        self.prefix = prefix
+        #: Unique per store object: the lease value of generations this replica runs.
+        self.replica_id = os.urandom(6).hex()
+        self.redis: aioredis.Redis = CancelSafeRedis.from_url(
+            url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
+        )
+        self._scripts = Scripts(self.redis)
+        self._tail = RedisTail(self.redis, url, f"{prefix}nudge:{self.replica_id}")
+
+    # -- key names ------------------------------------------------------------------------------
+
+    def claim_key(self, key: str) -> str:
+        """Redis key of a claim."""
+        return f"{self.prefix}k:{key}"
+
+    def log_key(self, gen_id: str) -> str:
+        """Redis key of a generation's event log."""
+        return f"{self.prefix}{{{gen_id}}}:log"
+
+    def state_key(self, gen_id: str) -> str:
+        """Redis key of a generation's state stream."""
+        return f"{self.prefix}{{{gen_id}}}:state"
+
+    def meta_key(self, gen_id: str) -> str:
+        """Redis key of a generation's metadata hash."""
+        return f"{self.prefix}{{{gen_id}}}:meta"
+
+    def lease_key(self, gen_id: str) -> str:
+        """Redis key of a generation's lease."""
+        return f"{self.prefix}{{{gen_id}}}:lease"
+
+    def presence_key(self, gen_id: str) -> str:
+        """Redis key of the replicas that have subscribers of a generation (a sorted set
+        scored by when each presence lapses)."""
+        return f"{self.prefix}{{{gen_id}}}:subs"
+
+    def fingerprint_key(self, tenant: str, fingerprint: bytes) -> str:
+        """Redis key of the unkeyed-retry index entry of ``(tenant, fingerprint)``."""
+        return f"{self.prefix}fp:{tenant}:{fingerprint.hex()}"
+
+    # -- claims (Store) -------------------------------------------------------------------------
+
+    async def claim(self, key: str, gen_id: str, ttl: float | None = None) -> str | None:
+        """``SET key gen_id NX [PX ttl]``; the current owner if the key was taken."""
+        name = self.claim_key(key)
+        while True:
+            if await self.redis.set(name, gen_id, nx=True, px=None if ttl is None else ms(ttl)):
+                return None
+            current = text(await self.redis.get(name))
+            if current is not None:
+                return current
+            # The owner's key lapsed between the two commands: try again.
+
+    async def owner(self, key: str) -> str | None:
+        """The generation that owns ``key``, if any."""
+        return text(await self.redis.get(self.claim_key(key)))
+
+    async def release(self, key: str, gen_id: str) -> None:
+        """Compare-and-delete."""
+        await self._scripts.release(self.claim_key(key), gen_id)
+
+    async def expire(self, key: str, gen_id: str, ttl: float) -> None:
+        """Compare-and-expire."""
+        await self._scripts.expire(self.claim_key(key), gen_id, ttl)
+
+    # -- logs (Store) ---------------------------------------------------------------------------
+
+    def log(
+        self, gen_id: str, lease_holder: str = "", lease: float = 3.0, keep: float | None = None
+    ) -> RedisEventLog:
+        """A handle on the log of ``gen_id``; appends are fenced by ``lease_holder`` where
+        given (a lease of ``lease`` seconds); the append that creates the log lets it lapse
+        ``keep`` seconds later unless renewed (``None``: it stays)."""
+        key, lease_key = self.log_key(gen_id), self.lease_key(gen_id)
+        return RedisEventLog(self.redis, self._scripts, key, lease_key, lease_holder, lease, keep)
+
+    def replicated_log(
+        self, gen_id: str, *, writer: bool, lease: float = 3.0, keep: float | None = None
+    ) -> ReplicatedLog:
+        """The log of ``gen_id`` with a copy here; a ``writer``'s appends are fenced by this
+        replica's lease (of ``lease`` seconds) and create the log with a lifetime of ``keep``
+        seconds (see :meth:`log`)."""
+        holder = self.replica_id if writer else ""
+        return ReplicatedLog(self.log(gen_id, holder, lease, keep))
+
+    async def drop_log(self, gen_id: str) -> None:
+        """Delete a generation: log, state, metadata and lease."""
+        await self.redis.delete(
+            self.log_key(gen_id),
+            self.state_key(gen_id),
+            self.meta_key(gen_id),
+            self.lease_key(gen_id),
+            self.presence_key(gen_id),
+        )
+
+    # -- leases ---------------------------------------------------------------------------------
+
+    async def take_lease(self, gen_id: str, ttl: float) -> bool:
+        """Become the replica that runs ``gen_id`` unless a live lease names another."""
+        name = self.lease_key(gen_id)
+        return bool(await self.redis.set(name, self.replica_id, nx=True, px=ms(ttl)))
+
+    async def lease_holder(self, gen_id: str) -> str | None:
+        """The replica that runs ``gen_id``, if its lease is live."""
+        return text(await self.redis.get(self.lease_key(gen_id)))
+
+    async def renew_leases(self, gen_ids: Iterable[str], ttl: float) -> list[str]:
+        """Extend this replica's leases on ``gen_ids`` by ``ttl`` (one pipeline); return the
+        ids whose lease was no longer this replica's."""
+        ids = list(gen_ids)
+        if not ids:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for gen_id in ids:
+                await self._scripts.expire(self.lease_key(gen_id), self.replica_id, ttl, pipe)
+            results = await pipe.execute()
+        return [gen_id for gen_id, ok in zip(ids, results, strict=True) if not ok]
+
+    async def release_lease(self, gen_id: str) -> None:
+        """Give up the lease on ``gen_id`` if this replica holds it."""
+        await self._scripts.release(self.lease_key(gen_id), self.replica_id)
+
+    # -- generation metadata and state ----------------------------------------------------------
+
+    async def put_generation(
+        self, gen_id: str, fields: Mapping[str, bytes | str | int], ttl: float
+    ) -> None:
+        """Record what another replica needs to attach to or take over ``gen_id`` (request,
+        fingerprint, state); the record lapses after ``ttl`` unless extended."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            mapping: dict[Any, Any] = dict(fields)
+            pipe.hset(self.meta_key(gen_id), mapping=mapping)
+            pipe.pexpire(self.meta_key(gen_id), ms(ttl))
+            await pipe.execute()
+
+    async def generation(self, gen_id: str) -> dict[str, bytes] | None:
+        """The metadata of ``gen_id``, or ``None`` if Redis no longer holds it."""
+        raw: Any = await self.redis.hgetall(self.meta_key(gen_id))
+        if not raw:
+            return None
+        return {k.decode(): v for k, v in raw.items()}
+
+    async def set_state(
+        self, gen_id: str, state: str, fields: Mapping[str, bytes | str | int] | None = None
+    ) -> int:
+        """Record a state change (plus ``fields``) and wake the replicas that follow
+        ``gen_id``; return how many state changes it has had."""
+        return await self._scripts.set_state(
+            self.state_key(gen_id), self.meta_key(gen_id), state, fields or {}
+        )
+
+    async def state_changes(self, gen_id: str) -> int:
+        """How many state changes ``gen_id`` has had (what :meth:`wait` compares against)."""
+        return int(await self.redis.xlen(self.state_key(gen_id)))
+
+    async def keep_generations(
+        self, generations: Iterable[tuple[str, str | None, str | None]], ttl: float
+    ) -> None:
+        """Let every key of the running generations ``(gen_id, claim key, fingerprint key)``
+        lapse ``ttl`` seconds from now (one pipeline; the claim and the fingerprint entry only
+        where they still name the generation): what a replica renews while it runs them, so
+        that their keys are gone ``ttl`` after it died if no replica took them over."""
+        gens = list(generations)
+        if not gens:
+            return
+        px = ms(ttl)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for gen_id, claim, fingerprint in gens:
+                pipe.pexpire(self.log_key(gen_id), px)
+                pipe.pexpire(self.meta_key(gen_id), px)
+                for name in (claim, fingerprint):
+                    if name is not None:
+                        await self._scripts.expire(name, gen_id, ttl, pipe)
+            await pipe.execute()
+
+    async def expire_generation(self, gen_id: str, ttl: float) -> None:
+        """Let every key of ``gen_id`` lapse ``ttl`` seconds from now (a finished generation is
+        kept for replay that long)."""
+        px = ms(ttl)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for name in (self.log_key(gen_id), self.state_key(gen_id), self.meta_key(gen_id)):
+                pipe.pexpire(name, px)
+            await pipe.execute()
+
+    # -- subscribers on other replicas ------------------------------------------------------------
+
+    async def set_presence(self, gen_ids: Iterable[str], ttl: float) -> None:
+        """Say that this replica has subscribers of ``gen_ids`` for the next ``ttl`` seconds
+        (one pipeline), so their owner does not abort them as abandoned."""
+        ids = list(gen_ids)
+        if not ids:
+            return
+        until = int((time.time() + ttl) * 1000)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for gen_id in ids:
+                pipe.zadd(self.presence_key(gen_id), {self.replica_id: until})
+                pipe.pexpire(self.presence_key(gen_id), ms(ttl))
+            await pipe.execute()
+
+    async def clear_presence(self, gen_id: str) -> None:
+        """This replica has no subscriber of ``gen_id`` any more."""
+        await self.redis.zrem(self.presence_key(gen_id), self.replica_id)
+
+    async def remote_subscribers(self, gen_id: str) -> int:
+        """How many other replicas say they have subscribers of ``gen_id`` now."""
+        now = int(time.time() * 1000)
+        members: Any = await self.redis.zrangebyscore(self.presence_key(gen_id), now, "+inf")
+        return sum(1 for m in members if text(m) != self.replica_id)
+
+    async def heartbeat(self, ttl: float) -> int:
+        """Say this replica is alive for ``ttl`` seconds; return how many replicas are (one
+        pipeline on a sorted set scored by when each heartbeat lapses)."""
+        now = int(time.time() * 1000)
+        key = f"{self.prefix}replicas"
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zadd(key, {self.replica_id: now + ms(ttl)})
+            pipe.zremrangebyscore(key, "-inf", now)
+            pipe.pexpire(key, ms(ttl))  # gone with the last replica
+            pipe.zcard(key)
+            results = await pipe.execute()
+        return int(results[-1])
+
+    # -- the unkeyed-retry index ----------------------------------------------------------------
+
+    async def index_fingerprint(
+        self, tenant: str, fingerprint: bytes, gen_id: str, ttl: float
+    ) -> None:
+        """Make ``gen_id`` the newest generation with this body for ``tenant``."""
+        await self.redis.set(self.fingerprint_key(tenant, fingerprint), gen_id, px=ms(ttl))
+
+    async def find_fingerprint(self, tenant: str, fingerprint: bytes) -> str | None:
+        """The newest generation with this body for ``tenant``, if any."""
+        return text(await self.redis.get(self.fingerprint_key(tenant, fingerprint)))
+
+    async def unindex_fingerprint(self, tenant: str, fingerprint: bytes, gen_id: str) -> None:
+        """Drop the index entry if it still names ``gen_id`` (compare-and-delete)."""
+        await self._scripts.release(self.fingerprint_key(tenant, fingerprint), gen_id)
+
+    async def expire_fingerprint(
+        self, tenant: str, fingerprint: bytes, gen_id: str, ttl: float
+    ) -> None:
+        """Let the index entry lapse after ``ttl`` if it still names ``gen_id``."""
+        await self._scripts.expire(self.fingerprint_key(tenant, fingerprint), gen_id, ttl)
+
+    # -- following another replica's generation -------------------------------------------------
+
+    async def wait(self, gen_id: str, length: int, state_changes: int, max_wait: float) -> bool:
+        """Wait until the log of ``gen_id`` holds more than ``length`` events or it had more
+        than ``state_changes`` state changes; ``False`` if ``max_wait`` seconds passed first.
+        Spurious wake-ups are allowed (the caller re-reads)."""
+        entries = ((self.log_key(gen_id), length), (self.state_key(gen_id), state_changes))
+        return await self._tail.wait(entries, max_wait)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def ping(self) -> bool:
+        """True if Redis answers."""
+        try:
+            return bool(await self.redis.ping())
+        except REDIS_ERRORS:
+            return False
+
+    async def run_id(self) -> str | None:
+        """The Redis server's run id (``INFO server``), new at every start: a change says Redis
+        restarted (and may have come back empty); ``None`` if unknown."""
+        try:
+            info = await self.redis.info("server")
+        except REDIS_ERRORS:
+            return None
+        value = info.get("run_id")
+        return str(value) if value is not None else None
+
+    async def used_memory(self) -> int | None:
+        """Bytes Redis uses (``INFO memory``), for fleet-level figures; ``None`` if unknown."""
+        try:
+            info = await self.redis.info("memory")
+        except REDIS_ERRORS:
+            return None
+        value = info.get("used_memory")
+        return int(value) if value is not None else None
+
+    async def close(self) -> None:
+        """Stop following and close the connections."""
+        await self._tail.close()
+        await self.redis.aclose()

@@ -1,0 +1,1 @@
+"""One engine's connection: its kind, the hot stream reader, its breaker and health."""

@@ -1,0 +1,574 @@
+"""What the gateway knows about each kind of upstream: vLLM, Llama Stack, or any OpenAI-compatible
+server. A table and small pure functions; the one network call (:func:`probe_kind`) is at the end.
+
+Each :class:`UpstreamKind` says which completion routes the gateway serves with its promises
+(coalescing, replay, resume, admission, breaker) and how each maps to the upstream, the wire
+format of each, how the upstream ends a stream, how it reports an error after the response
+started, where to ask for its health, and whether a broken stream can be continued there.
+
+Measured on Llama Stack 0.2.12 with the ``remote::vllm`` provider (see docs/design.md,
+Positions around Llama Stack):
+
+- Native routes ``/v1/inference/chat-completion`` and ``/v1/inference/completion`` stream
+  ``data: {"event": {"event_type": "start" | "progress" | "complete", "delta": ...}}`` (chat) and
+  ``data: {"delta": "...", "stop_reason": ...}`` (completion); OpenAI routes live under
+  ``/v1/openai/v1/``. No stream ends with ``data: [DONE]``: it just ends, after the ``complete``
+  event (native chat), a chunk with a ``stop_reason`` (native completion) or a chunk with a
+  ``finish_reason`` (OpenAI routes).
+- It answers 200 and sends headers at once for every stream, and reports any failure after that,
+  the engine's included, as one masked event ``{"error": {"message": "500: Internal server error:
+  An unexpected error occurred."}}`` (the status is the message's prefix), then ends the stream.
+  These count as upstream failures. Non-streaming failures are real statuses with
+  ``{"detail": ...}`` bodies.
+- ``/v1/health`` answers for Llama Stack itself, not the engine behind it.
+- A request cannot ask Llama Stack to continue a partial answer (its routes accept no
+  ``continue_final_message``), so a broken stream there ends with an error event for the caller.
+
+Today's Llama Stack, OGX 1.x (the project renamed) and llama-stack >= 0.4 (0.7.3 measured), is the
+``ogx`` kind: the native routes and the ``/v1/openai/v1`` prefix are gone; the OpenAI routes are
+``/v1/chat/completions`` and ``/v1/completions``, streamed as ``data:`` lines with no ``[DONE]``
+(the answer ends with the chunk carrying its ``finish_reason``); models are named
+``vllm/<engine's id>``; an error after the response started is one event ``{"error":
+{"message", "code": "NNN"}}``; ``/v1/health`` answers ``{"status": "OK"}`` for the server, not the
+engine, and ``/v1/version`` its release.
+
+vLLM (and the simulator) ends streams with ``data: [DONE]``, reports a mid-stream failure as
+``data: {"error": {...}}`` then ``[DONE]``, answers ``/health`` (503 once the engine is dead) and
+continues a partial chat answer with ``continue_final_message``. A generic OpenAI-compatible
+server is assumed to offer none of vLLM's extras.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import httpx2
+import orjson
+
+__all__ = [
+    "KINDS",
+    "KIND_NAMES",
+    "PROBE_PATHS",
+    "CompletionRoute",
+    "ErrorEvent",
+    "KindName",
+    "ProbeResult",
+    "UpstreamKind",
+    "Wire",
+    "cost_view",
+    "describe_kind",
+    "describe_probes",
+    "detect_kind",
+    "ends_answer",
+    "next_probe",
+    "parse_error_event",
+    "probe_kind",
+]
+
+KindName = Literal["vllm", "ogx", "llama-stack", "openai"]
+
+#: Every kind ``--upstream-kind`` accepts besides ``auto``, in the order :func:`detect_kind`
+#: tells them apart: ``ogx`` is today's Llama Stack (OGX 1.x, llama-stack >= 0.4), ``llama-stack``
+#: its 0.2 releases (the native routes).
+KIND_NAMES: tuple[KindName, ...] = ("ogx", "llama-stack", "vllm", "openai")
+
+
+class Wire(enum.Enum):
+    """The body format of a completion route (requests, chunks and whole answers)."""
+
+    OPENAI_CHAT = "openai-chat"
+    """``chat.completion`` / ``chat.completion.chunk`` (``choices[].delta.content``)."""
+
+    OPENAI_COMPLETION = "openai-completion"
+    """``text_completion`` (``choices[].text``)."""
+
+    OPENAI_RESPONSES = "openai-responses"
+    """The Responses API: ``input`` (a string or items) in; a ``response`` object out, or a
+    stream of typed events (``response.created`` ... ``response.output_text.delta`` ...
+    ``response.completed``), each with its ``sequence_number``."""
+
+    LLAMA_STACK_CHAT = "llama-stack-chat"
+    """Llama Stack's native chat: ``{"event": {"event_type", "delta": {"text"}, ...}}`` chunks,
+    ``{"completion_message": {...}}`` whole answers; the request names ``model_id``."""
+
+    LLAMA_STACK_COMPLETION = "llama-stack-completion"
+    """Llama Stack's native completion: ``{"delta", "stop_reason"}`` chunks, ``{"content",
+    "stop_reason"}`` whole answers; the request names ``model_id`` and ``content``."""
+
+    @property
+    def is_chat(self) -> bool:
+        """True for the chat formats (messages in, a message out)."""
+        return self in (Wire.OPENAI_CHAT, Wire.LLAMA_STACK_CHAT)
+
+    @property
+    def model_field(self) -> str:
+        """The request field that names the model."""
+        return "model_id" if self in _NATIVE else "model"
+
+
+_NATIVE = frozenset((Wire.LLAMA_STACK_CHAT, Wire.LLAMA_STACK_COMPLETION))
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRoute:
+    """One completion route the gateway serves with every promise.
+
+    ``path`` is what clients call, ``upstream_path`` where the gateway sends it.
+    ``upstream_done``: the upstream ends a whole stream with ``data: [DONE]``. ``client_done``:
+    the gateway ends the stream it serves with ``data: [DONE]`` (llama-stack-client 0.2.x
+    JSON-decodes every event, so routes it calls must not). ``preamble``: events the upstream
+    sends before the engine's first token (Llama Stack's native chat sends its ``start`` event
+    at once); heartbeats go on until events past them flow. ``token_ids``: the upstream sends
+    the token ids of a stream on request (vLLM's ``return_token_ids``), so the gateway asks for
+    them and a broken stream is continued by ids, exactly (see
+    :mod:`streamsafe.gateway.relay.continuation`).
+    """
+
+    path: str
+    upstream_path: str
+    wire: Wire
+    upstream_done: bool
+    client_done: bool
+    preamble: int = 0
+    token_ids: bool = False
+
+    @property
+    def reset_on_failure(self) -> bool:
+        """A stream that failed after commit ends with a connection reset: the gateway serves
+        it Llama Stack's way (no ``[DONE]``) for an upstream that ends streams with one, and
+        llama-stack-client reads an error event as an ordinary chunk, so a clean end would pass
+        for a whole answer. Behind Llama Stack, its own ending is relayed as it came."""
+        return self.upstream_done and not self.client_done
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamKind:
+    """Everything kind-specific about an upstream (see the module docstring for the facts).
+
+    ``health_path``: where to ask whether the upstream is up. ``health_covers_engine``: whether
+    that answer reflects the engine (vLLM's ``/health`` turns 503 when the engine dies; Llama
+    Stack's ``/v1/health`` does not), so a breaker knows whether it can close on it.
+    ``models_path``: the upstream's model list. ``passthrough``: requests to any other path are
+    forwarded unchanged (Llama Stack has many APIs besides inference). ``can_continue``: a broken
+    chat stream can be continued from its partial answer. ``masks_errors``: failures after the
+    response started arrive as ``"NNN: ..."`` messages whose prefix is the status.
+    ``tokenize_path``: where the upstream counts a request's prompt tokens (vLLM's
+    ``/tokenize``), or ``None`` where it cannot.
+    """
+
+    name: KindName
+    health_path: str
+    health_covers_engine: bool
+    models_path: str
+    routes: Mapping[str, CompletionRoute]
+    passthrough: bool
+    can_continue: bool
+    masks_errors: bool
+    tokenize_path: str | None = None
+
+    def route(self, path: str) -> CompletionRoute | None:
+        """The completion route served at ``path``, or ``None``."""
+        return self.routes.get(path)
+
+
+def _routes(*routes: CompletionRoute) -> Mapping[str, CompletionRoute]:
+    return {r.path: r for r in routes}
+
+
+_OPENAI_ROUTES = (
+    CompletionRoute("/v1/chat/completions", "/v1/chat/completions", Wire.OPENAI_CHAT, True, True),
+    CompletionRoute("/v1/completions", "/v1/completions", Wire.OPENAI_COMPLETION, True, True),
+)
+
+#: The kinds by name.
+KINDS: Mapping[KindName, UpstreamKind] = {
+    "vllm": UpstreamKind(
+        name="vllm",
+        health_path="/health",
+        health_covers_engine=True,
+        models_path="/v1/models",
+        routes=_routes(
+            CompletionRoute(
+                "/v1/chat/completions",
+                "/v1/chat/completions",
+                Wire.OPENAI_CHAT,
+                True,
+                True,
+                token_ids=True,
+            ),
+            CompletionRoute(
+                "/v1/completions",
+                "/v1/completions",
+                Wire.OPENAI_COMPLETION,
+                True,
+                True,
+                token_ids=True,
+            ),
+            # Llama Stack's OpenAI aliases, served in Llama Stack's way (no [DONE]) so
+            # llama-stack-client 0.2.x can talk to a gateway standing in for Llama Stack.
+            CompletionRoute(
+                "/v1/openai/v1/chat/completions",
+                "/v1/chat/completions",
+                Wire.OPENAI_CHAT,
+                True,
+                False,
+                token_ids=True,
+            ),
+            CompletionRoute(
+                "/v1/openai/v1/completions",
+                "/v1/completions",
+                Wire.OPENAI_COMPLETION,
+                True,
+                False,
+                token_ids=True,
+            ),
+        ),
+        passthrough=False,
+        can_continue=True,
+        masks_errors=False,
+        tokenize_path="/tokenize",
+    ),
+    "llama-stack": UpstreamKind(
+        name="llama-stack",
+        health_path="/v1/health",
+        health_covers_engine=False,
+        models_path="/v1/models",
+        routes=_routes(
+            CompletionRoute(
+                "/v1/inference/chat-completion",
+                "/v1/inference/chat-completion",
+                Wire.LLAMA_STACK_CHAT,
+                False,
+                False,
+                preamble=1,
+            ),
+            CompletionRoute(
+                "/v1/inference/completion",
+                "/v1/inference/completion",
+                Wire.LLAMA_STACK_COMPLETION,
+                False,
+                False,
+            ),
+            CompletionRoute(
+                "/v1/openai/v1/chat/completions",
+                "/v1/openai/v1/chat/completions",
+                Wire.OPENAI_CHAT,
+                False,
+                False,
+            ),
+            CompletionRoute(
+                "/v1/openai/v1/completions",
+                "/v1/openai/v1/completions",
+                Wire.OPENAI_COMPLETION,
+                False,
+                False,
+            ),
+        ),
+        passthrough=True,
+        can_continue=False,
+        masks_errors=True,
+    ),
+    "ogx": UpstreamKind(
+        name="ogx",
+        health_path="/v1/health",
+        health_covers_engine=False,
+        models_path="/v1/models",
+        routes=_routes(
+            CompletionRoute(
+                "/v1/chat/completions", "/v1/chat/completions", Wire.OPENAI_CHAT, False, False
+            ),
+            CompletionRoute(
+                "/v1/completions", "/v1/completions", Wire.OPENAI_COMPLETION, False, False
+            ),
+            # response.created and response.in_progress come at once, before the engine's
+            # first token.
+            CompletionRoute(
+                "/v1/responses", "/v1/responses", Wire.OPENAI_RESPONSES, False, False, preamble=2
+            ),
+        ),
+        passthrough=True,
+        can_continue=False,
+        masks_errors=True,
+    ),
+    "openai": UpstreamKind(
+        name="openai",
+        health_path="/v1/models",
+        health_covers_engine=False,
+        models_path="/v1/models",
+        routes=_routes(*_OPENAI_ROUTES),
+        passthrough=True,
+        can_continue=False,
+        masks_errors=False,
+    ),
+}
+
+
+def cost_view(wire: Wire, body: Mapping[str, object]) -> Mapping[str, object]:
+    """``body`` as the OpenAI request it stands for, for estimating its engine memory: Llama
+    Stack's native requests name their prompt ``content`` and their limit
+    ``sampling_params.max_tokens`` (Llama Stack sends its provider's ``max_tokens``, 4096 by
+    default, where none is given)."""
+    if wire is Wire.OPENAI_CHAT or wire is Wire.OPENAI_COMPLETION:
+        return body
+    if wire is Wire.OPENAI_RESPONSES:
+        # Input items ({"role", "content"}) count as messages; a string as a prompt.
+        given = body.get("input")
+        limit = body.get("max_output_tokens")
+        responses: dict[str, object] = {"messages" if isinstance(given, list) else "prompt": given}
+        if isinstance(limit, int):
+            responses["max_tokens"] = limit
+        return responses
+    params = body.get("sampling_params")
+    limit = params.get("max_tokens") if isinstance(params, dict) else None
+    view: dict[str, object] = {"max_tokens": limit if isinstance(limit, int) else 4096}
+    if wire is Wire.LLAMA_STACK_CHAT:
+        view["messages"] = body.get("messages")
+    else:
+        view["prompt"] = body.get("content")
+    return view
+
+
+# -- the end of an answer ---------------------------------------------------------------------
+
+# Byte patterns, not a JSON parse: this runs on the last event of every stream. Servers write
+# compact JSON (pydantic, orjson, vLLM) or json.dumps' ", " / ": " style; both are matched.
+_OPENAI_FINISHED = (b'"finish_reason":"', b'"finish_reason": "')
+# The Responses API's terminal events (a nested object's "type" never starts with "response.").
+_RESPONSE_ENDED = tuple(
+    b'"type":%s"response.%s"' % (space, end)
+    for end in (b"completed", b"incomplete", b"failed")
+    for space in (b"", b" ")
+)
+_LS_CHAT_COMPLETE = (b'"event_type":"complete"', b'"event_type": "complete"')
+_LS_COMPLETION_STOPPED = (b'"stop_reason":"', b'"stop_reason": "')
+
+
+def ends_answer(wire: Wire, payload: bytes) -> bool:
+    """True if the event ``payload`` (an SSE ``data`` field) closes a whole answer in ``wire``:
+    a ``finish_reason`` (OpenAI), ``response.completed``, ``.incomplete`` or ``.failed`` (the
+    Responses API), the ``complete`` event (Llama Stack chat), a ``stop_reason`` (Llama Stack
+    completion). A stream that ends on any other event was cut short."""
+    if wire is Wire.OPENAI_RESPONSES:
+        patterns = _RESPONSE_ENDED
+    elif wire is Wire.LLAMA_STACK_CHAT:
+        patterns = _LS_CHAT_COMPLETE
+    elif wire is Wire.LLAMA_STACK_COMPLETION:
+        patterns = _LS_COMPLETION_STOPPED
+    else:
+        patterns = _OPENAI_FINISHED
+    return any(p in payload for p in patterns)
+
+
+# -- errors after the response started --------------------------------------------------------
+
+_STATUS_PREFIX = re.compile(r"^\s*(\d{3})\s*:\s*")
+_ERROR_PREFIXES = (b'{"error"', b'{ "error"')
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorEvent:
+    """An error reported inside a stream.
+
+    ``status``: the HTTP status it stands for (Llama Stack's prefix, vLLM's ``code``; 500 where
+    none is given). ``upstream_failure``: the upstream or the engine failed (status >= 500), as
+    opposed to a problem with the request. ``message``: the upstream's text.
+    """
+
+    status: int
+    message: str
+
+    @property
+    def upstream_failure(self) -> bool:
+        """True for failures of the upstream or the engine behind it (5xx)."""
+        return self.status >= 500
+
+
+def parse_error_event(kind: UpstreamKind, payload: bytes) -> ErrorEvent | None:
+    """The error an SSE ``data`` payload reports, or ``None`` if it is not an error event.
+
+    Llama Stack masks every failure as ``{"error": {"message": "500: Internal server error:
+    ..."}}``; the status is the message's prefix. vLLM sends ``{"error": {"message", "type",
+    "code"}}`` (``code`` the status) or a flat ``{"message", "code", ...}`` object.
+    """
+    if not payload.startswith(_ERROR_PREFIXES):
+        return None
+    try:
+        body = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return ErrorEvent(500, payload[:1000].decode("utf-8", "replace"))
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, str):
+        return ErrorEvent(500, error)
+    if not isinstance(error, dict):
+        return None
+    message = str(error.get("message") or error.get("detail") or "")
+    status = 500
+    code = error.get("code")
+    if isinstance(code, int) and 400 <= code <= 599:
+        status = code
+    elif isinstance(code, str) and code.isdigit() and 400 <= int(code) <= 599:
+        status = int(code)
+    if kind.masks_errors:
+        match = _STATUS_PREFIX.match(message)
+        if match is not None and 400 <= int(match.group(1)) <= 599:
+            status = int(match.group(1))
+    return ErrorEvent(status, message)
+
+
+# -- telling kinds apart ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """What one ``GET`` of the probe saw: the status (``None``: no answer, and ``reason`` says
+    why, e.g. a certificate that did not verify) and the body's start."""
+
+    status: int | None
+    body: bytes = b""
+    reason: str = ""
+
+    @property
+    def route_exists(self) -> bool:
+        """The path is served (by some method): it answered, and not 404."""
+        return self.status is not None and self.status != 404
+
+
+#: Every path :func:`probe_kind` may ask, each with a ``GET`` (no work is ever started):
+#: :func:`next_probe` says which, in order.
+PROBE_PATHS = (
+    "/v1/health",
+    "/v1/version",
+    "/v1/chat/completions",
+    "/v1/inference/chat-completion",
+    "/health",
+    "/v1/models",
+)
+
+
+def _llama_stack_health(probes: Mapping[str, ProbeResult]) -> bool:
+    """Whether ``/v1/health`` answered as every Llama Stack does: 200 ``{"status": "OK"}``."""
+    health = probes.get("/v1/health")
+    if health is None or health.status != 200:
+        return False
+    try:
+        doc = orjson.loads(health.body)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(doc, dict) and str(doc.get("status", "")).upper() == "OK"
+
+
+def detect_kind(probes: Mapping[str, ProbeResult]) -> KindName | None:
+    """The kind of upstream that answered ``probes`` (path -> result of a ``GET``), or ``None``
+    while what was asked does not settle it (or where nothing answered as any kind does).
+
+    Llama Stack answers ``/v1/health`` with ``{"status": "OK"}`` (vLLM has no such path), in
+    every release; which routes it serves tells the releases apart, so a kind is settled only on
+    a route it protects: ``/v1/chat/completions`` served (a ``GET`` lists stored completions)
+    is today's (``ogx``: OGX, llama-stack >= 0.4); the native ``/v1/inference/chat-completion``
+    served (a ``GET`` gets 405) is 0.2 (``llama-stack``); neither settles nothing. vLLM answers
+    ``/health`` with 200, or 503 once its engine died. Anything else that lists models at
+    ``/v1/models`` (200, or 401/403 without a key) is taken for a generic OpenAI-compatible
+    server.
+    """
+    if _llama_stack_health(probes):
+        today = probes.get("/v1/chat/completions")
+        if today is not None and today.route_exists:
+            return "ogx"
+        native = probes.get("/v1/inference/chat-completion")
+        if native is not None and native.route_exists:
+            return "llama-stack"
+        return None
+    health = probes.get("/health")
+    if health is not None and health.status in (200, 503):
+        return "vllm"
+    models = probes.get("/v1/models")
+    if models is not None and models.status in (200, 401, 403):
+        return "openai"
+    return None
+
+
+def next_probe(probes: Mapping[str, ProbeResult]) -> str | None:
+    """The next path to ask, given what ``probes`` holds, or ``None`` when nothing more helps.
+
+    A Llama Stack is asked its version and which completion routes it serves; anything else
+    ``/health``, then ``/v1/models``. Once the kind is settled, ``/v1/models`` is still asked
+    once (unless asked already), so the log can name the models the upstream serves."""
+    if detect_kind(probes) is not None:
+        return None if "/v1/models" in probes else "/v1/models"
+    if "/v1/health" not in probes:
+        return "/v1/health"
+    order: tuple[str, ...]
+    if _llama_stack_health(probes):
+        order = ("/v1/version", "/v1/chat/completions", "/v1/inference/chat-completion")
+    else:
+        order = ("/health", "/v1/models")
+    return next((p for p in order if p not in probes), None)
+
+
+def describe_probes(probes: Mapping[str, ProbeResult]) -> str:
+    """What the probe found, for the log: each path's status (and ``/v1/version``'s release),
+    and the models ``/v1/models`` lists (OpenAI's ``id``, Llama Stack 0.2's ``identifier``)."""
+    parts = []
+    for path, result in probes.items():
+        status = str(result.status)
+        if result.status is None:
+            status = f"no answer ({result.reason})" if result.reason else "no answer"
+        if path == "/v1/version" and result.status == 200:
+            with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
+                status += f" (version {orjson.loads(result.body).get('version')})"
+        parts.append(f"{path} {status}")
+    models = _model_ids(probes.get("/v1/models"))
+    if models:
+        parts.append("models " + ", ".join(models))
+    return "; ".join(parts)
+
+
+def _model_ids(result: ProbeResult | None, most: int = 5) -> list[str]:
+    if result is None or result.status != 200:
+        return []
+    try:
+        doc = orjson.loads(result.body)
+    except orjson.JSONDecodeError:
+        return []
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list):
+        return []
+    ids = [
+        str(m.get("id") or m.get("identifier"))
+        for m in data
+        if isinstance(m, dict) and (m.get("id") or m.get("identifier"))
+    ]
+    return ids[:most] + ([f"... ({len(ids)} in all)"] if len(ids) > most else [])
+
+
+def describe_kind(kind: UpstreamKind) -> str:
+    """What the gateway does with ``kind``'s routes, for the log."""
+    served = ", ".join(kind.routes)
+    rest = "passes every other route through" if kind.passthrough else "answers no other route"
+    return f"serves POST {served} with every promise; {rest}"
+
+
+async def probe_kind(
+    client: httpx2.AsyncClient,
+    base_url: str = "",
+    *,
+    found: dict[str, ProbeResult] | None = None,
+) -> KindName | None:
+    """Ask the upstream the paths :func:`next_probe` names (``base_url`` + path) with
+    ``client``, and return :func:`detect_kind`'s answer. ``found``, where given, is filled with
+    what each path answered (for :func:`describe_probes`). Each probe is bounded by the client's
+    timeouts; one that gets no answer counts as ``None``."""
+    probes: dict[str, ProbeResult] = {} if found is None else found
+    while (path := next_probe(probes)) is not None:
+        try:
+            response = await client.get(base_url + path)
+        except httpx2.HTTPError as exc:
+            probes[path] = ProbeResult(None, reason=f"{type(exc).__name__}: {exc}"[:200])
+        else:
+            probes[path] = ProbeResult(response.status_code, response.content[:4096])
+    return detect_kind(probes)
