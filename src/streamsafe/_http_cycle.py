@@ -9,39 +9,28 @@ or until the close for HTTP/1.0), and the direct body writer offered as the
 It is built for the gateway's streams: a message costs one ``transport.write`` and no task; the
 head is held until the end of the loop iteration that started the response, so a start followed
 at once by a body (a first token already there) leaves in one write; a body bigger than the
-connection's write buffer makes ``send`` wait for the client to read (``drain``), for at most
-``ServerLimits.send_timeout``, and the direct writer declines instead.
+connection's write buffer makes ``send`` wait for the client to read (``drain``, see
+:mod:`streamsafe._http_flow`), for at most ``ServerLimits.send_timeout``, and the direct writer
+declines instead.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http
 import logging
 import re
-import socket
-import struct
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
-from streamsafe._http_limits import ServerLimits, error_response
+from streamsafe._http_flow import HIGH_WATER
+from streamsafe._http_limits import error_response
 
-__all__ = [
-    "HIGH_WATER",
-    "Connection",
-    "FlowControl",
-    "RequestCycle",
-    "cached_header_lines",
-    "reset",
-]
+__all__ = ["Connection", "RequestCycle"]
 
 #: The server's error log: uvicorn's, whose ``Server`` runs the listening sockets, so that a
 #: filter set on it sees every server error in one place.
 log = logging.getLogger("uvicorn.error")
-
-#: Request body bytes held for an app that has not read them before reading is paused.
-HIGH_WATER = 64 * 1024
 
 
 def _status_line(code: int) -> bytes:
@@ -60,78 +49,6 @@ _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LAST_CHUNK = b"0\r\n\r\n"
 _NO_BODY_STATUS = frozenset((204, 304))
-
-
-_last_lines: tuple[object, bytes] = ((), b"")
-
-
-def cached_header_lines(headers: list[tuple[bytes, bytes]]) -> bytes:
-    """``headers`` as HTTP/1.1 header lines. The last list is remembered (by identity, so it
-    must not be changed in place): servers hand the same one for every response of a second."""
-    global _last_lines
-    cached, lines = _last_lines
-    if headers is not cached:
-        lines = b"".join(b"%s: %s\r\n" % (name, value) for name, value in headers)
-        _last_lines = (headers, lines)
-    return lines
-
-
-def reset(transport: asyncio.Transport) -> None:
-    """Close ``transport`` with a TCP RST (SO_LINGER 0): what it still holds to send is
-    dropped, by the kernel too, rather than sent to a client that may never read it."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    transport.abort()
-
-
-class FlowControl:
-    """A connection's flow control: writes pause while the transport's buffer is over its
-    high-water mark (:meth:`drain` waits for it to empty), reading while the app has not taken
-    what came. Mixed into the connection's protocol, which sets the attributes below."""
-
-    loop: asyncio.AbstractEventLoop
-    transport: asyncio.Transport
-    limits: ServerLimits
-    write_paused: bool
-    read_paused: bool
-    _drained: asyncio.Future[None] | None
-
-    def pause_writing(self) -> None:
-        self.write_paused = True
-
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        drained, self._drained = self._drained, None
-        if drained is not None and not drained.done():
-            drained.set_result(None)
-
-    def drain(self) -> asyncio.Future[None]:
-        """Done once the transport's write buffer is back under its low-water mark."""
-        if self._drained is None:
-            self._drained = self.loop.create_future()
-        return self._drained
-
-    async def writable(self) -> None:
-        """Until the client took enough of what was written (:meth:`drain`); past
-        ``limits.send_timeout`` it is taken for gone and the connection is aborted, so that a
-        client that stopped reading holds neither its connection nor what the app keeps for it
-        (a generation's log, its subscriber) for longer than that."""
-        try:
-            await asyncio.wait_for(asyncio.shield(self.drain()), self.limits.send_timeout)
-        except TimeoutError:
-            reset(self.transport)  # a plain close would leave the kernel sending what is queued
-
-    def pause_reading(self) -> None:
-        if not self.read_paused:
-            self.read_paused = True
-            self.transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        if self.read_paused:
-            self.read_paused = False
-            self.transport.resume_reading()
 
 
 class Connection(Protocol):

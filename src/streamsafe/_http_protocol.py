@@ -29,13 +29,8 @@ from typing import Any
 import httptools
 
 from streamsafe._asgi import BODY_WRITER_EXTENSION, DISCONNECT_EXTENSION, RESET_EXTENSION
-from streamsafe._http_cycle import (
-    HIGH_WATER,
-    FlowControl,
-    RequestCycle,
-    cached_header_lines,
-    reset,
-)
+from streamsafe._http_cycle import RequestCycle
+from streamsafe._http_flow import HIGH_WATER, FlowControl, reset
 from streamsafe._http_limits import LINGER_BYTES, LINGER_S, ServerLimits, error_response
 from streamsafe._http_request import (
     RequestHead,
@@ -43,6 +38,7 @@ from streamsafe._http_request import (
     request_scope,
     upgrade_with_body,
 )
+from streamsafe._uvicorn_link import UvicornLink
 
 __all__ = ["HttpProtocol", "ServerLimits", "limited_protocol"]
 
@@ -50,9 +46,10 @@ __all__ = ["HttpProtocol", "ServerLimits", "limited_protocol"]
 _SPENT = httptools.HttpRequestParser(object())
 
 
-class HttpProtocol(FlowControl, asyncio.Protocol):
+class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
     """One HTTP/1.1 connection (see the module docstring), built by uvicorn's ``Server`` for each
-    accepted one; ``limits`` is set on the subclass :func:`limited_protocol` makes."""
+    accepted one (what they share: :class:`~streamsafe._uvicorn_link.UvicornLink`); ``limits`` is
+    set on the subclass :func:`limited_protocol` makes."""
 
     limits = ServerLimits()
 
@@ -63,15 +60,7 @@ class HttpProtocol(FlowControl, asyncio.Protocol):
         app_state: dict[str, Any],
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
-        if not config.loaded:
-            config.load()
-        self.app = config.loaded_app
-        self.loop = _loop or asyncio.get_event_loop()
-        self.server_state = server_state
-        self.connections: set[Any] = server_state.connections
-        self.tasks: set[asyncio.Task[None]] = server_state.tasks
-        self.app_state = app_state
-        self.root_path: str = config.root_path
+        super().__init__(config, server_state, app_state, _loop)
         self.parser = httptools.HttpRequestParser(self)
         with contextlib.suppress(AttributeError):  # answer a request followed by a close
             self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
@@ -101,20 +90,20 @@ class HttpProtocol(FlowControl, asyncio.Protocol):
     # -- connection ------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self.connections.add(self)
+        open_now = self.opened()
         self.transport = transport
         self.server = transport.get_extra_info("sockname")
         self.client = transport.get_extra_info("peername")
         # TCP_NODELAY comes from the listening socket (serving.bind_socket).
         cap = self.limits.max_connections
-        if cap is not None and len(self.connections) > cap:
-            self.connections.discard(self)
+        if cap is not None and open_now > cap:
+            self.closed()
             self._reject(503, f"the server holds {cap} connections, its limit", retry_after=1)
             return
         self._arm(self.limits.header_timeout, self._header_deadline)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.connections.discard(self)
+        self.closed()
         self._disarm()
         for cycle in (self.current, self.parsing, *self.pipeline):
             if cycle is not None:
@@ -271,18 +260,11 @@ class HttpProtocol(FlowControl, asyncio.Protocol):
 
     def _start(self, cycle: RequestCycle) -> None:
         self.current = cycle
-        task = self.loop.create_task(cycle.run(self.app))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    def default_head(self) -> bytes:
-        """The headers every response carries (``date``, ``server``): uvicorn's ``Server``
-        hands a new list once a second."""
-        return cached_header_lines(self.server_state.default_headers)
+        self.run_request(cycle.run(self.app))
 
     def response_complete(self, cycle: RequestCycle) -> None:
         """``cycle``'s response is out: answer the next pipelined request, or wait for one."""
-        self.server_state.total_requests += 1
+        self.answered()
         if cycle is not self.current or self._lingering or self.transport.is_closing():
             return
         self.current = None

@@ -1,0 +1,95 @@
+"""What uvicorn's ``Server`` hands a connection protocol, as streamsafe._uvicorn_link takes it.
+
+uvicorn does not document it, so a release may change it: this runs the pinned uvicorn's real
+``Server`` with a protocol that only records, and says what moved."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from typing import Any
+
+import uvicorn
+
+from streamsafe._uvicorn_link import UvicornLink
+from streamsafe.serving import bind_socket
+
+MOVED = "uvicorn {version} changed {what}: see streamsafe/_uvicorn_link.py, which relies on it"
+
+
+def _moved(what: str) -> str:
+    return MOVED.format(version=uvicorn.__version__, what=what)
+
+
+class _Recorder(asyncio.Protocol):
+    """A protocol that records how it was built and whether the server shut it down."""
+
+    built: list[_Recorder] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args, self.kwargs = args, kwargs
+        self.shut_down = False
+        self.transport: asyncio.BaseTransport | None = None
+        _Recorder.built.append(self)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.kwargs["server_state"].connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.kwargs["server_state"].connections.discard(self)
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+        assert self.transport is not None
+        self.transport.close()
+
+
+async def _app(scope: Any, receive: Any, send: Any) -> None:  # never called: nothing is asked
+    raise AssertionError(scope)
+
+
+async def _one_connection_then_shutdown() -> tuple[_Recorder, uvicorn.Server]:
+    sock = bind_socket()
+    config = uvicorn.Config(_app, http=_Recorder, lifespan="off", log_config=None)
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers a flag, not an event
+        await asyncio.sleep(0.005)
+    _, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+    while not _Recorder.built or _Recorder.built[-1].transport is None:  # noqa: ASYNC110
+        await asyncio.sleep(0.005)
+    server.should_exit = True
+    await asyncio.wait_for(serving, 10)
+    writer.close()
+    return _Recorder.built[-1], server
+
+
+def test_uvicorn_builds_a_protocol_with_what_the_link_takes_and_shuts_it_down() -> None:
+    _Recorder.built.clear()
+    protocol, server = asyncio.run(_one_connection_then_shutdown())
+
+    assert protocol.args == (), _moved("how Server builds a protocol (now positionally)")
+    given = set(protocol.kwargs)
+    wanted = set(inspect.signature(UvicornLink.__init__).parameters) - {"self"}
+    assert given == wanted, _moved(f"what Server hands a protocol: {sorted(given)}")
+
+    config = protocol.kwargs["config"]
+    assert config.loaded and callable(config.loaded_app), _moved("Config.loaded_app")
+    assert isinstance(config.root_path, str), _moved("Config.root_path")
+    assert isinstance(protocol.kwargs["app_state"], dict), _moved("the app_state it hands")
+    assert isinstance(protocol.kwargs["_loop"], asyncio.AbstractEventLoop | None)
+
+    state = protocol.kwargs["server_state"]
+    assert state is server.server_state
+    assert isinstance(state.connections, set), _moved("ServerState.connections")
+    assert isinstance(state.tasks, set), _moved("ServerState.tasks")
+    assert isinstance(state.total_requests, int), _moved("ServerState.total_requests")
+    headers = state.default_headers
+    assert isinstance(headers, list) and all(
+        isinstance(name, bytes) and isinstance(value, bytes) for name, value in headers
+    ), _moved("ServerState.default_headers (a list of (bytes, bytes))")
+    assert {name for name, _ in headers} >= {b"date", b"server"}, _moved("the default headers")
+
+    assert protocol.shut_down, _moved("the graceful shutdown (no shutdown() on a connection)")
+    assert not state.connections
