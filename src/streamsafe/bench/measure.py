@@ -19,7 +19,7 @@ from streamsafe.bench.processes import (
     process_tree,
     rss_bytes,
 )
-from streamsafe.bench.tap import Tap, latencies
+from streamsafe.bench.tap import Tap, Taps, latencies
 
 __all__ = ["Phase", "measure_phase"]
 
@@ -50,7 +50,7 @@ class Phase:
     def errors(self) -> list[str]:
         return sorted({s.error[:200] for s in self.streams if s.error})
 
-    def latencies(self, tap: Tap) -> list[float]:
+    def latencies(self, tap: Tap | Taps) -> list[float]:
         """Tap-to-arrival seconds of every event of this load."""
         return latencies(tap.sent, {s.key: s.arrivals for s in self.streams})
 
@@ -61,7 +61,7 @@ class Phase:
 
 def measure_phase(
     url: str,
-    tap: Tap,
+    tap: Tap | Taps,
     streams: int,
     tokens: int,
     tag: str,

@@ -56,7 +56,7 @@ def run(
     rounds: list[tuple[Phase, Phase]] = []
     with (
         ServerThread(tap) as sim_server,
-        start_peer("streamsafe", sim_server.url, litellm_python="") as gw,
+        start_peer("streamsafe", [sim_server.url], litellm_python="") as gw,
     ):
         warm = min(streams, 8)
         run_load(sim_server.url, warm, 8, "warmup-direct")

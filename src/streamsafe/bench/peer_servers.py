@@ -1,8 +1,12 @@
 """The proxies ``bench peers`` puts between the load and the simulator, each as a real process on
 a free loopback port: nginx (Debian's package), the leanest relay Python allows
 (:mod:`streamsafe.bench.floor_relay`, the floor for any Python proxy measured in the same run),
-the LiteLLM proxy (in its own virtualenv), and streamsafe's gateway (defaults, and ``--commit
-first-token``).
+the LiteLLM proxy (in its own virtualenv), and streamsafe's gateway: with its defaults in front
+of one engine and in front of a pool of two (``--upstream A --upstream B``, what a user with two
+engines runs), and with ``--commit first-token``.
+
+Every peer is started in front of the same engines (simulators the bench runs); a peer uses the
+first, the pool the first two.
 
 A peer that cannot be started is reported as missing with the reason, never dropped in silence.
 """
@@ -15,7 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,10 +32,19 @@ __all__ = [
     "Missing",
     "Peer",
     "default_litellm_python",
+    "engines_used",
     "start_peer",
 ]
 
-PEERS = ("direct", "nginx", "python-floor", "litellm", "streamsafe", "streamsafe-first-token")
+PEERS = (
+    "direct",
+    "nginx",
+    "python-floor",
+    "litellm",
+    "streamsafe",
+    "streamsafe-pool",
+    "streamsafe-first-token",
+)
 """Every peer, in the order the table shows them."""
 
 LITELLM_VERSION = "1.108.5"
@@ -156,16 +169,42 @@ def _litellm(upstream: str, python: str) -> Iterator[Peer]:
             yield Peer("litellm", url, proc.pid, version, " ".join(cmd))
 
 
+@dataclass(frozen=True)
+class _Gateway:
+    """One way of running ``streamsafe serve`` as a peer: the same command, parametrised."""
+
+    commit: str
+    engines: int  # how many of the bench's engines it is given, one ``--upstream`` each
+
+
+_GATEWAYS = {
+    "streamsafe": _Gateway(commit="early", engines=1),
+    "streamsafe-pool": _Gateway(commit="early", engines=2),
+    "streamsafe-first-token": _Gateway(commit="first-token", engines=1),
+}
+
+
+def engines_used(name: str) -> int:
+    """How many engines peer ``name`` sits in front of (the bench starts as many as the most
+    any requested peer uses)."""
+    gateway = _GATEWAYS.get(name)
+    return gateway.engines if gateway is not None else 1
+
+
 @contextlib.contextmanager
-def _streamsafe(upstream: str, commit: str) -> Iterator[Peer]:
+def _streamsafe(name: str, engines: Sequence[str]) -> Iterator[Peer]:
     from streamsafe import __version__
 
+    gateway = _GATEWAYS[name]
+    if len(engines) < gateway.engines:
+        raise ValueError(f"{name} needs {gateway.engines} engines, given {len(engines)}")
     port = free_port()
-    cmd = [sys.executable, "-m", "streamsafe.cli", "serve", "--upstream", upstream]
-    cmd += ["--port", str(port), "--log-level", "warning", "--commit", commit]
+    cmd = [sys.executable, "-m", "streamsafe.cli", "serve"]
+    for url in engines[: gateway.engines]:
+        cmd += ["--upstream", url]
+    cmd += ["--port", str(port), "--log-level", "warning", "--commit", gateway.commit]
     url = f"http://127.0.0.1:{port}"
-    with launched(cmd, name="streamsafe", ready=http_ok(url + "/health")) as proc:
-        name = "streamsafe" if commit == "early" else "streamsafe-first-token"
+    with launched(cmd, name=name, ready=http_ok(url + "/health")) as proc:
         yield Peer(name, url, proc.pid, __version__, " ".join(cmd))
 
 
@@ -181,8 +220,10 @@ def _python_floor(upstream: str) -> Iterator[Peer]:
 
 
 @contextlib.contextmanager
-def start_peer(name: str, upstream: str, *, litellm_python: str) -> Iterator[Peer]:
-    """Start peer ``name`` in front of ``upstream``; raise :class:`Missing` if it cannot be."""
+def start_peer(name: str, engines: Sequence[str], *, litellm_python: str) -> Iterator[Peer]:
+    """Start peer ``name`` in front of ``engines`` (their base URLs; every peer but a pool uses
+    the first); raise :class:`Missing` if it cannot be."""
+    upstream = engines[0]
     if name == "direct":
         yield Peer("direct", upstream, None, "-", "-")
     elif name == "nginx":
@@ -194,8 +235,8 @@ def start_peer(name: str, upstream: str, *, litellm_python: str) -> Iterator[Pee
     elif name == "litellm":
         with _litellm(upstream, litellm_python) as peer:
             yield peer
-    elif name in ("streamsafe", "streamsafe-first-token"):
-        with _streamsafe(upstream, "early" if name == "streamsafe" else "first-token") as peer:
+    elif name in _GATEWAYS:
+        with _streamsafe(name, engines) as peer:
             yield peer
     else:
         raise ValueError(f"unknown peer {name!r}; choose from {', '.join(PEERS)}")

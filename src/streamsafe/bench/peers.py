@@ -6,6 +6,10 @@ of every peer: direct (no proxy), nginx (an SSE reverse proxy, buffering off, on
 leanest relay Python allows (``python-floor``, :mod:`streamsafe.bench.floor_relay`: what any
 Python proxy pays per chunk at the least, on this machine, in this run), the LiteLLM proxy (one
 worker, no database), streamsafe's gateway with its defaults and with ``--commit first-token``.
+``streamsafe-pool`` is the gateway with its defaults in front of that simulator and a second one
+alike (``--upstream A --upstream B``, what a user with two engines runs): the same load, about
+half the streams on each engine, and its CPU per chunk over the one-engine row's in the same
+round (``cpu_vs_one_engine``).
 Each peer is its own process; the load is a separate raw-socket load generator
 (:mod:`streamsafe.bench.load`). Rounds interleave the peers (the order rotates each round) so
 that the machine's noise hits all alike; figures are medians over rounds, with the lowest and
@@ -13,16 +17,17 @@ highest round as the spread. In each round and for each peer:
 
 - **a streaming load**: N streams x M chunks at the simulator's ITL. The peer's CPU seconds per
   100,000 chunks (its whole process tree, user + system); the latency it adds per chunk, p50 and
-  p99 (tap to arrival, minus direct's in the same round); its resident memory per live stream
+  p99 (each chunk's tap to arrival, less direct's median in the same round: percentiles of what
+  was added, not differences of two runs' percentiles); its resident memory per live stream
   (peak during the load minus before, over N); saturated when it used 90 % of a core or more or
   took a quarter longer than direct (then its latencies include queueing for the CPU); and how
   often the kernel preempted it, per 1,000 chunks (in the JSON): each preemption in the middle of
   a tick holds the rest of that tick's chunks, which is where a proxy's p99 comes from on a
   machine with fewer cores than busy processes.
-- **a burst**: B one-token requests at once. Time to first token added (p50, p99 over the burst,
-  minus direct's; and p50 minus nginx's, as direct pays for B new upstream connections that a
-  proxy with a keep-alive pool does not), and CPU per request: the burst's CPU less its chunks at
-  the load's cost per chunk, over B.
+- **a burst**: B one-token requests at once. Time to first token added (p50, p99 over the burst
+  of each request's, less direct's median; and p50 minus nginx's, as direct pays for B new
+  upstream connections that a proxy with a keep-alive pool does not), and CPU per request: the
+  burst's CPU less its chunks at the load's cost per chunk, over B.
 
 The machine is shared and noisy: read the ratios against nginx measured in the same run, not the
 absolute figures.
@@ -42,11 +47,12 @@ from streamsafe.bench.peer_servers import (
     Missing,
     Peer,
     default_litellm_python,
+    engines_used,
     start_peer,
 )
 from streamsafe.bench.report import add_output_flags, write_json, write_text
 from streamsafe.bench.stats import median, percentile, spread
-from streamsafe.bench.tap import Tap
+from streamsafe.bench.tap import Tap, Taps
 
 __all__ = ["markdown_table", "register", "run"]
 
@@ -56,7 +62,7 @@ _SATURATED_CPU = 0.9  # of one core: a one-worker proxy past this is the bottlen
 _SATURATED_SLOWDOWN = 1.25  # wall time against direct's in the same round
 
 
-def _round(peer: Peer, tap: Tap, streams: int, chunks: int, burst: int, r: int) -> dict[str, Any]:
+def _round(peer: Peer, tap: Taps, streams: int, chunks: int, burst: int, r: int) -> dict[str, Any]:
     load = measure_phase(peer.url, tap, streams, chunks, f"{peer.name}-r{r}", server_pid=peer.pid)
     lat = load.latencies(tap)
     events = load.events_sent_upstream
@@ -74,6 +80,7 @@ def _round(peer: Peer, tap: Tap, streams: int, chunks: int, burst: int, r: int) 
         "latency_ms_p50": _scaled(percentile(lat, 0.5), _MS),
         "latency_ms_p99": _scaled(percentile(lat, 0.99), _MS),
         "rss_per_stream_kib": load.rss_per_stream() / 1024,
+        "streams_per_engine": tap.served(s.key for s in load.streams),
         "errors": load.errors,
     }
     if burst:
@@ -100,55 +107,71 @@ def _scaled(value: float | None, factor: float) -> float | None:
     return None if value is None else value * factor
 
 
+_LOAD_FIGURES = (
+    "cpu_s_per_100k_chunks",
+    "latency_ms_p50",
+    "latency_ms_p99",
+    "burst_ttft_ms_p50",
+    "burst_ttft_ms_p99",
+    "cpu_ms_per_request",
+    "rss_per_stream_kib",
+    "cpu_share_of_core",
+    "preempted_per_1k_chunks",
+    "wall_s",
+)
+# Added latency (per chunk; to the first token at the burst) is each chunk's or request's own
+# latency through the peer less direct's median in the same round, so its quantile q is the
+# peer's quantile q less direct's median. (Not the peer's p99 less direct's p99: two tails of
+# different chunks, a difference that can come out below the p50's.)
+_ADDED = (
+    ("latency_ms_p50", "latency_ms_p50"),
+    ("latency_ms_p99", "latency_ms_p50"),
+    ("burst_ttft_ms_p50", "burst_ttft_ms_p50"),
+    ("burst_ttft_ms_p99", "burst_ttft_ms_p50"),
+)
+# The pool row, and the one-engine row (same gateway, same flags) its CPU per chunk is set
+# against in the same round (``cpu_vs_one_engine``).
+_POOL_OF_TWO, _ONE_ENGINE = "streamsafe-pool", "streamsafe"
+
+
+def _against(name: str, fig: dict[str, Any], others: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Peer ``name``'s figures of one round against the other peers' in the same round."""
+    out: dict[str, float] = {}
+    d = others.get("direct")
+    if d is not None:
+        for key, base in _ADDED:
+            if fig.get(key) is not None and d.get(base) is not None:
+                out["added_" + key] = fig[key] - d[base]
+        out["slowdown_vs_direct"] = fig["wall_s"] / max(d["wall_s"], 1e-9)
+    ng = others.get("nginx")
+    if ng is not None and name not in ("direct", "nginx"):
+        for key in ("latency_ms_p50", "latency_ms_p99", "burst_ttft_ms_p50"):
+            if fig.get(key) is not None and ng.get(key) is not None:
+                out[key + "_over_nginx"] = fig[key] - ng[key]
+    refs = [("cpu_vs_nginx", "nginx"), ("cpu_vs_floor", "python-floor")]
+    if name == _POOL_OF_TWO:
+        refs.append(("cpu_vs_one_engine", _ONE_ENGINE))
+    for key, ref in refs:
+        other = others.get(ref)
+        if other is not None and name not in ("direct", ref) and other["cpu_s_per_100k_chunks"]:
+            out[key] = fig["cpu_s_per_100k_chunks"] / other["cpu_s_per_100k_chunks"]
+    return out
+
+
 def _summarise(per_peer: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Medians and spreads over rounds; differences against direct and ratios against nginx are
-    taken within each round first, so both sides of each saw the same moment of the machine."""
+    """Medians and spreads over rounds; differences against direct and ratios against nginx
+    (and the pool's against one engine) are taken within each round first, so both sides of each
+    saw the same moment of the machine."""
     out: dict[str, dict[str, Any]] = {}
-    direct = per_peer.get("direct")
-    nginx = per_peer.get("nginx")
-    floor = per_peer.get("python-floor")
     for name, rounds in per_peer.items():
         series: dict[str, list[float]] = {}
-
-        def add(key: str, value: float | None, into: dict[str, list[float]] = series) -> None:
-            if value is not None:
-                into.setdefault(key, []).append(value)
-
         for i, fig in enumerate(rounds):
-            for key in (
-                "cpu_s_per_100k_chunks",
-                "latency_ms_p50",
-                "latency_ms_p99",
-                "burst_ttft_ms_p50",
-                "burst_ttft_ms_p99",
-                "cpu_ms_per_request",
-                "rss_per_stream_kib",
-                "cpu_share_of_core",
-                "preempted_per_1k_chunks",
-                "wall_s",
-            ):
-                add(key, fig.get(key))
-            if direct is not None:
-                d = direct[i]
-                for key in ("latency_ms_p50", "latency_ms_p99", "burst_ttft_ms_p50"):
-                    if fig.get(key) is not None and d.get(key) is not None:
-                        add("added_" + key, fig[key] - d[key])
-                if fig.get("burst_ttft_ms_p99") is not None and d.get("burst_ttft_ms_p99"):
-                    add(
-                        "added_burst_ttft_ms_p99", fig["burst_ttft_ms_p99"] - d["burst_ttft_ms_p99"]
-                    )
-                add("slowdown_vs_direct", fig["wall_s"] / max(d["wall_s"], 1e-9))
-            if nginx is not None and name not in ("direct", "nginx"):
-                ng = nginx[i]
-                if ng["cpu_s_per_100k_chunks"] > 0:
-                    add("cpu_vs_nginx", fig["cpu_s_per_100k_chunks"] / ng["cpu_s_per_100k_chunks"])
-                for key in ("latency_ms_p50", "latency_ms_p99", "burst_ttft_ms_p50"):
-                    if fig.get(key) is not None and ng.get(key) is not None:
-                        add(key + "_over_nginx", fig[key] - ng[key])
-            if floor is not None and name not in ("direct", "python-floor"):
-                fl = floor[i]
-                if fl["cpu_s_per_100k_chunks"] > 0:
-                    add("cpu_vs_floor", fig["cpu_s_per_100k_chunks"] / fl["cpu_s_per_100k_chunks"])
+            same_round = {other: figs[i] for other, figs in per_peer.items()}
+            values = {key: fig.get(key) for key in _LOAD_FIGURES}
+            values.update(_against(name, fig, same_round))
+            for key, value in values.items():
+                if value is not None:
+                    series.setdefault(key, []).append(value)
         summary: dict[str, Any] = {key: median(vals) for key, vals in series.items()}
         summary["spread"] = {key: spread(vals) for key, vals in series.items()}
         if name != "direct":
@@ -173,25 +196,27 @@ def run(
     from streamsafe.engine_sim import SimConfig, Simulator
     from streamsafe.serving import ServerThread
 
-    sim = Simulator(
-        SimConfig(
-            memory_tokens=max(1_000_000, (streams + burst) * (chunks + 64) * 4),
-            max_num_seqs=max(streams, burst, 1),
-            itl_ms=itl_ms,
-            itl_ms_per_seq=0.0,
-            prefill_ms_per_token=0.0,
-            default_max_tokens=chunks,
-        )
+    config = SimConfig(
+        memory_tokens=max(1_000_000, (streams + burst) * (chunks + 64) * 4),
+        max_num_seqs=max(streams, burst, 1),
+        itl_ms=itl_ms,
+        itl_ms_per_seq=0.0,
+        prefill_ms_per_token=0.0,
+        default_max_tokens=chunks,
     )
-    tap = Tap(sim)
+    # As many engines as the most any peer uses (two for the pool), alike; each peer but the pool
+    # uses the first. They run in this process, which otherwise only waits: the machine carries
+    # the same processes whether one engine or two serve the load.
+    taps = Taps([Tap(Simulator(config)) for _ in range(max(map(engines_used, peers), default=1))])
     python = litellm_python or default_litellm_python()
     missing: dict[str, str] = {}
     running: list[Peer] = []
-    with ServerThread(tap, loop="uvloop") as upstream, contextlib.ExitStack() as stack:
+    with contextlib.ExitStack() as stack:
+        engines = [stack.enter_context(ServerThread(t, loop="uvloop")).url for t in taps.taps]
         for name in peers:
             try:
                 running.append(
-                    stack.enter_context(start_peer(name, upstream.url, litellm_python=python))
+                    stack.enter_context(start_peer(name, engines, litellm_python=python))
                 )
             except (Missing, RuntimeError, OSError) as exc:
                 missing[name] = str(exc)
@@ -202,15 +227,9 @@ def run(
         for r in range(max(1, rounds)):
             shift = r % max(len(running), 1)
             for peer in running[shift:] + running[:shift]:
-                fig = _round(peer, tap, streams, chunks, burst, r)
+                fig = _round(peer, taps, streams, chunks, burst, r)
                 per_peer[peer.name].append(fig)
-                print(
-                    f"  round {r + 1}: {peer.name:24s} CPU "
-                    f"{fig['cpu_s_per_100k_chunks']:7.2f} s/100k chunks, latency p50 "
-                    f"{_fmt(fig['latency_ms_p50'])} ms p99 {_fmt(fig['latency_ms_p99'])} ms, "
-                    f"preempted {fig['preempted_per_1k_chunks']:.0f} / 1k chunks",
-                    flush=True,
-                )
+                print(f"  round {r + 1}: {_round_line(peer.name, fig)}", flush=True)
     summary = _summarise(per_peer)
     return {
         "bench": "peers",
@@ -219,6 +238,7 @@ def run(
         "itl_ms": itl_ms,
         "rounds": max(1, rounds),
         "burst": burst,
+        "engines": len(taps.taps),
         "cpus": os.cpu_count(),
         "peers": {
             p.name: {
@@ -231,6 +251,17 @@ def run(
         },
         "missing": missing,
     }
+
+
+def _round_line(name: str, fig: dict[str, Any]) -> str:
+    line = (
+        f"{name:24s} CPU {fig['cpu_s_per_100k_chunks']:7.2f} s/100k chunks, latency p50 "
+        f"{_fmt(fig['latency_ms_p50'])} ms p99 {_fmt(fig['latency_ms_p99'])} ms, "
+        f"preempted {fig['preempted_per_1k_chunks']:.0f} / 1k chunks"
+    )
+    if engines_used(name) > 1:
+        line += f", streams per engine {' / '.join(map(str, fig['streams_per_engine']))}"
+    return line
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
@@ -276,7 +307,25 @@ def markdown_table(report: dict[str, Any]) -> str:
     for name, reason in report["missing"].items():
         first = reason.strip().splitlines()[0][:120] if reason.strip() else "unknown"
         lines.append(f"| {name} | missing: {first} | | | | | | | | |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _pool_lines(report)) + "\n"
+
+
+def _pool_lines(report: dict[str, Any]) -> list[str]:
+    """Under the table: the pool's gateway CPU per chunk over one engine's, and how the pool's
+    engines shared the streams."""
+    pool = report["peers"].get(_POOL_OF_TWO)
+    if pool is None or _ONE_ENGINE not in report["peers"]:
+        return []
+    ratio = pool["summary"].get("cpu_vs_one_engine")
+    low, high = pool["summary"]["spread"].get("cpu_vs_one_engine") or (None, None)
+    shares = [fig["streams_per_engine"] for fig in pool["rounds"]]
+    split = " / ".join(str(sum(col)) for col in zip(*shares, strict=True))
+    return [
+        "",
+        f"{_POOL_OF_TWO} / {_ONE_ENGINE}, gateway CPU per chunk in the same round: "
+        f"{_fmt(ratio)}x (rounds {_fmt(low)}x to {_fmt(high)}x; goal at most 1.15x); "
+        f"the pool's streams per engine over the rounds: {split}",
+    ]
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -4,17 +4,20 @@ A thin ASGI wrapper around the simulator notes, per request key (see
 :func:`streamsafe.bench.load.request_body`), the time each SSE event was handed to the server.
 The load generator notes when each arrived; the difference, through a proxy minus direct, is
 what the proxy adds per chunk. Both clocks are ``time.perf_counter`` (``CLOCK_MONOTONIC`` on
-Linux), which every process on the machine shares.
+Linux), which every process on the machine shares. Behind a pool of engines each engine has its
+tap; :class:`Taps` reads them as one.
 """
 
 from __future__ import annotations
 
 import time
+from collections import ChainMap
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from streamsafe.bench.load import EVENT, key_of
 
-__all__ = ["Tap", "latencies"]
+__all__ = ["Tap", "Taps", "latencies"]
 
 
 class Tap:
@@ -55,7 +58,21 @@ class Tap:
         await self.app(scope, tapped_receive, tapped_send)
 
 
-def latencies(sent: dict[str, list[float]], arrivals: dict[str, list[float]]) -> list[float]:
+class Taps:
+    """The taps of several engines read as one: ``sent`` finds each stream's departures at
+    whichever engine served it, and :meth:`served` says how the streams were shared out."""
+
+    def __init__(self, taps: Sequence[Tap]) -> None:
+        self.taps = tuple(taps)
+        self.sent: Mapping[str, list[float]] = ChainMap(*(t.sent for t in self.taps))
+
+    def served(self, keys: Iterable[str]) -> list[int]:
+        """How many of the streams ``keys`` each engine served, in the order of the taps."""
+        keys = list(keys)
+        return [sum(1 for k in keys if k in t.sent) for t in self.taps]
+
+
+def latencies(sent: Mapping[str, list[float]], arrivals: dict[str, list[float]]) -> list[float]:
     """Arrival minus departure of every event both sides saw, paired in order per stream (a
     proxy that drops the final ``[DONE]`` only shortens the pairing)."""
     out: list[float] = []
