@@ -13,6 +13,7 @@ from streamsafe.gateway.admission.fair_queue import AdmissionCore
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
 from streamsafe.gateway.generations.store import MemoryEventLog
+from streamsafe.gateway.generations.waiting import wait_for_change
 from streamsafe.gateway.serving.pacing import (
     COMMIT,
     HEARTBEAT,
@@ -24,7 +25,6 @@ from streamsafe.gateway.serving.pacing import (
     StreamRules,
     heartbeat_within,
 )
-from streamsafe.gateway.serving.subscriber import wait_for_change
 
 
 def _generation(created_at: float = 100.0, *, queued: bool = False) -> Generation:

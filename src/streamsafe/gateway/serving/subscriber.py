@@ -9,8 +9,9 @@ does not offer that, a concurrent task watches for ``http.disconnect``.
 When the headers go out, when a ``: keep-alive`` comment is due, and what a subscriber whose
 generation is still queued is told (commit, a real 429 before any commit, or come back later) is
 decided by :class:`~streamsafe.gateway.serving.pacing.Pacing` (see docs/design.md, Commit and
-Admission); the loop in :func:`serve_stream` only relays. A subscriber that keeps up is served
-from the relay's read callback instead (:mod:`streamsafe.gateway.generations.fanout`).
+Admission); the loop in :func:`serve_stream` only relays, and ends the stream as
+:mod:`streamsafe.gateway.serving.stream_terms` says. A subscriber that keeps up is served from
+the relay's read callback instead (:mod:`streamsafe.gateway.generations.fanout`).
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ from streamsafe._asgi import (
 )
 from streamsafe.gateway.admission.admission import Admission, retry_after_seconds
 from streamsafe.gateway.admission.fair_queue import QUEUED
-from streamsafe.gateway.errors import Failure, ResumePastEnd, error_body, send_failure
+from streamsafe.gateway.errors import ResumePastEnd, error_body, send_failure
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.keepalive import KEEPALIVE_LINE, QuietWait
+from streamsafe.gateway.generations.waiting import wait_for_change
 from streamsafe.gateway.serving.pacing import (
     COMMIT,
     HEARTBEAT,
@@ -44,9 +46,10 @@ from streamsafe.gateway.serving.pacing import (
     StreamRules,
     heartbeat_within,
 )
-from streamsafe.sse import DONE, DONE_EVENT, encode_event, encode_events
+from streamsafe.gateway.serving.stream_terms import StreamTerms, end_stream, send_step_back
+from streamsafe.sse import DONE, encode_events
 
-__all__ = ["Subscriber", "serve_json", "serve_stream", "wait_for_change"]
+__all__ = ["Subscriber", "serve_json", "serve_stream"]
 
 # A bare comment line (see streamsafe.gateway.generations.keepalive.KEEPALIVE_LINE for why no blank
 # line).
@@ -148,22 +151,7 @@ async def serve_json(
     while not sub.gone:
         version = gen.version
         if gen.finished:
-            if gen.failure is not None:
-                status, body = gen.failure.status, gen.failure.body
-            elif gen.state is State.DONE:
-                status, (body,) = 200, await gen.log.read(0)
-                if sub.rename is not None:
-                    body = sub.rename(body)
-            else:
-                status = 502
-                body = error_body("the generation was aborted", "upstream_error", 502)
-            if committed:
-                await send({"type": "http.response.body", "body": body, "more_body": False})
-            elif gen.failure is not None:
-                await send_failure(send, gen.failure)
-            else:
-                headers = [generation_header] if status == 200 else []
-                await respond(send, status, body, headers=headers)
+            await _send_answer(sub, send, committed, generation_header)
             return
         if not keepalive:
             await gen.next_change()
@@ -189,6 +177,30 @@ async def serve_json(
             gen.forget_waiter(waiter)
 
 
+async def _send_answer(
+    sub: Subscriber, send: Send, committed: bool, generation_header: tuple[bytes, bytes]
+) -> None:
+    """Send the finished generation's answer: the whole body after a committed 200 (a failure
+    as its error object), else with its own status."""
+    gen = sub.gen
+    if gen.failure is not None:
+        status, body = gen.failure.status, gen.failure.body
+    elif gen.state is State.DONE:
+        status, (body,) = 200, await gen.log.read(0)
+        if sub.rename is not None:
+            body = sub.rename(body)
+    else:
+        status = 502
+        body = error_body("the generation was aborted", "upstream_error", 502)
+    if committed:
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+    elif gen.failure is not None:
+        await send_failure(send, gen.failure)
+    else:
+        headers = [generation_header] if status == 200 else []
+        await respond(send, status, body, headers=headers)
+
+
 async def serve_stream(
     sub: Subscriber,
     start: int,
@@ -200,86 +212,121 @@ async def serve_stream(
     preamble: int = 0,
     writer: BodyWriter | None = None,
 ) -> None:
-    """Relay ``sub``'s generation from event ``start`` on, as SSE with ids. ``drop_done`` leaves
-    out ``data: [DONE]`` (Llama Stack's streams end without it). ``admission`` predicts a queued
-    generation's wait, and is told of a commit or a refusal before it. ``reset_on_failure``: how
-    to end a stream whose generation failed after commit instead of closing it cleanly (a reset,
-    for clients that would read a clean end as a complete answer). The first ``preamble`` events
-    come before the first token (Llama Stack's ``start`` event), so heartbeats go on past them.
-    ``writer``: the server's direct body writer, with which a subscriber that keeps up is served
-    from the relay's read callback (:mod:`streamsafe.gateway.generations.fanout`).
+    """Relay ``sub``'s generation from event ``start`` on, as SSE with ids, under the terms the
+    other arguments give (:class:`StreamTerms`).
 
     Once events flow, a stream silent for a heartbeat interval (the engine stalled mid-answer)
     gets a ``: keep-alive`` comment too, from the fan-out's timer or, for a subscriber its own
     loop serves, from :class:`~streamsafe.gateway.generations.keepalive.QuietWait`'s: neither sets a
     timer per chunk."""
-    # Heartbeats once events flow, every ``beat`` seconds of silence (0: heartbeats are off).
-    beat = heartbeat_within(rules.heartbeat, sub.patience) if rules.heartbeat > 0 else 0.0
-    quiet = QuietWait(beat)
+    terms = StreamTerms(rules, admission, drop_done, reset_on_failure, preamble, writer)
+    stream = _Stream(sub, start, send, terms)
     try:
-        await _serve_stream(
-            sub, start, send, rules, drop_done, admission, reset_on_failure, preamble, writer, quiet
-        )
+        await stream.run()
     finally:
-        quiet.close()
+        stream.quiet.close()
 
 
-async def _serve_stream(
-    sub: Subscriber,
-    start: int,
-    send: Send,
-    rules: StreamRules,
-    drop_done: bool,
-    admission: Admission,
-    reset_on_failure: Callable[[], None] | None,
-    preamble: int,
-    writer: BodyWriter | None,
-    quiet: QuietWait,
-) -> None:
-    """:func:`serve_stream`'s loop, ``quiet`` its wait once events flow."""
-    gen = sub.gen
-    pacing = Pacing(rules, start > preamble, time.monotonic(), sub.patience, sub.last_attempt)
-    cursor = start
-    headers = [
-        (b"content-type", b"text/event-stream; charset=utf-8"),
-        (b"cache-control", b"no-cache"),
-        (b"x-accel-buffering", b"no"),
-        (b"x-stream-resumable", rules.resumable),
-        (b"x-streamsafe-generation", gen.id.encode()),
-    ]
-    start_msg: Message = {"type": "http.response.start", "status": 200, "headers": headers}
-    log_ = gen.log
-    # An in-process log is read without a coroutine per chunk.
-    read_now = log_.read_nowait
-    while not sub.gone:
-        version = gen.version
-        if cursor < gen.length:
-            batch = read_now(cursor) if read_now is not None else await log_.read(cursor)
-            if not pacing.committed:
-                await send(start_msg)
-                pacing.committed = True
-            n = len(batch)
-            if drop_done and batch[-1] == DONE:
-                batch.pop()
-            if sub.rename is not None:
-                batch = [sub.rename(p) for p in batch]
-            body = encode_events(batch, cursor, gen.multiline)
-            cursor += n
-            pacing.flowing = cursor > preamble
-            if gen.finished and cursor >= gen.length:  # the last events and the end: one write
-                await _end(gen, send, start_msg, True, drop_done, reset_on_failure, body)
+#: What :meth:`_Stream._pace` asks of the loop: wait for a change, go round again, or stop.
+_WAIT, _AGAIN, _STOP = 0, 1, 2
+
+
+class _Stream:
+    """:func:`serve_stream`'s loop: send what the log holds past the cursor, end the stream, or
+    pace a subscriber still waiting for events (commit, heartbeat, shed, told to come back),
+    then wait for the next change."""
+
+    __slots__ = (
+        "cursor",
+        "gen",
+        "pacing",
+        "quiet",
+        "read_now",
+        "send",
+        "start_msg",
+        "sub",
+        "terms",
+    )
+
+    def __init__(self, sub: Subscriber, start: int, send: Send, terms: StreamTerms) -> None:
+        gen = sub.gen
+        rules = terms.rules
+        self.sub, self.gen, self.send, self.terms = sub, gen, send, terms
+        self.cursor = start
+        self.pacing = Pacing(
+            rules, start > terms.preamble, time.monotonic(), sub.patience, sub.last_attempt
+        )
+        # Heartbeats once events flow, every ``beat`` seconds of silence (0: heartbeats are off).
+        beat = heartbeat_within(rules.heartbeat, sub.patience) if rules.heartbeat > 0 else 0.0
+        self.quiet = QuietWait(beat)
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+            (b"x-stream-resumable", rules.resumable),
+            (b"x-streamsafe-generation", gen.id.encode()),
+        ]
+        self.start_msg: Message = {"type": "http.response.start", "status": 200, "headers": headers}
+        # An in-process log is read without a coroutine per chunk.
+        self.read_now = gen.log.read_nowait
+
+    async def run(self) -> None:
+        sub, gen = self.sub, self.gen
+        while not sub.gone:
+            version = gen.version
+            if self.cursor < gen.length:
+                if await self._send_events():
+                    return
+                continue
+            if gen.finished:
+                await self._end_at_cursor()
                 return
-            await send({"type": "http.response.body", "body": body, "more_body": True})
-            quiet.wrote()
-            continue
-        if gen.finished:
-            # A resume from past what the generation came to (its Last-Event-ID was never
-            # sent) is refused as a finished generation's is, or told in an error event.
-            past = ResumePastEnd(cursor - 1, gen.length).failure() if cursor > gen.length else None
-            await _end(
-                gen, send, start_msg, pacing.committed, drop_done, reset_on_failure, past=past
-            )
-            return
+            then, limit = await self._pace()
+            if then == _STOP:
+                return
+            if then == _AGAIN or gen.version != version:  # changed while something went out
+                continue
+            await self._wait(limit)
+
+    async def _send_events(self) -> bool:
+        """Send the events past the cursor in one body message (the stream's end with them
+        where they are its last); ``True`` once the stream ended."""
+        gen, sub, terms, pacing = self.gen, self.sub, self.terms, self.pacing
+        cursor = self.cursor
+        read_now = self.read_now
+        batch = read_now(cursor) if read_now is not None else await gen.log.read(cursor)
+        if not pacing.committed:
+            await self.send(self.start_msg)
+            pacing.committed = True
+        n = len(batch)
+        if terms.drop_done and batch[-1] == DONE:
+            batch.pop()
+        if sub.rename is not None:
+            batch = [sub.rename(p) for p in batch]
+        body = encode_events(batch, cursor, gen.multiline)
+        self.cursor = cursor = cursor + n
+        pacing.flowing = cursor > terms.preamble
+        if gen.finished and cursor >= gen.length:  # the last events and the end: one write
+            await end_stream(gen, self.send, self.start_msg, True, terms, body)
+            return True
+        await self.send({"type": "http.response.body", "body": body, "more_body": True})
+        self.quiet.wrote()
+        return False
+
+    async def _end_at_cursor(self) -> None:
+        """The generation finished and every event went out: end the stream. A resume from
+        past what the generation came to (its Last-Event-ID was never sent) is refused as a
+        finished generation's is, or told in an error event."""
+        gen, cursor = self.gen, self.cursor
+        past = ResumePastEnd(cursor - 1, gen.length).failure() if cursor > gen.length else None
+        committed = self.pacing.committed
+        await end_stream(gen, self.send, self.start_msg, committed, self.terms, past=past)
+
+    async def _pace(self) -> tuple[int, float | None]:
+        """Ask the pacing what a subscriber with nothing to send does now; what the loop does
+        next (:data:`_WAIT`, :data:`_AGAIN`, :data:`_STOP`), and the most seconds to wait
+        (``None``: no limit)."""
+        gen, pacing, admission = self.gen, self.pacing, self.terms.admission
         place = gen.waiter
         queued = place is not None and place.state == QUEUED and not pacing.committed
         predicted = admission.predicted_wait(place) if queued and place is not None else None
@@ -287,111 +334,35 @@ async def _serve_stream(
         if step == COMMIT:
             if place is not None:
                 admission.commit(place)  # from now on its place is never shed
-            await send(start_msg)
-            continue
+            await self.send(self.start_msg)
+            return _AGAIN, None
         if step == SHED and place is not None:
             # Refused before any commit: the relay fails the generation with a real 429.
             admission.shed(place, retry_after_seconds(pacing.retry_after, 1.0))
-            continue
+            return _AGAIN, None
         if step == STEP_BACK:
-            sub.hold = pacing.retry_after
+            self.sub.hold = pacing.retry_after
             admission.shedding.note("queued callers are told to come back")
-            await _send_step_back(send, pacing.retry_after)
-            return
+            await send_step_back(self.send, pacing.retry_after)
+            return _STOP, None
         if step == HEARTBEAT:
-            await send(_HEARTBEAT_MSG)
-        if gen.version != version:  # changed while a heartbeat or the headers went out
-            continue
-        if timeout is None and pacing.committed and pacing.flowing:
-            if writer is not None and read_now is not None and sub.rename is None:
-                # Caught up on a flowing stream: the relay writes what comes next itself, until
-                # something else happens (see streamsafe.gateway.generations.fanout).
-                cursor = await gen.fanout.serve(writer, cursor, quiet.beat)
-                continue
+            await self.send(_HEARTBEAT_MSG)
+        return _WAIT, timeout
+
+    async def _wait(self, limit: float | None) -> None:
+        """Wait for the generation's next change, at most ``limit`` seconds. Caught up on a
+        flowing stream, the relay writes what comes next itself where it can (see
+        :mod:`streamsafe.gateway.generations.fanout`), until something else happens; else a
+        silent stream gets its heartbeats from :class:`QuietWait`."""
+        gen, pacing, quiet = self.gen, self.pacing, self.quiet
+        if limit is None and pacing.committed and pacing.flowing:
+            writer = self.terms.writer
+            if writer is not None and self.read_now is not None and self.sub.rename is None:
+                self.cursor = await gen.fanout.serve(writer, self.cursor, quiet.beat)
+                return
             if quiet.beat > 0:
                 if await quiet.wait(gen):
-                    await send(_HEARTBEAT_MSG)
+                    await self.send(_HEARTBEAT_MSG)
                     quiet.wrote()
-                continue
-        await wait_for_change(gen, timeout)
-
-
-async def _send_step_back(send: Send, retry_after: float) -> None:
-    """429 to a client that would time out before its place comes; the place is kept for its
-    return. ``retry-after-ms`` (read by Stainless clients and streamsafe's) says it precisely."""
-    msg = f"gateway at capacity; your place is kept: retry after {retry_after:.3g} s"
-    headers = [
-        (b"retry-after", str(retry_after_seconds(retry_after, 1.0)).encode()),
-        (b"retry-after-ms", str(max(1, round(retry_after * 1000))).encode()),
-    ]
-    await respond(send, 429, error_body(msg, "rate_limit_error", 429), headers=headers)
-
-
-async def wait_for_change(gen: Generation, limit: float | None) -> None:
-    """Wait until ``gen`` changes, or at most ``limit`` seconds (``None``: no limit). Only the
-    waits before events flow have a limit (commit, heartbeats), so this is off the per-chunk
-    path."""
-    waiter = gen.next_change()
-    if limit is None:
-        await waiter
-        return
-    # A timer that resolves the waiter costs less than asyncio.timeout's cancellation. Whether
-    # it fired is recorded by the timer itself: neither the clock (uvloop's timers run on
-    # millisecond ticks) nor the handle (uvloop answers a due deadline with a plain Handle,
-    # which has no when()) can tell.
-    expired = _Expiry(waiter)
-    timer = asyncio.get_running_loop().call_later(max(0.0, limit), expired)
-    await waiter
-    timer.cancel()
-    if expired.fired:  # woken by the timer: still on the waiting list
-        gen.forget_waiter(waiter)
-
-
-class _Expiry:
-    """The timer's callback: resolve the waiter, remember that it did."""
-
-    __slots__ = ("fired", "waiter")
-
-    def __init__(self, waiter: asyncio.Future[None]) -> None:
-        self.waiter = waiter
-        self.fired = False
-
-    def __call__(self) -> None:
-        self.fired = True
-        if not self.waiter.done():
-            self.waiter.set_result(None)
-
-
-async def _end(
-    gen: Generation,
-    send: Send,
-    start_msg: Message,
-    committed: bool,
-    drop_done: bool,
-    reset_on_failure: Callable[[], None] | None,
-    last: bytes = b"",
-    past: Failure | None = None,
-) -> None:
-    """Every event went out (but ``last``, the framed final events, sent with the end) and
-    ``gen`` finished: close the stream. A failure before anything was committed keeps its real
-    status; after commit it becomes an error event (vLLM's way), and the stream ends with
-    ``reset_on_failure`` where one is given. ``past``: the subscriber resumed from past the
-    end, which is its failure whatever the generation's."""
-    failure = past or gen.failure
-    if not committed:
-        if failure is not None:
-            await send_failure(send, failure)
-            return
-        await send(start_msg)
-    reset = reset_on_failure if past is not None or gen.state is State.FAILED else None
-    tail = last
-    if failure is not None:
-        tail += encode_event(failure.as_event())
-        if not drop_done:
-            tail += DONE_EVENT
-    if reset is None:
-        await send({"type": "http.response.body", "body": tail, "more_body": False})
-        return
-    if tail:
-        await send({"type": "http.response.body", "body": tail, "more_body": True})
-    reset()
+                return
+        await wait_for_change(gen, limit)
