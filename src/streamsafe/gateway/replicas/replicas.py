@@ -3,7 +3,8 @@ Replicas).
 
 The replica that starts a generation *owns* it: it runs it upstream, writes its log to Redis
 (:class:`~streamsafe.gateway.replicas.redis_log.ReplicatedLog`) and holds a lease on it that it
-renews every third of the lease. Any other replica that gets a request for it (a retry, a
+renews every third of the lease (its keys and their lifetimes:
+:mod:`~streamsafe.gateway.replicas.owned_keys`). Any other replica that gets a request for it (a retry, a
 ``Last-Event-ID`` resume, a replay) *mirrors* it (:mod:`~streamsafe.gateway.replicas.mirrors`): one
 follower task per generation copies the log as it grows (woken by ``XREAD BLOCK``) and its
 subscribers read the copy. Mirrors say in Redis that they have subscribers, so the owner does not
@@ -35,9 +36,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from streamsafe.gateway.generations.generation import Generation, State
-from streamsafe.gateway.generations.store import LeaseLost
-from streamsafe.gateway.replicas.generation_record import record_of
 from streamsafe.gateway.replicas.mirrors import Mirrors, OnEnd, OnTakeover
+from streamsafe.gateway.replicas.owned_keys import OwnedKeys
 from streamsafe.gateway.replicas.redis_log import ReplicatedLog
 from streamsafe.gateway.replicas.store_redis import REDIS_ERRORS, RedisStore
 
@@ -83,14 +83,12 @@ class Replicas:
         self.lease = lease
         self.keep_finished = keep_finished
         #: Seconds every key of a running generation outlives this replica's last renewal of it
-        #: (renewed every third of it), so a generation whose replica died and that nobody took
-        #: over leaves nothing in Redis after it.
+        #: (see :mod:`~streamsafe.gateway.replicas.owned_keys`).
         self.orphan_ttl = orphan_ttl
-        self._clock = clock
-        self._kept_at = clock()
-        # Held while the keys' lifetimes are written (a renewal, a generation's end): a renewal
-        # in flight must not give a generation that ended meanwhile its running lifetime back.
-        self._lifetimes = asyncio.Lock()
+        #: The keys of the generations this replica runs.
+        self.keys = OwnedKeys(
+            store, lease=lease, keep_finished=keep_finished, orphan_ttl=orphan_ttl, clock=clock
+        )
         self.counters = ReplicaCounters()
         #: True while Redis is unreachable: new generations are this replica's only.
         self.degraded = False
@@ -175,32 +173,16 @@ class Replicas:
 
     async def _write_back_one(self, gen: Generation) -> None:
         """Write one generation back (see :meth:`_write_back`)."""
-        store = self.store
         log_ = gen.log
         if not isinstance(log_, ReplicatedLog):
             self._unsynced.pop(gen.id, None)
             return
-        lease_key = store.lease_key(gen.id)
-        await store.redis.set(lease_key, self.replica_id, nx=True, px=int(self.lease * 1000))
-        if await store.lease_holder(gen.id) != self.replica_id:
+        if not await self.keys.write_back(gen, log_):
             log_.detached = False  # its next append meets the lease taken meanwhile
             self._unsynced.pop(gen.id, None)
             return  # another replica took it over while Redis was away: it writes now
-        ttl = self.orphan_ttl
-        await store.put_generation(gen.id, record_of(gen, store.seal), ttl)
-        if gen.key is not None and (gen.live or (gen.state is State.DONE and self.keep_finished)):
-            # Not for one that ended with nothing to replay: the registry forgot it and its key
-            # (a retry starts over), and nothing would release the claim.
-            await store.redis.set(store.claim_key(gen.key), gen.id, nx=True, px=int(ttl * 1000))
-        await store.index_fingerprint(gen.tenant, gen.fingerprint, gen.id, ttl)
-        await log_.remote.sync()
-        # The relay goes on appending to the copy meanwhile: write until Redis has it all,
-        # then (with no await in between) let appends go to Redis again.
-        while missing := log_.local.read_nowait(log_.remote.length):
-            await log_.remote.append(missing)
-        log_.detached = False
         if gen.id in self._unsynced:
-            await self._record_end(gen)
+            await self.keys.record_end(gen)
             del self._unsynced[gen.id]  # kept for the next write-back where that failed
 
     # -- owning ---------------------------------------------------------------------------------
@@ -217,11 +199,7 @@ class Replicas:
 
     async def publish(self, gen: Generation) -> None:
         """Make ``gen`` findable by every replica and take its lease (one round trip each)."""
-        store = self.store
-        await store.put_generation(gen.id, record_of(gen, store.seal), self.orphan_ttl)
-        if not await store.take_lease(gen.id, self.lease):
-            raise LeaseLost(gen.id)  # ids are unique per process: only a bug gets here
-        await store.index_fingerprint(gen.tenant, gen.fingerprint, gen.id, self.orphan_ttl)
+        await self.keys.publish(gen)
         self.own(gen)
 
     def own(self, gen: Generation) -> None:
@@ -247,42 +225,16 @@ class Replicas:
             self._unsynced[gen.id] = gen
             return
         try:
-            await self._record_end(gen)
+            await self.keys.record_end(gen)
         except REDIS_ERRORS as exc:
             self._unsynced[gen.id] = gen
             self.failed(exc)
-
-    async def _record_end(self, gen: Generation) -> None:
-        """Record how ``gen`` ended and give its keys the lifetime of a finished generation
-        (its claim too: a failed one's is released when the registry forgets it)."""
-        store = self.store
-        fields: dict[str, bytes | str | int] = {}
-        failure = gen.failure
-        if failure is not None:
-            fields = {"status": failure.status, "error": failure.body}
-            if failure.retry_after is not None:
-                fields["retry_after"] = failure.retry_after
-        async with self._lifetimes:
-            await store.set_state(gen.id, gen.state.value, fields)
-            keep = self.keep_finished
-            if gen.state is State.DONE and keep > 0:
-                await store.expire_generation(gen.id, keep)
-                await store.expire_fingerprint(gen.tenant, gen.fingerprint, gen.id, keep)
-                if gen.key is not None:
-                    await store.expire(gen.key, gen.id, keep)
-            else:
-                await store.unindex_fingerprint(gen.tenant, gen.fingerprint, gen.id)
-                await store.expire_generation(gen.id, max(self.lease * 2, 1.0))
-            await store.release_lease(gen.id)
 
     async def let_go(self, gen: Generation) -> None:
         """``gen``, which this replica ran and kept for replay, is no longer kept (evicted, or
         its time is up): let its keys in Redis lapse too, two leases from now (a mirror still
         copying its end has that long), instead of ``keep_finished`` after it ended."""
-        store = self.store
-        async with self._lifetimes:
-            await store.unindex_fingerprint(gen.tenant, gen.fingerprint, gen.id)
-            await store.expire_generation(gen.id, max(self.lease * 2, 1.0))
+        await self.keys.let_go(gen)
 
     async def hand_over(self, gen: Generation) -> None:
         """This replica stops (a graceful shutdown) while ``gen`` runs: give up its lease and
@@ -329,7 +281,7 @@ class Replicas:
                 self.redis_used_memory = await self.store.used_memory() or 0
                 if self._restarted(await self.store.run_id()):
                     continue
-                if self._clock() - self._kept_at >= self.orphan_ttl / 3:
+                if self.keys.keep_due():
                     await self._keep_owned()
             except REDIS_ERRORS as exc:
                 self.failed(exc)
@@ -361,20 +313,8 @@ class Replicas:
         return True
 
     async def _keep_owned(self) -> None:
-        """Renew the lifetime of every key of the generations this replica runs (those that end
-        meanwhile wait for it, then give their keys a finished generation's lifetime)."""
-        self._kept_at = self._clock()
-        store = self.store
-        async with self._lifetimes:
-            running = [
-                (
-                    gen.id,
-                    None if gen.key is None else store.claim_key(gen.key),
-                    store.fingerprint_key(gen.tenant, gen.fingerprint),
-                )
-                for gen in self._owned.values()
-            ]
-            await store.keep_generations(running, self.orphan_ttl)
+        """Renew the lifetime of every key of the generations this replica runs."""
+        await self.keys.keep(self._owned.values())
 
     # -- mirroring (see :mod:`streamsafe.gateway.replicas.mirrors`)
     # -----------------------------------------
