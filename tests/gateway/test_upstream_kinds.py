@@ -9,18 +9,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamsafe.gateway.upstream.kinds import (
-    KIND_NAMES,
     KINDS,
     ErrorEvent,
-    ProbeResult,
-    Wire,
     describe_kind,
-    describe_probes,
-    detect_kind,
     ends_answer,
-    next_probe,
     parse_error_event,
 )
+from streamsafe.gateway.upstream.probe import (
+    KIND_NAMES,
+    ProbeResult,
+    describe_probes,
+    detect_kind,
+    next_probe,
+)
+from streamsafe.gateway.upstream.wire import Wire
 
 LS = KINDS["llama-stack"]
 VLLM = KINDS["vllm"]

@@ -8,7 +8,7 @@ import httpx2
 from conftest import LlamaStackTier
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.gateway.upstream.kinds import probe_kind
+from streamsafe.gateway.upstream.probe import probe_kind
 from streamsafe.serving import ServerThread, bind_socket
 
 

@@ -1,10 +1,12 @@
 """What the gateway knows about each kind of upstream: vLLM, Llama Stack, or any OpenAI-compatible
-server. A table and small pure functions; the one network call (:func:`probe_kind`) is at the end.
+server. A table and small pure functions, no I/O: which kind an upstream is, the gateway asks it
+(:mod:`~streamsafe.gateway.upstream.probe`).
 
 Each :class:`UpstreamKind` says which completion routes the gateway serves with its promises
 (coalescing, replay, resume, admission, breaker) and how each maps to the upstream, the wire
-format of each, how the upstream ends a stream, how it reports an error after the response
-started, where to ask for its health, and whether a broken stream can be continued there.
+format of each (:class:`~streamsafe.gateway.upstream.wire.Wire`), how the upstream ends a stream,
+how it reports an error after the response started, where to ask for its health, and whether a
+broken stream can be continued there.
 
 Measured on Llama Stack 0.2.12 with the ``remote::vllm`` provider (see docs/design.md,
 Positions around Llama Stack):
@@ -40,20 +42,20 @@ server is assumed to offer none of vLLM's extras.
 
 from __future__ import annotations
 
-import contextlib
-import enum
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
 
-import httpx2
 import orjson
+
+# Telling kinds apart is :mod:`~streamsafe.gateway.upstream.probe`'s. Its ProbeResult,
+# describe_probes and probe_kind are named here too only until upstream/connection.py imports
+# them from there; nothing else should.
+from streamsafe.gateway.upstream.probe import KindName, ProbeResult, describe_probes, probe_kind
+from streamsafe.gateway.upstream.wire import Wire
 
 __all__ = [
     "KINDS",
-    "KIND_NAMES",
-    "PROBE_PATHS",
     "CompletionRoute",
     "ErrorEvent",
     "KindName",
@@ -63,55 +65,10 @@ __all__ = [
     "cost_view",
     "describe_kind",
     "describe_probes",
-    "detect_kind",
     "ends_answer",
-    "next_probe",
     "parse_error_event",
     "probe_kind",
 ]
-
-KindName = Literal["vllm", "ogx", "llama-stack", "openai"]
-
-#: Every kind ``--upstream-kind`` accepts besides ``auto``, in the order :func:`detect_kind`
-#: tells them apart: ``ogx`` is today's Llama Stack (OGX 1.x, llama-stack >= 0.4), ``llama-stack``
-#: its 0.2 releases (the native routes).
-KIND_NAMES: tuple[KindName, ...] = ("ogx", "llama-stack", "vllm", "openai")
-
-
-class Wire(enum.Enum):
-    """The body format of a completion route (requests, chunks and whole answers)."""
-
-    OPENAI_CHAT = "openai-chat"
-    """``chat.completion`` / ``chat.completion.chunk`` (``choices[].delta.content``)."""
-
-    OPENAI_COMPLETION = "openai-completion"
-    """``text_completion`` (``choices[].text``)."""
-
-    OPENAI_RESPONSES = "openai-responses"
-    """The Responses API: ``input`` (a string or items) in; a ``response`` object out, or a
-    stream of typed events (``response.created`` ... ``response.output_text.delta`` ...
-    ``response.completed``), each with its ``sequence_number``."""
-
-    LLAMA_STACK_CHAT = "llama-stack-chat"
-    """Llama Stack's native chat: ``{"event": {"event_type", "delta": {"text"}, ...}}`` chunks,
-    ``{"completion_message": {...}}`` whole answers; the request names ``model_id``."""
-
-    LLAMA_STACK_COMPLETION = "llama-stack-completion"
-    """Llama Stack's native completion: ``{"delta", "stop_reason"}`` chunks, ``{"content",
-    "stop_reason"}`` whole answers; the request names ``model_id`` and ``content``."""
-
-    @property
-    def is_chat(self) -> bool:
-        """True for the chat formats (messages in, a message out)."""
-        return self in (Wire.OPENAI_CHAT, Wire.LLAMA_STACK_CHAT)
-
-    @property
-    def model_field(self) -> str:
-        """The request field that names the model."""
-        return "model_id" if self in _NATIVE else "model"
-
-
-_NATIVE = frozenset((Wire.LLAMA_STACK_CHAT, Wire.LLAMA_STACK_COMPLETION))
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,155 +377,8 @@ def parse_error_event(kind: UpstreamKind, payload: bytes) -> ErrorEvent | None:
     return ErrorEvent(status, message)
 
 
-# -- telling kinds apart ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeResult:
-    """What one ``GET`` of the probe saw: the status (``None``: no answer, and ``reason`` says
-    why, e.g. a certificate that did not verify) and the body's start."""
-
-    status: int | None
-    body: bytes = b""
-    reason: str = ""
-
-    @property
-    def route_exists(self) -> bool:
-        """The path is served (by some method): it answered, and not 404."""
-        return self.status is not None and self.status != 404
-
-
-#: Every path :func:`probe_kind` may ask, each with a ``GET`` (no work is ever started):
-#: :func:`next_probe` says which, in order.
-PROBE_PATHS = (
-    "/v1/health",
-    "/v1/version",
-    "/v1/chat/completions",
-    "/v1/inference/chat-completion",
-    "/health",
-    "/v1/models",
-)
-
-
-def _llama_stack_health(probes: Mapping[str, ProbeResult]) -> bool:
-    """Whether ``/v1/health`` answered as every Llama Stack does: 200 ``{"status": "OK"}``."""
-    health = probes.get("/v1/health")
-    if health is None or health.status != 200:
-        return False
-    try:
-        doc = orjson.loads(health.body)
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(doc, dict) and str(doc.get("status", "")).upper() == "OK"
-
-
-def detect_kind(probes: Mapping[str, ProbeResult]) -> KindName | None:
-    """The kind of upstream that answered ``probes`` (path -> result of a ``GET``), or ``None``
-    while what was asked does not settle it (or where nothing answered as any kind does).
-
-    Llama Stack answers ``/v1/health`` with ``{"status": "OK"}`` (vLLM has no such path), in
-    every release; which routes it serves tells the releases apart, so a kind is settled only on
-    a route it protects: ``/v1/chat/completions`` served (a ``GET`` lists stored completions)
-    is today's (``ogx``: OGX, llama-stack >= 0.4); the native ``/v1/inference/chat-completion``
-    served (a ``GET`` gets 405) is 0.2 (``llama-stack``); neither settles nothing. vLLM answers
-    ``/health`` with 200, or 503 once its engine died. Anything else that lists models at
-    ``/v1/models`` (200, or 401/403 without a key) is taken for a generic OpenAI-compatible
-    server.
-    """
-    if _llama_stack_health(probes):
-        today = probes.get("/v1/chat/completions")
-        if today is not None and today.route_exists:
-            return "ogx"
-        native = probes.get("/v1/inference/chat-completion")
-        if native is not None and native.route_exists:
-            return "llama-stack"
-        return None
-    health = probes.get("/health")
-    if health is not None and health.status in (200, 503):
-        return "vllm"
-    models = probes.get("/v1/models")
-    if models is not None and models.status in (200, 401, 403):
-        return "openai"
-    return None
-
-
-def next_probe(probes: Mapping[str, ProbeResult]) -> str | None:
-    """The next path to ask, given what ``probes`` holds, or ``None`` when nothing more helps.
-
-    A Llama Stack is asked its version and which completion routes it serves; anything else
-    ``/health``, then ``/v1/models``. Once the kind is settled, ``/v1/models`` is still asked
-    once (unless asked already), so the log can name the models the upstream serves."""
-    if detect_kind(probes) is not None:
-        return None if "/v1/models" in probes else "/v1/models"
-    if "/v1/health" not in probes:
-        return "/v1/health"
-    order: tuple[str, ...]
-    if _llama_stack_health(probes):
-        order = ("/v1/version", "/v1/chat/completions", "/v1/inference/chat-completion")
-    else:
-        order = ("/health", "/v1/models")
-    return next((p for p in order if p not in probes), None)
-
-
-def describe_probes(probes: Mapping[str, ProbeResult]) -> str:
-    """What the probe found, for the log: each path's status (and ``/v1/version``'s release),
-    and the models ``/v1/models`` lists (OpenAI's ``id``, Llama Stack 0.2's ``identifier``)."""
-    parts = []
-    for path, result in probes.items():
-        status = str(result.status)
-        if result.status is None:
-            status = f"no answer ({result.reason})" if result.reason else "no answer"
-        if path == "/v1/version" and result.status == 200:
-            with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
-                status += f" (version {orjson.loads(result.body).get('version')})"
-        parts.append(f"{path} {status}")
-    models = _model_ids(probes.get("/v1/models"))
-    if models:
-        parts.append("models " + ", ".join(models))
-    return "; ".join(parts)
-
-
-def _model_ids(result: ProbeResult | None, most: int = 5) -> list[str]:
-    if result is None or result.status != 200:
-        return []
-    try:
-        doc = orjson.loads(result.body)
-    except orjson.JSONDecodeError:
-        return []
-    data = doc.get("data") if isinstance(doc, dict) else None
-    if not isinstance(data, list):
-        return []
-    ids = [
-        str(m.get("id") or m.get("identifier"))
-        for m in data
-        if isinstance(m, dict) and (m.get("id") or m.get("identifier"))
-    ]
-    return ids[:most] + ([f"... ({len(ids)} in all)"] if len(ids) > most else [])
-
-
 def describe_kind(kind: UpstreamKind) -> str:
     """What the gateway does with ``kind``'s routes, for the log."""
     served = ", ".join(kind.routes)
     rest = "passes every other route through" if kind.passthrough else "answers no other route"
     return f"serves POST {served} with every promise; {rest}"
-
-
-async def probe_kind(
-    client: httpx2.AsyncClient,
-    base_url: str = "",
-    *,
-    found: dict[str, ProbeResult] | None = None,
-) -> KindName | None:
-    """Ask the upstream the paths :func:`next_probe` names (``base_url`` + path) with
-    ``client``, and return :func:`detect_kind`'s answer. ``found``, where given, is filled with
-    what each path answered (for :func:`describe_probes`). Each probe is bounded by the client's
-    timeouts; one that gets no answer counts as ``None``."""
-    probes: dict[str, ProbeResult] = {} if found is None else found
-    while (path := next_probe(probes)) is not None:
-        try:
-            response = await client.get(base_url + path)
-        except httpx2.HTTPError as exc:
-            probes[path] = ProbeResult(None, reason=f"{type(exc).__name__}: {exc}"[:200])
-        else:
-            probes[path] = ProbeResult(response.status_code, response.content[:4096])
-    return detect_kind(probes)

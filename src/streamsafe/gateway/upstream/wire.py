@@ -1,0 +1,44 @@
+"""The body formats of the completion routes the gateway serves (:class:`Wire`): OpenAI's chat,
+completion and Responses API, Llama Stack's native chat and completion."""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["Wire"]
+
+
+class Wire(enum.Enum):
+    """The body format of a completion route (requests, chunks and whole answers)."""
+
+    OPENAI_CHAT = "openai-chat"
+    """``chat.completion`` / ``chat.completion.chunk`` (``choices[].delta.content``)."""
+
+    OPENAI_COMPLETION = "openai-completion"
+    """``text_completion`` (``choices[].text``)."""
+
+    OPENAI_RESPONSES = "openai-responses"
+    """The Responses API: ``input`` (a string or items) in; a ``response`` object out, or a
+    stream of typed events (``response.created`` ... ``response.output_text.delta`` ...
+    ``response.completed``), each with its ``sequence_number``."""
+
+    LLAMA_STACK_CHAT = "llama-stack-chat"
+    """Llama Stack's native chat: ``{"event": {"event_type", "delta": {"text"}, ...}}`` chunks,
+    ``{"completion_message": {...}}`` whole answers; the request names ``model_id``."""
+
+    LLAMA_STACK_COMPLETION = "llama-stack-completion"
+    """Llama Stack's native completion: ``{"delta", "stop_reason"}`` chunks, ``{"content",
+    "stop_reason"}`` whole answers; the request names ``model_id`` and ``content``."""
+
+    @property
+    def is_chat(self) -> bool:
+        """True for the chat formats (messages in, a message out)."""
+        return self in (Wire.OPENAI_CHAT, Wire.LLAMA_STACK_CHAT)
+
+    @property
+    def model_field(self) -> str:
+        """The request field that names the model."""
+        return "model_id" if self in _NATIVE else "model"
+
+
+_NATIVE = frozenset((Wire.LLAMA_STACK_CHAT, Wire.LLAMA_STACK_COMPLETION))
