@@ -4,11 +4,11 @@ Replicas).
 The replica that starts a generation *owns* it: it runs it upstream, writes its log to Redis
 (:class:`~streamsafe.gateway.replicas.redis_log.ReplicatedLog`) and holds a lease on it that it
 renews every third of the lease (its keys and their lifetimes:
-:mod:`~streamsafe.gateway.replicas.owned_keys`). Any other replica that gets a request for it (a retry, a
-``Last-Event-ID`` resume, a replay) *mirrors* it (:mod:`~streamsafe.gateway.replicas.mirrors`): one
-follower task per generation copies the log as it grows (woken by ``XREAD BLOCK``) and its
-subscribers read the copy. Mirrors say in Redis that they have subscribers, so the owner does not
-abort a generation nobody reads *on the owner*.
+:mod:`~streamsafe.gateway.replicas.owned_keys`). Any other replica that gets a request for it (a
+retry, a ``Last-Event-ID`` resume, a replay) *mirrors* it
+(:mod:`~streamsafe.gateway.replicas.mirrors`): one follower task per generation copies the log as
+it grows (woken by ``XREAD BLOCK``) and its subscribers read the copy. Mirrors say in Redis that
+they have subscribers, so the owner does not abort a generation nobody reads *on the owner*.
 
 When an owner dies (kill -9, a lost host), its lease lapses; the first follower that notices
 takes the lease (``SET NX``), and with it the generation: it continues it upstream from the log,
