@@ -1,7 +1,8 @@
-"""What uvicorn's ``Server`` hands a connection protocol, as streamsafe._uvicorn_link takes it.
+"""What uvicorn's ``Server`` hands a connection protocol, as streamsafe._uvicorn_link takes it,
+and what streamsafe.serving.DrainingServer overrides and reads of the ``Server``.
 
-uvicorn does not document it, so a release may change it: this runs the pinned uvicorn's real
-``Server`` with a protocol that only records, and says what moved."""
+uvicorn does not document them, so a release may change them: this runs the pinned uvicorn's
+real ``Server`` with a protocol that only records, and says what moved."""
 
 from __future__ import annotations
 
@@ -93,3 +94,14 @@ def test_uvicorn_builds_a_protocol_with_what_the_link_takes_and_shuts_it_down() 
 
     assert protocol.shut_down, _moved("the graceful shutdown (no shutdown() on a connection)")
     assert not state.connections
+
+
+def test_uvicorn_s_server_still_has_what_draining_server_overrides_and_reads() -> None:
+    # streamsafe.serving.DrainingServer overrides handle_exit (the signal handler) and reads
+    # started and should_exit, as ServerThread does.
+    params = list(inspect.signature(uvicorn.Server.handle_exit).parameters)
+    assert params == ["self", "sig", "frame"], _moved(f"Server.handle_exit{tuple(params[1:])}")
+    server = uvicorn.Server(uvicorn.Config(_app))
+    assert server.started is False and server.should_exit is False, _moved(
+        "Server.started / Server.should_exit"
+    )

@@ -1,6 +1,7 @@
 """What uvicorn's ``Server`` and a connection protocol share: the one place this project relies
-on uvicorn's internals (uvicorn is pinned; tests/test_uvicorn_link.py fails, naming what moved,
-when a release changes them).
+on uvicorn's undocumented protocol contract (uvicorn is pinned; tests/test_uvicorn_link.py fails,
+naming what moved, when a release changes it, and checks the ``Server`` attributes
+:class:`streamsafe.serving.DrainingServer` relies on too).
 
 uvicorn takes a protocol class (``Config(http=...)``) but does not document what it hands it.
 Its ``Server`` builds one per accepted connection as ``cls(config=, server_state=, app_state=,
