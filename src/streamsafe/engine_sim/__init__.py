@@ -6,13 +6,14 @@
 
 Finite memory in tokens, a running limit with an unbounded waiting queue, prefill and batch-
 dependent inter-token delays, death past capacity (until restart), abort on disconnect (or not),
-injected faults, and deterministic text (:func:`expected_text`). See docs/simulator.md.
+injected faults, outages of the whole engine (silent, flapping), and deterministic text
+(:func:`expected_text`). See docs/simulator.md.
 """
 
 from __future__ import annotations
 
 from streamsafe.engine_sim.app import Simulator
-from streamsafe.engine_sim.config import Fault, FaultKind, FaultTarget, SimConfig
+from streamsafe.engine_sim.config import Fault, FaultKind, FaultTarget, Flap, SimConfig
 from streamsafe.engine_sim.engine import EngineDeadError
 from streamsafe.engine_sim.text import VOCABULARY, expected_text
 
@@ -22,6 +23,7 @@ __all__ = [
     "Fault",
     "FaultKind",
     "FaultTarget",
+    "Flap",
     "SimConfig",
     "Simulator",
     "expected_text",

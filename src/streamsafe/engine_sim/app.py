@@ -4,8 +4,9 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming and n
 ``GET /v1/models``, ``GET /health`` (503 once dead), ``GET /metrics`` (Prometheus text with vLLM's
 names), ``GET /stats`` (JSON counters), ``POST /admin/restart``.
 
-A completion request is read, validated and checked for the faults that refuse it outright (a
-status, a reset) here; :class:`~streamsafe.engine_sim.completion.Completion` answers the rest.
+A completion request is read, counted, validated and checked for the faults that refuse it
+outright (an outage of the whole engine, a status, a reset, no answer) here;
+:class:`~streamsafe.engine_sim.completion.Completion` answers the rest.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ from streamsafe.engine_sim.completion import Completion
 from streamsafe.engine_sim.config import SimConfig
 from streamsafe.engine_sim.engine import Engine
 from streamsafe.engine_sim.faults import FaultDraw, StreamCut
+from streamsafe.engine_sim.outage import Outage, Outages
 from streamsafe.engine_sim.text import split_continuation
-from streamsafe.engine_sim.validation import BadRequest, validate
+from streamsafe.engine_sim.validation import INVALID_PREFILL, BadRequest, ContextTooLong, validate
 from streamsafe.engine_sim.wire import DONE_EVENT, error_body
 from streamsafe.tokens import estimate_prompt_tokens
 
@@ -62,6 +64,7 @@ class Simulator:
         self.config = config or SimConfig()
         self.engine = Engine(self.config)
         self._faults = FaultDraw(self.config)
+        self._outages = Outages(self.config, self.engine)
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
@@ -124,6 +127,13 @@ class Simulator:
                 scope = dict(scope, path=path)
                 send = _without_done(send)
             route = self._routes.get((scope["method"], path))
+            # An outage meets every request but those to /stats (a test reads it) and the
+            # completions (counted first, by the model they name, in _complete).
+            if path != "/stats" and (route is None or path not in _COMPLETIONS):
+                outage = self._outages.now()
+                if outage is not None:
+                    await self._outages.meet(outage, scope, receive, send)
+                    return
             if route is None:
                 known = any(path == scope["path"] for _, path in self._routes)
                 code = 405 if known else 404
@@ -151,7 +161,7 @@ class Simulator:
                     "owned_by": "vllm",
                     "root": cfg.model,
                     "parent": None,
-                    "max_model_len": cfg.memory_tokens,
+                    "max_model_len": cfg.max_model_len or cfg.memory_tokens,
                 }
             ],
         }
@@ -197,7 +207,7 @@ class Simulator:
             return
         answer = {
             "count": count,
-            "max_model_len": self.config.memory_tokens,
+            "max_model_len": self.config.max_model_len or self.config.memory_tokens,
             "tokens": list(range(count)),
             "token_strs": None,
         }
@@ -221,11 +231,30 @@ class Simulator:
             raw = b""  # refused below as malformed; nobody reads the answer
         engine.count("requests_received")
         try:
-            job = validate(orjson.loads(raw), chat, self.config)
+            body: Any = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            body = exc
+        if isinstance(body, dict):
+            model = body.get("model", self.config.model)
+            engine.count_model(model if isinstance(model, str) else repr(model))
+        if (outage := self._outages.now()) is not None:
+            await self._outages.meet(outage, scope, receive, send)
+            return
+        try:
+            if isinstance(body, orjson.JSONDecodeError):
+                raise body
+            job = validate(body, chat, self.config)
             continuation = split_continuation(job.body) is not None
             faults = self._faults.draw(scope.get("headers", ()), continuation)
         except (BadRequest, ValueError) as exc:  # ValueError: bad JSON, a bad x-sim-fault header
+            if isinstance(exc, ContextTooLong):
+                engine.count("refused_context_length")
+            elif isinstance(exc, BadRequest) and exc.name == INVALID_PREFILL:
+                engine.count("refused_prefill")
             await _refuse(send, exc)
+            return
+        if faults.black_hole:
+            await self._outages.meet(Outage("silent"), scope, receive, send)
             return
         if engine.dead:
             await respond(send, 500, error_body(engine.dead_message, 500))
@@ -276,13 +305,15 @@ async def _refuse(send: Send, exc: Exception) -> None:
     elif isinstance(exc, orjson.JSONDecodeError):
         code, message = 400, f"malformed JSON body: {exc}"
     elif isinstance(exc, BadRequest):
-        code, message = exc.code, str(exc)
+        await respond(send, exc.code, error_body(str(exc), exc.code, exc.name))
+        return
     else:
         code, message = 400, str(exc)
     await respond(send, code, error_body(message, code))
 
 
 _LLAMA_STACK_PREFIX = "/v1/openai/v1/"
+_COMPLETIONS = frozenset(("/v1/chat/completions", "/v1/completions"))
 
 
 def _without_done(send: Send) -> Send:

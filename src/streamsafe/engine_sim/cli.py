@@ -52,8 +52,34 @@ def register(subparsers: Any) -> None:
         metavar="SPEC",
         help="inject a fault, repeatable: status:CODE:P[:RETRY_AFTER], errorevent:CODE:P, "
         "cut:N:P, cut:LO-HI:P, stall:SECONDS:P, pause:N:SECONDS:P, reset:P, hang:N:P, "
-        "malformed:N:P, nodone:P; each optionally followed "
+        "malformed:N:P, nodone:P, blackhole:P, crash:N:P; each optionally followed "
         "by @fresh or @continuation (which requests) and #TIMES (at most that many)",
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="vLLM's context length: prompt + max_tokens past it gets vLLM's 400 (default: "
+        "none, memory bounds a request)",
+    )
+    p.add_argument(
+        "--refuse-prefill",
+        action="store_true",
+        help="refuse to continue a partial answer (a last assistant message, a prompt of token "
+        "ids) with 400 invalid_prefill",
+    )
+    p.add_argument(
+        "--black-hole",
+        action="store_true",
+        help="accept connections and answer nothing, /health included (/stats still answers)",
+    )
+    p.add_argument(
+        "--flap",
+        metavar="UP:DOWN[:503|reset]",
+        default=None,
+        help="healthy for UP seconds, then failing for DOWN (every request 503 with "
+        "Retry-After: 1, or reset), and so on from the start (default: never)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of faults and text (default 0)")
     p.add_argument(
@@ -63,8 +89,8 @@ def register(subparsers: Any) -> None:
 
 
 def build_config(args: argparse.Namespace) -> Any:
-    """The SimConfig the parsed arguments describe (ValueError on a bad --fault)."""
-    from streamsafe.engine_sim import Fault, SimConfig
+    """The SimConfig the parsed arguments describe (ValueError on a bad --fault or --flap)."""
+    from streamsafe.engine_sim import Fault, Flap, SimConfig
 
     return SimConfig(
         model=args.model,
@@ -79,6 +105,10 @@ def build_config(args: argparse.Namespace) -> Any:
         faults=tuple(Fault.parse(s) for s in args.fault),
         seed=args.seed,
         fault_header=not args.no_fault_header,
+        max_model_len=args.max_model_len,
+        refuse_prefill=args.refuse_prefill,
+        black_hole=args.black_hole,
+        flap=Flap.parse(args.flap) if args.flap else None,
     )
 
 

@@ -1,7 +1,7 @@
 """Answering one completion request from the engine, once it is valid and past the faults that
 refuse it outright: the unary body or the token stream, a watcher that notices a client that
 vanishes wherever its request is (stalled, queued, prefilling or streaming), and the faults
-injected into the answer (stall, cut, hang, malformed event, no ``[DONE]``).
+injected into the answer (stall, cut, hang, malformed event, no ``[DONE]``, the engine's crash).
 """
 
 from __future__ import annotations
@@ -142,6 +142,10 @@ class Completion:
         text = TextStream(job.body, cfg.seed)
         last_index = gen.max_tokens - 1
         budget = faults.cut_after  # data events left before a cut
+        # A crash is a cut that takes the engine with it; the earlier of the two happens.
+        crash = faults.crash_after is not None and (budget is None or faults.crash_after < budget)
+        if crash:
+            budget = faults.crash_after
         events_out = 0  # data events sent (for the hang and malformed faults)
         role_pending = job.chat
         while True:
@@ -188,7 +192,7 @@ class Completion:
                     return
             events_out += len(parts)
             if budget is not None and len(parts) - (end is not None) >= budget:
-                await self._cut(send, gen, parts[:budget], n, started)
+                await self._cut(send, gen, parts[:budget], n, started, crash)
                 return
             if budget is not None:
                 budget -= len(parts) - (end is not None)
@@ -224,11 +228,24 @@ class Completion:
         self.engine.client_gone(gen)
 
     async def _cut(
-        self, send: Send, gen: Generation, parts: list[bytes], n: int, started: bool
+        self,
+        send: Send,
+        gen: Generation,
+        parts: list[bytes],
+        n: int,
+        started: bool,
+        crash: bool,
     ) -> None:
-        self.engine.count("faults_cut")
+        """Send ``parts``, then drop the connection; with ``crash`` the engine dies first (its
+        other streams get the death's error event; this one is only cut, as by a process that
+        is gone)."""
         await _send_last(send, gen, parts, n, started)
-        self.engine.client_gone(gen)
+        if crash:
+            self.engine.count("faults_crash")
+            self.engine.crash("injected fault: crash")
+        else:
+            self.engine.count("faults_cut")
+            self.engine.client_gone(gen)
         raise StreamCut("injected fault: connection cut")
 
 

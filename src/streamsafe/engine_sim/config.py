@@ -1,5 +1,6 @@
-"""The simulator's settings: :class:`SimConfig` (one immutable value) and :class:`Fault` (one
-injected failure with its probability), parsed from the command line's ``--fault`` specs."""
+"""The simulator's settings: :class:`SimConfig` (one immutable value), :class:`Fault` (one
+injected failure with its probability), parsed from the command line's ``--fault`` specs, and
+:class:`Flap` (an engine that fails in periods, ``--flap``)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,20 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal, cast
 
-__all__ = ["Fault", "FaultKind", "FaultTarget", "SimConfig"]
+__all__ = ["Fault", "FaultKind", "FaultTarget", "Flap", "FlapFailure", "SimConfig"]
 
 FaultKind = Literal[
-    "status", "errorevent", "cut", "stall", "pause", "reset", "hang", "malformed", "nodone"
+    "status",
+    "errorevent",
+    "cut",
+    "stall",
+    "pause",
+    "reset",
+    "hang",
+    "malformed",
+    "nodone",
+    "blackhole",
+    "crash",
 ]
 #: Which requests a fault may hit: ``any``, ``fresh`` ones, or ``continuation`` requests
 #: (``continue_final_message: true``).
@@ -44,6 +55,12 @@ class Fault:
     - ``malformed:N:P``: after N data events one event whose data is not JSON (a truncated
       chunk), then the stream goes on.
     - ``nodone:P``: the stream ends cleanly after its last chunk but without ``data: [DONE]``.
+    - ``blackhole:P``: the request is read and never answered, not even a status line, until
+      the client leaves: an engine that accepts connections and is silent.
+    - ``crash:N:P``: after N data events the engine dies (every live generation fails,
+      ``/health`` answers 503 and every later request 500, until ``/admin/restart``) and this
+      stream's connection is cut without an error event, as a crashed engine process drops it.
+      Streaming requests only.
 
     Any spec may end in ``@fresh`` or ``@continuation`` (hit only those requests) and in
     ``#TIMES`` (hit at most that many requests), e.g. ``status:503:1@continuation#1``.
@@ -61,7 +78,7 @@ class Fault:
     cut_high: int = 0
     #: ``stall``: seconds of delay before the request is admitted; ``pause``: seconds of silence.
     stall_s: float = 0.0
-    #: ``hang``, ``malformed``, ``pause``: data events sent before the fault.
+    #: ``hang``, ``malformed``, ``pause``, ``crash``: data events sent before the fault.
     after: int = 0
     #: Which requests it may hit (see :data:`FaultTarget`).
     target: FaultTarget = "any"
@@ -94,7 +111,7 @@ class Fault:
     def parse(cls, spec: str) -> Fault:
         """Parse ``status:503:0.1``, ``errorevent:503:0.1``, ``cut:20:0.05``, ``cut:5-40:0.2``,
         ``stall:0.5:1``, ``pause:5:6:1``, ``reset:0.1``, ``hang:3:1``, ``malformed:4:1``,
-        ``nodone:1``, each optionally followed by
+        ``nodone:1``, ``blackhole:1``, ``crash:5:1``, each optionally followed by
         ``@fresh`` / ``@continuation`` and ``#TIMES``.
 
         Raises ValueError with the expected forms on anything else."""
@@ -115,7 +132,7 @@ class Fault:
         raise ValueError(
             f"bad fault spec {spec!r}: expected status:CODE:P[:RETRY_AFTER], errorevent:CODE:P, "
             "cut:N:P, cut:LO-HI:P, stall:SECONDS:P, pause:N:SECONDS:P, reset:P, hang:N:P, "
-            "malformed:N:P or nodone:P, "
+            "malformed:N:P, nodone:P, blackhole:P or crash:N:P, "
             "optionally followed by @fresh or @continuation and #TIMES"
         )
 
@@ -142,9 +159,9 @@ class Fault:
             return cls("stall", float(parts[2]), stall_s=float(parts[1]))
         if kind == "pause" and len(parts) == 4:
             return cls("pause", float(parts[3]), after=int(parts[1]), stall_s=float(parts[2]))
-        if kind in ("hang", "malformed") and len(parts) == 3:
+        if kind in ("hang", "malformed", "crash") and len(parts) == 3:
             return cls(cast(FaultKind, kind), float(parts[2]), after=int(parts[1]))
-        if kind in ("reset", "nodone") and len(parts) == 2:
+        if kind in ("reset", "nodone", "blackhole") and len(parts) == 2:
             return cls(cast(FaultKind, kind), float(parts[1]))
         return None
 
@@ -166,7 +183,7 @@ class Fault:
             text = f"stall:{self.stall_s:g}:{p}"
         elif self.kind == "pause":
             text = f"pause:{self.after}:{self.stall_s:g}:{p}"
-        elif self.kind in ("hang", "malformed"):
+        elif self.kind in ("hang", "malformed", "crash"):
             text = f"{self.kind}:{self.after}:{p}"
         else:
             text = f"{self.kind}:{p}"
@@ -175,6 +192,59 @@ class Fault:
         if self.times is not None:
             text += f"#{self.times}"
         return text
+
+
+#: How a flapping engine fails while it is down: ``503`` answers every request 503 with
+#: ``Retry-After: 1`` (``/health`` included), ``reset`` resets every connection (TCP RST).
+FlapFailure = Literal["503", "reset"]
+_FLAP_FAILURES = ("503", "reset")
+
+
+@dataclass(frozen=True)
+class Flap:
+    """An engine that alternates healthy and failing periods, on a fixed schedule from the
+    moment the simulator starts: up for ``up_s``, down for ``down_s``, up again, and so on.
+    Deterministic, so a test knows when each period falls. While down it fails every route but
+    ``/stats`` (a test reads that) the way ``failure`` says; a stream already flowing when a
+    down period begins goes on (the engine refuses new work, as one restarting behind a proxy
+    does).
+
+    ``--flap UP:DOWN[:FAILURE]`` (:meth:`parse`), e.g. ``--flap 2:3:503``."""
+
+    #: Seconds of each healthy period (the first period is healthy, so a gateway starts).
+    up_s: float
+    #: Seconds of each failing period.
+    down_s: float
+    #: How it fails while down (default ``503``, see :data:`FlapFailure`).
+    failure: FlapFailure = "503"
+
+    def __post_init__(self) -> None:
+        if self.up_s <= 0 or self.down_s <= 0:
+            raise ValueError(f"flap needs UP > 0 and DOWN > 0, got {self.up_s}:{self.down_s}")
+        if self.failure not in _FLAP_FAILURES:
+            raise ValueError(f"flap failure must be one of {_FLAP_FAILURES}, got {self.failure!r}")
+
+    def down_for(self, elapsed: float) -> float:
+        """Seconds the down period that holds ``elapsed`` (seconds since the start) has left;
+        0.0 while up."""
+        period = self.up_s + self.down_s
+        phase = elapsed % period
+        return 0.0 if phase < self.up_s else period - phase
+
+    @classmethod
+    def parse(cls, spec: str) -> Flap:
+        """Parse ``UP:DOWN`` or ``UP:DOWN:FAILURE`` (``503`` or ``reset``)."""
+        parts = spec.strip().split(":")
+        try:
+            if len(parts) not in (2, 3):
+                raise ValueError("expected UP:DOWN[:503|reset]")
+            failure = parts[2] if len(parts) == 3 else "503"
+            return cls(float(parts[0]), float(parts[1]), cast(FlapFailure, failure))
+        except ValueError as exc:
+            raise ValueError(f"bad flap spec {spec!r}: {exc}") from None
+
+    def __str__(self) -> str:
+        return f"{self.up_s:g}:{self.down_s:g}:{self.failure}"
 
 
 @dataclass(frozen=True)
@@ -216,10 +286,27 @@ class SimConfig:
     #: Honour an ``x-sim-fault`` request header (comma-separated fault specs) that replaces
     #: ``faults`` for that one request: lets a test aim a fault at one request.
     fault_header: bool = True
+    #: vLLM's ``--max-model-len``: a request whose prompt and ``max_tokens`` together pass it
+    #: gets vLLM's 400 ("This model's maximum context length is ..."); without ``max_tokens`` it
+    #: gets the context left after its prompt, at most ``default_max_tokens``. ``None``: only
+    #: memory bounds a request (``/v1/models`` then reports ``memory_tokens``).
+    max_model_len: int | None = None
+    #: Refuse a partial answer to continue, with 400 and ``code: "invalid_prefill"``: a chat whose
+    #: last message is the assistant's (``continue_final_message``), or a completion whose
+    #: prompt is token ids. An engine (or hosted API) that cannot continue what another began.
+    refuse_prefill: bool = False
+    #: Read every request and answer nothing, on every route but ``/stats``, until the client
+    #: leaves: an engine that accepts connections and is silent (the kernel accepts them while
+    #: the process never answers). ``/stats`` still answers, so a test can see what reached it.
+    black_hole: bool = False
+    #: Healthy and failing periods on a schedule (see :class:`Flap`); ``None``: always healthy.
+    flap: Flap | None = None
 
     def __post_init__(self) -> None:
         if self.memory_tokens < 1 or self.max_num_seqs < 1 or self.default_max_tokens < 1:
             raise ValueError("memory_tokens, max_num_seqs and default_max_tokens must be >= 1")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if min(self.prefill_ms_per_token, self.itl_ms, self.itl_ms_per_seq) < 0:
             raise ValueError("timings must be >= 0")
         if not isinstance(self.faults, tuple):

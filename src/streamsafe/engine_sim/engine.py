@@ -34,10 +34,10 @@ class EngineDeadError(RuntimeError):
     """The engine is dead (it ran out of memory); the message is the one vLLM reports."""
 
 
-def _dead_message(needed: int, capacity: int) -> str:
+def _dead_message(cause: str) -> str:
     return (
         "EngineDeadError: Engine loop is not running. Inspect the stacktrace to find the "
-        f"original error: OutOfResources({needed}, {capacity}, 'shared memory')"
+        f"original error: {cause}"
     )
 
 
@@ -77,9 +77,15 @@ class Engine:
                 "faults_hang",
                 "faults_malformed",
                 "faults_nodone",
+                "faults_blackhole",
+                "faults_crash",
+                "faults_flap",
+                "refused_prefill",
+                "refused_context_length",
             ),
             0,
         )
+        self._by_model: dict[str, int] = {}
         self._t0 = time.monotonic()
         self._series: deque[tuple[float, int]] = deque(maxlen=config.series_max_points)
         self._series_last = -1e9
@@ -130,6 +136,18 @@ class Engine:
         with self._lock:
             self._c[key] += n
 
+    def count_model(self, model: str) -> None:
+        """One more completion request naming ``model`` (served or not)."""
+        with self._lock:
+            self._by_model[model] = self._by_model.get(model, 0) + 1
+
+    def crash(self, cause: str) -> None:
+        """Die now, as from an internal error (``cause`` ends the message): every live
+        generation fails and every later request is refused until :meth:`restart`."""
+        with self._lock:
+            if not self._dead:
+                self._die(_dead_message(cause))
+
     def submit(
         self, prompt_tokens: int, max_tokens: int, *, continuation: bool = False
     ) -> Generation:
@@ -141,7 +159,7 @@ class Engine:
                 raise EngineDeadError(self._dead_message)
             needed = self._used + prompt_tokens
             if needed > self.config.memory_tokens:
-                self._die(needed)
+                self._run_out(needed)
                 raise EngineDeadError(self._dead_message)
             gen = Generation(next(self._ids), prompt_tokens, max_tokens)
             self._used = needed
@@ -219,7 +237,13 @@ class Engine:
                     "hang": c["faults_hang"],
                     "malformed": c["faults_malformed"],
                     "nodone": c["faults_nodone"],
+                    "blackhole": c["faults_blackhole"],
+                    "crash": c["faults_crash"],
+                    "flap": c["faults_flap"],
                 },
+                "requests_by_model": dict(self._by_model),
+                "refused_prefill": c["refused_prefill"],
+                "refused_context_length": c["refused_context_length"],
                 "uptime_s": round(time.monotonic() - self._t0, 3),
             }
 
@@ -249,9 +273,13 @@ class Engine:
                 gen.wake()
             table.clear()
 
-    def _die(self, needed: int) -> None:
+    def _run_out(self, needed: int) -> None:
+        capacity = self.config.memory_tokens
+        self._die(_dead_message(f"OutOfResources({needed}, {capacity}, 'shared memory')"))
+
+    def _die(self, message: str) -> None:
         self._dead = True
-        self._dead_message = _dead_message(needed, self.config.memory_tokens)
+        self._dead_message = message
         self._c["crashes"] += 1
         self._note_memory(force=True)
         self._fail_all(self._dead_message)
@@ -313,7 +341,7 @@ class Engine:
                 return
             needed = self._used + n
             if needed > self.config.memory_tokens:
-                self._die(needed)
+                self._run_out(needed)
                 return
             self._used = needed
             c = self._c

@@ -38,7 +38,8 @@ _quiet_cut = _QuietCut()
 class Drawn:
     """The faults one request drew: an error status (or a 200 whose first event is an error),
     a cut after so many events, a stall, a pause mid-stream, a reset before any answer, a hang,
-    a malformed chunk, a missing ``[DONE]``."""
+    a malformed chunk, a missing ``[DONE]``, no answer at all, the engine's crash after so many
+    events."""
 
     status: Fault | None = None
     error_event: Fault | None = None
@@ -50,6 +51,8 @@ class Drawn:
     hang_after: int | None = None
     malformed_after: int | None = None
     nodone: bool = False
+    black_hole: bool = False
+    crash_after: int | None = None
 
 
 class FaultDraw:
@@ -107,4 +110,8 @@ class FaultDraw:
                     out.malformed_after = fault.after
                 elif kind == "nodone":
                     out.nodone = True
+                elif kind == "blackhole":
+                    out.black_hole = True
+                elif kind == "crash" and out.crash_after is None:
+                    out.crash_after = fault.after
         return out

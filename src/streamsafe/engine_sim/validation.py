@@ -14,15 +14,25 @@ from streamsafe.engine_sim.config import SimConfig
 from streamsafe.engine_sim.text import count_words, split_continuation
 from streamsafe.tokens import estimate_prompt_tokens
 
-__all__ = ["BadRequest", "Job", "validate"]
+__all__ = ["INVALID_PREFILL", "BadRequest", "ContextTooLong", "Job", "validate"]
 
 
 class BadRequest(Exception):
-    """A request vLLM would refuse; ``code`` is the status (default 400)."""
+    """A request vLLM would refuse; ``code`` is the status (default 400), ``name`` the error's
+    own code where it has one (the body's ``code`` is the status otherwise)."""
 
-    def __init__(self, message: str, code: int = 400) -> None:
+    def __init__(self, message: str, code: int = 400, name: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.name = name
+
+
+class ContextTooLong(BadRequest):
+    """A request past ``max_model_len`` (vLLM's 400, whose ``code`` is the status)."""
+
+
+#: The ``code`` of the 400 an engine that refuses a prefill gives (``SimConfig.refuse_prefill``).
+INVALID_PREFILL = "invalid_prefill"
 
 
 @dataclass
@@ -83,24 +93,57 @@ def validate(body: Any, chat: bool, cfg: SimConfig) -> Job:
     include_usage = bool(options and options.get("include_usage"))
     if options is not None and not stream:
         raise BadRequest("Stream options can only be defined when `stream=True`.")
-    max_tokens = _int_field(body, "max_completion_tokens") if chat else None
-    if max_tokens is None:
-        max_tokens = _int_field(body, "max_tokens")
+    asked = _int_field(body, "max_completion_tokens") if chat else None
+    if asked is None:
+        asked = _int_field(body, "max_tokens")
     # A continuation's prompt is the original prompt plus the partial answer, whose words are
     # the tokens generated before (one token per word, the text rule), as vLLM's tokenizer
     # gives back the tokens it generated.
     split = split_continuation(body)
     generated = 0 if split is None else count_words(split[1])
     prompt_tokens = estimate_prompt_tokens(body if split is None else split[0]) + generated
-    if max_tokens is None:
-        # vLLM's default is the context left after the prompt, so it shrinks by what a
-        # continued answer already generated.
-        max_tokens = max(1, cfg.default_max_tokens - generated)
+    # vLLM's default is the context left after the prompt, so it shrinks by what a continued
+    # answer already generated.
+    max_tokens = max(1, cfg.default_max_tokens - generated) if asked is None else asked
     if max_tokens < 1:
         raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}.")
     n = _int_field(body, "n")
     if n is not None and n != 1:
         raise BadRequest("the simulator serves n=1 only")
+    if cfg.refuse_prefill and _is_prefill(body, chat):
+        # Before the model: the request's shape is refused whichever model it names.
+        raise BadRequest(
+            "This engine does not continue a partial answer: the last message may not be the "
+            "assistant's (continue_final_message), nor the prompt token ids.",
+            name=INVALID_PREFILL,
+        )
     if model != cfg.model:
         raise BadRequest(f"The model `{model}` does not exist.", 404)
+    limit = cfg.max_model_len
+    if limit is not None:
+        if asked is None:
+            max_tokens = max(1, min(max_tokens, limit - prompt_tokens))
+        if prompt_tokens + max_tokens > limit:
+            raise ContextTooLong(_too_long(limit, prompt_tokens, max_tokens, chat))
     return Job(chat, body, stream, include_usage, prompt_tokens, max_tokens)
+
+
+def _is_prefill(body: Mapping[str, Any], chat: bool) -> bool:
+    """A chat whose last message is the assistant's, or a completion whose prompt is token ids:
+    a partial answer to continue."""
+    if not chat:
+        prompt = body.get("prompt")
+        return isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
+    messages = body.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    return isinstance(last, Mapping) and last.get("role") == "assistant"
+
+
+def _too_long(limit: int, prompt_tokens: int, max_tokens: int, chat: bool) -> str:
+    """vLLM's message for a request past ``--max-model-len``."""
+    where = "messages" if chat else "prompt"
+    return (
+        f"This model's maximum context length is {limit} tokens. However, you requested "
+        f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {where}, {max_tokens} in "
+        f"the completion). Please reduce the length of the {where} or completion."
+    )

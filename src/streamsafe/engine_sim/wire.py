@@ -43,14 +43,16 @@ def error_type(code: int) -> str:
     return _TYPES.get(code, "InternalServerError" if code >= 500 else "BadRequestError")
 
 
-def error_object(message: str, code: int) -> dict[str, object]:
-    """``{"error": {"message", "type", "param", "code"}}``: the OpenAI error shape."""
-    return {"error": {"message": message, "type": error_type(code), "param": None, "code": code}}
+def error_object(message: str, code: int, name: str | None = None) -> dict[str, object]:
+    """``{"error": {"message", "type", "param", "code"}}``: the OpenAI error shape; ``code`` is
+    the status, or ``name`` where the error has one (``invalid_prefill``)."""
+    error = {"message": message, "type": error_type(code), "param": None, "code": name or code}
+    return {"error": error}
 
 
-def error_body(message: str, code: int) -> bytes:
+def error_body(message: str, code: int, name: str | None = None) -> bytes:
     """:func:`error_object` as JSON bytes."""
-    return orjson.dumps(error_object(message, code))
+    return orjson.dumps(error_object(message, code, name))
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
