@@ -132,30 +132,47 @@ def gateway(*engines: str, **settings: Any) -> Iterator[Any]:
         stop_later(gw)
 
 
-def test_failover_before_the_first_token_and_the_breaker_keeps_traffic_away() -> None:
+def test_an_engine_that_sheds_is_passed_over_while_full_and_its_breaker_stays_closed() -> None:
+    # It sheds every request (503, Retry-After 30 s): full, not failing. The first request goes
+    # on to the other engine at once (30 s is too long to wait on it), and new work goes there
+    # while the full engine asked for (at most 10 s).
     with (
-        servers({"faults": ["status:503:1.0"]}, {}) as (bad, good),
+        servers({"faults": ["status:503:1.0:30"]}, {}) as (bad, good),
         gateway(bad.url, good.url, probe_interval=30) as gw,
     ):
         for i in range(6):
             body = chat(f"failover user {i}", 8)
             assert stream_text(gw.url, body) == expected_text(body, 8, 0)
-        # Three straight 503s opened the bad engine's breaker: after them nothing more went
-        # there.
-        assert stats(bad)["faults_injected"]["status"] == 3
+        assert stats(bad)["faults_injected"]["status"] == 1
         assert stats(good)["generations_completed"] == 6
         engines = stats(gw)["engines"]
-        assert engines[0]["breaker"] == "open" and engines[1]["breaker"] == "closed"
-        # The first request tried the bad engine twice (a 503 is worth one more try), the
-        # second once; each then moved to the good engine.
-        assert stats(gw)["engine_failovers"] == 2
+        assert engines[0]["breaker"] == engines[1]["breaker"] == "closed"
+        assert stats(gw)["engine_failovers"] == 1
         # A client error is the caller's answer: passed through with its reason, not retried.
         before = stats(good)["requests_received"]
         bad_body = {"model": MODEL, "messages": "not a list", "stream": False}
         r = httpx2.post(gw.url + "/v1/chat/completions", json=bad_body)
         assert 400 <= r.status_code < 500 and r.json()["error"]["message"]
         assert stats(good)["requests_received"] <= before + 1
+        assert stats(gw)["engine_failovers"] == 1
+
+
+def test_failing_engine_opens_its_breaker_and_traffic_keeps_away() -> None:
+    with (
+        servers({"faults": ["status:500:1.0"]}, {}) as (bad, good),
+        gateway(bad.url, good.url, probe_interval=30) as gw,
+    ):
+        for i in range(6):
+            body = chat(f"failing user {i}", 8)
+            assert stream_text(gw.url, body) == expected_text(body, 8, 0)
+        # Three straight 500s opened the bad engine's breaker: after them nothing more went
+        # there. The first request tried it twice (a 500 is worth one more try), the second once.
+        assert stats(bad)["faults_injected"]["status"] == 3
+        assert stats(good)["generations_completed"] == 6
+        engines = stats(gw)["engines"]
+        assert engines[0]["breaker"] == "open" and engines[1]["breaker"] == "closed"
         assert stats(gw)["engine_failovers"] == 2
+        assert stats(gw)["breaker_open"] == 1
 
 
 def test_429_with_retry_after_is_tried_once_more_on_the_same_engine() -> None:
@@ -246,11 +263,13 @@ def test_every_fault_of_the_primary_is_answered_completely_by_the_pool(fault: st
                     models.add(payload["model"])
                     parts.append(payload["choices"][0]["delta"].get("content") or "")
         assert "".join(parts) == expected_text(body, 12, 0)
-        if fault in ("status:500:1.0#1", "nodone:1.0"):
-            # Tried once more on the same engine; or only [DONE] was missing.
+        if fault in ("status:500:1.0#1", "nodone:1.0") or fault.endswith(":3:1.0"):
+            # Tried once more on the same engine; only [DONE] was missing; or the stream broke
+            # after its first token: continued in the model that began it, never stitched from
+            # two models (its only engine is alive, so on that one).
             assert models == {"m"}
-        else:  # the fallback answered, all of it or the rest
-            assert "m-big" in models
+        else:  # nothing came before the fault: the fallback answered all of it
+            assert models == {"m-big"}
 
 
 def test_an_engine_holds_no_more_than_its_memory_and_the_rest_wait() -> None:

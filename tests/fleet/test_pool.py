@@ -156,8 +156,28 @@ def test_fallback_model_answers_when_every_engine_of_the_model_is_down() -> None
     pool.engines[1].breaker.on_failure(0.0, dead=True)
     gone = pool.pick("llama-8b", 0.5)
     assert gone == Unavailable(0.5)
-    back = pool.pick("llama-8b", 1.0)  # the cool-down is over: a probe goes to the primary
+    # Held down until its health answers, whatever the time.
+    assert isinstance(pool.pick("llama-8b", 100.0), Unavailable)
+    small.breaker.let_go(close=False)  # /health answers again: a probe goes to the primary
+    back = pool.pick("llama-8b", 100.0)
     assert isinstance(back, Pick) and back.model == "llama-8b"
+
+
+def test_engines_only_cooling_down_still_take_traffic_where_no_other_can() -> None:
+    # "Panic", as Envoy calls it: failures opened every breaker of the model, but nobody knows
+    # the engines are gone, so turning every caller away would help no one.
+    pool = Pool([EngineSpec("http://a:8000"), EngineSpec("http://b:8000")])
+    for engine in pool.engines:
+        for _ in range(3):
+            engine.breaker.on_failure(0.0)
+    assert all(not e.breaker.takes_traffic(0.5) for e in pool.engines)
+    pick = pool.pick("m", 0.5)
+    assert isinstance(pick, Pick)
+    pool.engines[pick.engine.index].breaker.hold(0.5, 1.0)
+    other = pool.pick("m", 0.6)
+    assert isinstance(other, Pick) and other.engine is not pick.engine
+    pool.engines[other.engine.index].breaker.hold(0.6, 1.0)
+    assert isinstance(pool.pick("m", 0.7), Unavailable)
 
 
 def test_unknown_model_is_not_known() -> None:

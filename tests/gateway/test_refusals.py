@@ -13,18 +13,22 @@ import httpx2
 import orjson
 import pytest
 from gateway_helpers import MODEL, fast_sim, make_stack, sse_payloads, wait_for
+from hypothesis import given
+from hypothesis import strategies as st
 
 from server_stops import stop_later
 from streamsafe.engine_sim import Fault, Simulator, expected_text
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.admission.fair_queue import AdmissionCore
-from streamsafe.gateway.engines.attempts import OneEngine
+from streamsafe.gateway.engines.attempts import Attempts
+from streamsafe.gateway.engines.engines import Engines
 from streamsafe.gateway.engines.failover import refusal_status
+from streamsafe.gateway.engines.pool import EngineSpec
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.endings import REFUSAL_WAIT, BrokenAttempt, Endings
-from streamsafe.gateway.upstream.connection import MAX_ENGINE_RETRY_AFTER, retry_after_value
+from streamsafe.retry import MAX_RETRY_AFTER, retry_after_seconds
 from streamsafe.serving import ServerThread
 
 pytestmark = pytest.mark.timeout(60)
@@ -73,12 +77,9 @@ def _generation(committed: bool) -> Generation:
     return gen
 
 
-class _Engine(OneEngine):
-    def __init__(self) -> None:
-        pass
-
-    def failed(self, why: str) -> None:
-        pass
+def _Engine() -> Attempts:
+    """A generation's attempts on one engine that is never reached (the endings only tell it)."""
+    return Attempts(Engines([EngineSpec("http://127.0.0.1:9")]), b"{}", 1)
 
 
 @pytest.mark.parametrize("in_band", [False, True])
@@ -304,18 +305,26 @@ def test_every_retry_after_an_engine_sends_gives_the_caller_a_json_refusal(
         for stream in (True, False):
             body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
             r = httpx2.post(gw.url + "/v1/chat/completions", json={**body, "stream": stream})
-            # A pool whose every engine refused says so with 503 (every engine is down).
-            assert r.status_code in ((status, 503) if engines > 1 else (status,)), r.text
+            # Every engine refused: the caller gets the last engine's own refusal.
+            assert r.status_code == status, r.text
             assert r.json()["error"]["code"] == r.status_code
             seconds = int(r.headers["retry-after"])
-            assert 1 <= seconds <= MAX_ENGINE_RETRY_AFTER
+            assert 1 <= seconds <= MAX_RETRY_AFTER
     finally:
         stop_later(gw, *ups)
 
 
 def test_the_gateway_reads_an_engine_s_retry_after_with_the_retry_core_s_parser() -> None:
-    assert retry_after_value("2.5") == 2.5
-    assert retry_after_value("inf") == retry_after_value("1e308") == MAX_ENGINE_RETRY_AFTER
-    assert retry_after_value("nan") is retry_after_value("-1") is retry_after_value("x") is None
-    assert retry_after_value("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
-    assert retry_after_value("Fri, 01 Jan 2100 00:00:00 GMT") == MAX_ENGINE_RETRY_AFTER
+    now = 1_700_000_000.0
+    assert retry_after_seconds("2.5", now) == 2.5
+    assert retry_after_seconds("inf", now) == retry_after_seconds("1e308", now) == MAX_RETRY_AFTER
+    assert retry_after_seconds("nan", now) is retry_after_seconds("-1", now) is None
+    assert retry_after_seconds("x", now) is retry_after_seconds("", now) is None
+    assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT", now) == 0.0
+    assert retry_after_seconds("Fri, 01 Jan 2100 00:00:00 GMT", now) == MAX_RETRY_AFTER
+
+
+@given(st.text(max_size=40), st.floats(min_value=0, max_value=4e9))
+def test_every_retry_after_value_has_a_defined_meaning(value: str, now: float) -> None:
+    seconds = retry_after_seconds(value, now)
+    assert seconds is None or 0.0 <= seconds <= MAX_RETRY_AFTER

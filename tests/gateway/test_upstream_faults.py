@@ -153,18 +153,28 @@ def test_a_stream_dropped_after_its_last_token_still_gets_its_usage(kind: str) -
 # -- upstream timeouts: a stall is a cut, continued at once -----------------------------------
 
 
-def test_a_first_token_that_does_not_come_is_cut_and_asked_again() -> None:
+def test_a_first_token_that_does_not_come_ends_with_a_504_and_the_engine_is_not_asked_again() -> (
+    None
+):
+    # The engine held the request silent past the first-token timeout: asking it again would
+    # wait as long once more (before, each timeout was a cut asked again of the same engine, up
+    # to max_continuations). With one engine the caller gets a clear 504 at once.
     sim = fast_sim(faults=_faults("stall:8:1@fresh#1"))
     body = chat_body("stalled first token", max_tokens=10)
-    with make_stack(sim, first_token_timeout=0.5) as s:
-        status, data = _stream(s.url, body)
-        assert status == 200
-        _assert_clean(data)
-        assert _text(data) == expected_text(body, 10)
+    with make_stack(sim, first_token_timeout=0.5, commit="first-token") as s:
+        with httpx2.Client(timeout=20) as client:
+            resp = client.post(s.url + "/v1/chat/completions", json=body)
+        assert resp.status_code == 504, resp.text
+        error = resp.json()["error"]
+        assert "first token timeout" in error["message"] and error["code"] == 504
         stats = s.sim.stats()
         assert stats["faults_injected"]["stall"] == 1
-        assert stats["requests_received"] == 2  # asked again long before the stall ended
+        assert stats["requests_received"] == 1
         assert s.gw.stats()["upstream_timeouts"] == 1
+        # The next call is the engine's to answer again (it was shunned by one generation).
+        other = chat_body("the next call", max_tokens=10)
+        status, data = _stream(s.url, other)
+        assert status == 200 and _text(data) == expected_text(other, 10)
 
 
 def test_a_non_streamed_answer_longer_than_the_first_token_timeout_is_waited_for() -> None:

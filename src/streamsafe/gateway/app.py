@@ -77,10 +77,10 @@ from streamsafe.gateway.serving.responses import (
     resume_request,
     start_after,
 )
+from streamsafe.gateway.serving.stream_terms import StreamTerms
 from streamsafe.gateway.serving.subscriber import Subscriber, serve_json, serve_stream
 from streamsafe.gateway.tracing import Tracing
 from streamsafe.gateway.upstream.breaker import BreakerState
-from streamsafe.gateway.upstream.connection import Upstream
 from streamsafe.gateway.upstream.kinds import CompletionRoute
 
 __all__ = ["Gateway"]
@@ -121,35 +121,25 @@ class Gateway:
         self._admin_digest = hashlib.sha256(admin.encode()).digest() if admin else None
         if self._tenants and self._admin_digest is None:
             log.warning("API keys are set but no admin key: /stats and /metrics are open")
-        self.engines: Engines | None = None
-        if config.engines:
-            self.engines = Engines(
-                [parse_engine(text) for text in config.engines],
-                fallbacks=dict(parse_fallback(text) for text in config.fallback_models),
-                connect_timeout=config.connect_timeout,
-                max_keepalive=config.max_keepalive,
-                api_key=config.upstream_api_key,
-                kind=config.upstream_kind,
-                ca_bundle=config.upstream_ca_bundle,
-                max_attempts=config.failover_attempts,
-                cooldown=config.probe_interval,
-                queue_timeout=config.queue_timeout,
-            )
-        self.upstream = (
-            self.engines.upstreams[0]
-            if self.engines
-            else Upstream(
-                config.upstream,
-                connect_timeout=config.connect_timeout,
-                connect_retries=config.connect_retries,
-                connect_backoff=config.connect_backoff,
-                probe_interval=config.probe_interval,
-                max_keepalive=config.max_keepalive,
-                api_key=config.upstream_api_key,
-                kind=config.upstream_kind,
-                ca_bundle=config.upstream_ca_bundle,
-            )
+        # One upstream is a pool of one engine: the same picks, failover, breaker and reader.
+        specs = config.engines or (config.upstream,)
+        self.engines = Engines(
+            [parse_engine(text) for text in specs],
+            fallbacks=dict(parse_fallback(text) for text in config.fallback_models),
+            connect_timeout=config.connect_timeout,
+            connect_retries=config.connect_retries,
+            connect_backoff=config.connect_backoff,
+            max_keepalive=config.max_keepalive,
+            api_key=config.upstream_api_key,
+            kind=config.upstream_kind,
+            ca_bundle=config.upstream_ca_bundle,
+            max_attempts=config.failover_attempts,
+            probe_interval=config.probe_interval,
+            queue_timeout=config.queue_timeout,
+            answer_refusals=config.engine_refusals == "answer",
         )
+        #: The first engine: the routes the gateway passes through, and the model list, go to it.
+        self.upstream = self.engines.first
         self.admission = Admission(
             max_inflight=config.max_inflight,
             max_memory_tokens=config.max_memory_tokens,
@@ -178,11 +168,9 @@ class Gateway:
             config,
             store or MemoryStore(),
             self.admission,
-            self.upstream,
+            self.engines,
             replicas=replicas,
-            engines=self.engines,
         )
-        self._breaker = self.engines.breaker if self.engines else self.upstream.breaker
         self.tracing = Tracing(config.tracing)
         self.histograms = Histograms()
         self.metrics = Metrics(self.stats, self.histograms, self.engine_readings)
@@ -200,6 +188,7 @@ class Gateway:
         """Counters and gauges (the ``/stats`` document). Reads plain ints only, so it is safe to
         call from another thread."""
         registry, admission, upstream = self.registry, self.admission, self.upstream
+        engines = self.engines
         readings = Readings(
             live_generations=registry.live_generations,
             kept_generations=len(registry.kept),
@@ -208,9 +197,11 @@ class Gateway:
             memory_tokens=admission.memory,
             subscribers=registry.subscribers,
             kept_bytes=registry.kept.bytes,
-            breaker_open=self._breaker.is_open,
-            breaker_trips=self._breaker.trips,
-            upstream_connect_retries=upstream.connect_retries_done,
+            breaker_open=engines.open_breakers(),
+            breaker_trips=engines.trips,
+            upstream_connect_retries=sum(u.connect_retries_done for u in engines.upstreams),
+            engine_failovers=engines.failovers,
+            engine_migrations=engines.migrations,
         )
         replicas = self.replicas
         if replicas is not None:
@@ -225,34 +216,16 @@ class Gateway:
                 fleet_replicas=replicas.fleet_replicas,
                 redis_used_memory_bytes=replicas.redis_used_memory,
             )
-        engines = self.engines
-        if engines is not None:
-            readings = dataclasses.replace(
-                readings, engine_failovers=engines.failovers, engine_migrations=engines.migrations
-            )
         doc = stats_document(registry.counters, readings, time.monotonic() - self._started)
         doc["upstream_kind"] = upstream.kind.name if upstream.kind_known else None
         doc["refusals_answered"] = registry.refusals.answered
-        if engines is not None:
-            doc["engines"] = engines.stats()
+        doc["engines"] = engines.stats()
         return doc
 
     def engine_readings(self) -> list[EngineReading]:
         """Per-engine figures for ``/metrics`` (label ``engine``): each engine of the pool, or
         the one upstream (a pool of one)."""
         engines = self.engines
-        if engines is None:
-            upstream = self.upstream
-            return [
-                EngineReading(
-                    engine=upstream.base_url,
-                    requests=upstream.requests,
-                    failures=upstream.failures,
-                    breaker_state=2 if upstream.breaker.is_open else 0,
-                    breaker_trips=upstream.breaker.trips,
-                    memory_tokens=self.admission.memory,
-                )
-            ]
         return [
             EngineReading(
                 engine=e.spec.url,
@@ -276,10 +249,7 @@ class Gateway:
 
     async def startup(self) -> None:
         """Open the upstream connection pool (called by ASGI lifespan)."""
-        if self.engines is not None:
-            await self.engines.start()
-        else:
-            await self.upstream.start()
+        await self.engines.start()
         if self.replicas is not None:
             self.replicas.start()
 
@@ -287,10 +257,7 @@ class Gateway:
         """Stop every generation and close upstream connections (ASGI lifespan)."""
         await self.registry.close()
         self._bodies.close()
-        if self.engines is not None:
-            await self.engines.close()
-        else:
-            await self.upstream.close()
+        await self.engines.close()
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         access = Access(scope, time.monotonic())
@@ -333,7 +300,7 @@ class Gateway:
                     h.completion_tokens.observe(tokens)
         logged = access_log.isEnabledFor(access.level)
         if logged or access.span is not None:
-            fields = access.fields(now, None if self.engines else self.upstream.base_url)
+            fields = access.fields(now, None)
             if logged:
                 write_access(access, fields)
             self.tracing.end_request(access.span, fields)
@@ -437,21 +404,23 @@ class Gateway:
 
     async def _ready(self, send: Send) -> None:
         """Readiness: 200 only while the gateway takes work and some engine can do it: not
-        draining, the breaker closed and, unless the engine answered within the last probe
-        interval, its own health route answering now. With a pool: while some engine takes
-        traffic. (``/health`` is liveness: 200 while the process serves at all, so a
-        supervisor never restarts a gateway, and throws away its replay logs, for an engine's
-        outage.)"""
+        draining, and some engine not held down whose health route answered within the last
+        probe interval or answers now. (``/health`` is liveness: 200 while the process serves
+        at all, so a supervisor never restarts a gateway, and throws away its replay logs, for
+        an engine's outage.)"""
         if self.draining:
             body = error_body("the gateway is draining", "service_unavailable", 503)
             await respond(send, 503, body, headers=[(b"retry-after", b"1")])
             return
-        alive = not self._breaker.is_open if self.engines else await self.upstream.healthy()
-        if alive:
+        engines = self.engines
+        if await engines.ready():
             await respond(send, 200, b'{"status":"ok"}')
             return
-        body = error_body("engine is down", "service_unavailable", 503)
-        ra = str(self._breaker.retry_after()).encode()
+        down = ", ".join(u.base_url for u in engines.upstreams)
+        body = error_body(
+            f"no engine answers its health check ({down})", "service_unavailable", 503
+        )
+        ra = str(engines.retry_after()).encode()
         await respond(send, 503, body, headers=[(b"retry-after", ra)])
 
     # -- shutdown ----------------------------------------------------------------------------------
@@ -516,7 +485,7 @@ class Gateway:
         )
 
     async def _models(self, send: Send) -> None:
-        listed = self.engines.pool.models() if self.engines is not None else []
+        listed = self.engines.pool.models()
         if listed:  # the pool's models, wherever they are served
             data = [{"id": m, "object": "model", "owned_by": "streamsafe"} for m in listed]
             body = orjson.dumps({"object": "list", "data": data})
@@ -663,17 +632,15 @@ class Gateway:
                 # that reads as complete. Behind Llama Stack itself, its own way (a masked error
                 # event, then a clean end) is relayed as it came.
                 reset = reset_connection(scope) if route.reset_on_failure else None
-                await serve_stream(
-                    sub,
-                    start,
-                    send,
+                terms = StreamTerms(
                     self._rules,
-                    not route.client_done,
                     self.admission,
-                    reset,
-                    route.preamble,
-                    body_writer(scope),
+                    drop_done=not route.client_done,
+                    reset_on_failure=reset,
+                    preamble=route.preamble,
+                    writer=body_writer(scope),
                 )
+                await serve_stream(sub, start, send, terms)
             else:
                 await serve_json(sub, send, self._rules, self.admission)
         finally:

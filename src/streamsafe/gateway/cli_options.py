@@ -270,15 +270,17 @@ def add_timeouts(group: Options) -> None:
         "--first-token-timeout",
         type=float,
         default=60.0,
-        help="seconds from sending upstream to a stream's first event before the attempt is cut "
-        "and asked again (default 60; 0: none; non-streamed calls: total timeout only)",
+        help="seconds from sending upstream to a stream's first event before the attempt is "
+        "closed and asked of another engine of the model (never of the same one again; with "
+        "none, 504) (default 60; 0: none; non-streamed calls: total timeout only)",
     )
     group.add_argument(
         "--idle-timeout",
         type=float,
-        default=30.0,
-        help="seconds of upstream silence mid-stream before it is cut and continued "
-        "(default 30; 0: none)",
+        default=35.0,
+        help="seconds of upstream silence mid-stream before it is cut and continued, on another "
+        "engine of the model where there is one (default 35: a 30 s stall is waited out; an "
+        "engine that is gone is found sooner by its health check; 0: none)",
     )
     group.add_argument(
         "--total-timeout",

@@ -140,14 +140,19 @@ class GatewayConfig:
     probe_interval: float = 1.0
     #: Upstream connections kept alive in the pool (default 512).
     max_keepalive: int = 512
-    #: Seconds from sending a request upstream to its first event (default 60). Past it the
-    #: attempt counts as cut: it is closed (the engine aborts it) and asked again at once, within
-    #: ``max_continuations``. Heartbeats keep the client's own read timeout from ever firing, so
-    #: this bound is the gateway's to keep. ``None`` for none.
+    #: Seconds from sending a request upstream to its first event (default 60: vLLM's prefill of
+    #: a long prompt behind a busy batch takes seconds, not a minute). Past it the attempt is
+    #: closed (the engine aborts it) and that engine is not asked again for this generation
+    #: (another engine of the model is, where there is one; else the caller gets a 504 or an
+    #: error event). A frozen or killed engine is found sooner: its ``/health`` is asked once an
+    #: attempt has been quiet a few seconds (docs/design.md, Failover). ``None`` for none.
     first_token_timeout: float | None = 60.0
-    #: Seconds of silence allowed between two upstream chunks once events flow (default 30).
-    #: Past it the stream counts as cut and is continued at once. ``None`` for none.
-    idle_timeout: float | None = 30.0
+    #: Seconds of silence allowed between two upstream chunks once events flow (default 35:
+    #: longer than the pauses of a working engine, a preempted request recomputed or a 30 s stall
+    #: that then goes on, which a continuation would only make longer; a frozen engine is found
+    #: by its health check, not by this). Past it the stream is cut and continued, on another
+    #: engine of the model where there is one. ``None`` for none.
+    idle_timeout: float | None = 35.0
     #: Seconds a generation may take upstream in all, continuations and waits included (default
     #: 600, Llama Stack's own read timeout). Past it the stream ends with an error event.
     #: ``None`` for none.

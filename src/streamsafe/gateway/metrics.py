@@ -117,8 +117,10 @@ class Readings:
     memory_tokens: int = _gauge("Estimated engine memory held by admitted generations (tokens)")
     subscribers: int = _gauge("Connected subscribers")
     kept_bytes: int = _gauge("Bytes held by finished generations")
-    breaker_open: bool = _gauge("1 while the engine is considered dead")
-    breaker_trips: int = _counter("Times the engine was found dead")
+    breaker_open: int = _gauge(
+        "Engines whose breaker is open (held down by their health probe, or cooling down)"
+    )
+    breaker_trips: int = _counter("Times an engine's breaker opened")
     upstream_connect_retries: int = _counter("Upstream connections retried after being refused")
     engine_failovers: int = _counter(
         "Attempts sent to another engine or model before the first token (engine pool)"

@@ -46,7 +46,6 @@ from streamsafe.gateway.replicas.redis_log import ReplicatedLog
 from streamsafe.gateway.replicas.replicas import Replicas
 from streamsafe.gateway.replicas.store_redis import REDIS_ERRORS
 from streamsafe.gateway.tracing import Tracing
-from streamsafe.gateway.upstream.connection import Upstream
 from streamsafe.sse import DONE
 
 __all__ = ["Registry"]
@@ -74,10 +73,9 @@ class Registry:
         config: GatewayConfig,
         store: Store,
         admission: Admission,
-        upstream: Upstream,
+        engines: Engines,
         clock: Callable[[], float] = time.monotonic,
         replicas: Replicas | None = None,
-        engines: Engines | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -87,9 +85,7 @@ class Registry:
         self.counters = Counters()
         self._clock = clock
         self._admission = admission
-        self._relay = Relay(
-            config, admission, upstream, self.counters, self._finish, clock, engines
-        )
+        self._relay = Relay(config, admission, engines, self.counters, self._finish, clock)
         #: The engine's refusals a retry is answered from (``engine_refusals`` ``answer``).
         self.refusals = EngineRefusals()
         self._relay.refused = self._note_refused

@@ -15,10 +15,11 @@ from streamsafe.retry.decide import decide, nothing_started
 from streamsafe.retry.outcome import TIMEOUT_PHASES, Decision, Outcome
 from streamsafe.retry.policy import DEFAULT_RETRY_STATUSES, RetryPolicy, StreamingConfig
 from streamsafe.retry.refusal import REFUSAL_STATUSES, refusal_status
-from streamsafe.retry.retry_after import parse_retry_after
+from streamsafe.retry.retry_after import MAX_RETRY_AFTER, parse_retry_after, retry_after_seconds
 
 __all__ = [
     "DEFAULT_RETRY_STATUSES",
+    "MAX_RETRY_AFTER",
     "REFUSAL_STATUSES",
     "TIMEOUT_PHASES",
     "Decision",
@@ -30,4 +31,5 @@ __all__ = [
     "nothing_started",
     "parse_retry_after",
     "refusal_status",
+    "retry_after_seconds",
 ]

@@ -6,7 +6,11 @@ import email.utils
 import math
 from collections.abc import Iterable, Mapping
 
-__all__ = ["parse_retry_after"]
+__all__ = ["MAX_RETRY_AFTER", "parse_retry_after", "retry_after_seconds"]
+
+#: The most seconds :func:`retry_after_seconds` reads a ``Retry-After`` as (an hour): an engine
+#: may send anything (``inf``, ``1e308``, a date in 2100), and past this a wait is no longer one.
+MAX_RETRY_AFTER = 3600.0
 
 Headers = Mapping[str, str] | Iterable[tuple[str, str]]
 
@@ -59,3 +63,17 @@ def parse_retry_after(headers: Headers | None, now: float) -> float | None:
     except (TypeError, ValueError, OverflowError):
         return None
     return max(0.0, float(when) - now)
+
+
+def retry_after_seconds(
+    value: str | None, now: float, most: float = MAX_RETRY_AFTER
+) -> float | None:
+    """Seconds one ``Retry-After`` value asks for, read as :func:`parse_retry_after` reads it and
+    clamped to ``[0, most]``: every value has a meaning. Seconds (fractions too) are themselves;
+    ``inf`` and anything larger than ``most`` (a huge number, a far date) are ``most``; an HTTP
+    date is the seconds until it, 0 once past; ``None`` for no value, a negative number, NaN, or
+    anything unreadable (the caller's own default applies)."""
+    if not value:
+        return None
+    seconds = parse_retry_after((("retry-after", value),), now)
+    return None if seconds is None else min(seconds, most)

@@ -1,10 +1,11 @@
 """Failover before the first token: what to do when an attempt on an engine of the pool fails.
 
 Sans-I/O, like :mod:`streamsafe.gateway.engines.pool`. Before the first token, a failed attempt
-cannot have produced anything a subscriber saw, so the gateway may retry it: once on the same engine
-where the status says "try again" (429/503 with a short ``Retry-After``, a 500), otherwise on
-another engine, and a 400 that says the context is too long on the configured larger model. Other
-4xx are the caller's answer and are passed through.
+cannot have produced anything a subscriber saw, so the gateway may retry it: once on the same
+engine where the status says "try again" (a 500, or a 429/503 with a short ``Retry-After``),
+otherwise on another engine (a 429 or 503 that says nothing is a full engine), and a 400 that says
+the context is too long on the configured larger model. Other 4xx are the caller's answer and are
+passed through.
 
 An engine may also refuse in-band: vLLM's load shedding (``--max-num-queued-reqs``) answers a
 stream either 503 or 200 with a first event that is an error carrying 503.
@@ -34,7 +35,10 @@ __all__ = [
 
 #: Statuses that say "this engine cannot take it now" before any token: another engine may.
 RETRYABLE_STATUSES = frozenset((429, 500, 502, 503, 504))
-#: Statuses worth one more attempt on the same engine (transient by their meaning).
+#: Statuses worth one more attempt on the same engine (transient by their meaning): a 500, and a
+#: 429 or 503 that says when (a short ``Retry-After``). One that says nothing (vLLM's load
+#: shedding) is a full engine: another is asked, and where there is none the relay waits the
+#: refusal out within the queue timeout.
 SAME_ENGINE_STATUSES = frozenset((429, 500, 503))
 #: Markers of vLLM's and OpenAI's "prompt plus max_tokens exceed the context" 400s.
 _CONTEXT_MARKERS = (b"context length", b"context_length", b"maximum context", b"too long")
@@ -92,7 +96,8 @@ def failover_step(
     remaining = math.inf if deadline is None else deadline - now
     if remaining <= 0:
         return FailoverStep(Failover.PASS_THROUGH)
-    if status in SAME_ENGINE_STATUSES and same_engine_tries == 0:
+    says_when = status == 500 or retry_after is not None
+    if status in SAME_ENGINE_STATUSES and same_engine_tries == 0 and says_when:
         delay = 0.0 if retry_after is None else retry_after
         if delay <= max_same_engine_wait and delay < remaining:
             return FailoverStep(Failover.SAME_ENGINE, delay)

@@ -158,16 +158,22 @@ class Engine:
     breaker: EngineBreaker
     #: Pick counter at its last pick: equal engines take turns.
     last_pick: int = -1
+    #: Until when the engine said it is full (it shed a request: a 429 or 503, for its
+    #: ``Retry-After``): picked only where no other engine has room. Full is not failing: its
+    #: breaker stays closed.
+    full_until: float = 0.0
 
     def has_room(self, cost: int) -> bool:
         """True if a generation of ``cost`` tokens fits the engine's memory now."""
         cap = self.spec.memory
         return cap is None or self.load.memory + cost <= cap
 
-    def score(self) -> tuple[float, float, int]:
-        """Lower is picked first: memory per weight, then queue per weight, then turn."""
+    def score(self, now: float) -> tuple[bool, float, float, int]:
+        """Lower is picked first: not said full lately, then memory per weight, then queue per
+        weight, then turn."""
         weight = self.spec.weight
-        return (self.load.memory / weight, self.load.queued / weight, self.last_pick)
+        load = self.load
+        return (now < self.full_until, load.memory / weight, load.queued / weight, self.last_pick)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -205,8 +211,9 @@ class Unavailable:
 class Pool:
     """The engines behind one gateway (see the module).
 
-    ``loads`` gives each engine's :class:`EngineLoad` (default: plain counters); ``fallbacks``
-    maps a model to the model that answers when none of its engines can.
+    ``loads`` gives each engine's :class:`EngineLoad` (default: plain counters), ``breakers``
+    each engine's breaker (default: new ones; the gateway passes those its engines' health probes
+    hold); ``fallbacks`` maps a model to the model that answers when none of its engines can.
     """
 
     def __init__(
@@ -215,6 +222,7 @@ class Pool:
         *,
         fallbacks: Mapping[str, str] | None = None,
         loads: Sequence[EngineLoad] | None = None,
+        breakers: Sequence[EngineBreaker] | None = None,
         failure_threshold: int = 3,
         cooldown: float = 1.0,
         max_cooldown: float = 30.0,
@@ -223,12 +231,16 @@ class Pool:
             raise ValueError("a pool needs at least one engine")
         if loads is not None and len(loads) != len(specs):
             raise ValueError("one load per engine")
+        if breakers is not None and len(breakers) != len(specs):
+            raise ValueError("one breaker per engine")
         self.engines = [
             Engine(
                 i,
                 spec,
                 loads[i] if loads is not None else Counts(),
-                EngineBreaker(failure_threshold, cooldown, max_cooldown),
+                breakers[i]
+                if breakers is not None
+                else EngineBreaker(failure_threshold, cooldown, max_cooldown),
             )
             for i, spec in enumerate(specs)
         ]
@@ -240,36 +252,63 @@ class Pool:
         return [e for e in self.engines if e.spec.serves(model)]
 
     def pick(
-        self, model: str, now: float, exclude: Collection[int] = (), cost: int = 0
+        self,
+        model: str,
+        now: float,
+        exclude: Collection[int] = (),
+        cost: int = 0,
+        *,
+        fallback: bool = True,
     ) -> Pick | Full | Unavailable:
         """The engine for the next attempt of a request for ``model`` that holds ``cost``
         tokens; ``exclude`` holds the indexes of engines this request already failed on. Marks
         the pick as a probe where the engine's breaker is half-open. :class:`Full` where engines
-        of the model are up but none has room (a full model waits; it does not fall back)."""
-        seen: set[str] = set()
+        of the model are up but none has room (a full model waits; it does not fall back).
+        ``fallback=False`` keeps to ``model`` itself (a continuation goes on in the model that
+        began the answer)."""
+        chain = self.chain(model) if fallback else [model]
+        known = any(self.serving(m) for m in chain)
         wait = math.inf
-        known = False
-        current: str | None = model
-        while current is not None and current not in seen:
-            seen.add(current)
-            candidates = [e for e in self.serving(current) if e.index not in exclude]
-            known = known or bool(self.serving(current))
-            usable = [e for e in candidates if e.breaker.allows(now)]
-            if usable:
-                roomy = [e for e in usable if e.has_room(cost)]
-                if not roomy:
-                    return Full()
-                best = min(roomy, key=Engine.score)
-                best.breaker.on_attempt(now)
-                best.last_pick = self._picks
-                self._picks += 1
-                return Pick(best, current, model)
-            for e in candidates:
-                wait = min(wait, e.breaker.retry_after(now))
-            current = self.fallbacks.get(current)
+        # First the engines whose breakers let traffic through, along the fallback chain; then,
+        # where none does, "panic" (as Envoy calls it): every candidate is cooling down after
+        # failures, and turning all traffic away would fail every caller for the breakers'
+        # sake, so those not held down by their health probe take it. Held down is never asked.
+        for panic in (False, True):
+            for current in chain:
+                candidates = [e for e in self.serving(current) if e.index not in exclude]
+                if panic:
+                    usable = [e for e in candidates if not e.breaker.held]
+                else:
+                    usable = [e for e in candidates if e.breaker.allows(now)]
+                    for e in candidates:
+                        wait = min(wait, e.breaker.retry_after(now))
+                if usable:
+                    roomy = [e for e in usable if e.has_room(cost)]
+                    if not roomy:
+                        return Full()
+                    best = min(roomy, key=lambda e: e.score(now))
+                    best.breaker.on_attempt(now)
+                    best.last_pick = self._picks
+                    self._picks += 1
+                    return Pick(best, current, model)
         if math.isinf(wait):
             wait = min((e.breaker.retry_after(now) for e in self.engines), default=1.0)
         return Unavailable(max(wait, 0.0), known)
+
+    def chain(self, model: str) -> list[str]:
+        """``model``, then its fallback, and so on (a cycle ends the chain)."""
+        chain: list[str] = []
+        current: str | None = model
+        while current is not None and current not in chain:
+            chain.append(current)
+            current = self.fallbacks.get(current)
+        return chain
+
+    def held_down(self, model: str, exclude: Collection[int] = ()) -> bool:
+        """True where every engine of ``model`` (but those in ``exclude``) is held down by its
+        health probe (or none is left): a continuation has nowhere to go, and waiting for a
+        cool-down would not help."""
+        return all(e.breaker.held for e in self.serving(model) if e.index not in exclude)
 
     def models(self) -> list[str]:
         """Models some engine lists (engines that serve any model add nothing)."""

@@ -1,16 +1,44 @@
-"""The deadlines of one upstream attempt: first token, idle between chunks, total.
+"""The deadlines of one upstream attempt: first token, idle between chunks, total; and the
+engine's health asked when the attempt goes quiet.
 
 :class:`AttemptWatch` keeps them without a timer per chunk: the reader notes the time of each chunk
-and one timer checks the deadline when it falls due.
+and one timer checks the deadline when it falls due. Every :data:`QUIET_CHECK` seconds without a
+read (before the first token or after it) the engine is asked whether it is still there
+(:meth:`~streamsafe.gateway.upstream.connection.Upstream.still_there`, one ``/health`` shared by all
+its quiet attempts): a frozen, killed or unreachable engine ends the attempt at once, phase
+``engine_down``, instead of at its timeout (docs/design.md, Failover).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["AttemptWatch", "ReadClock", "UpstreamStalled", "UpstreamTimeouts"]
+__all__ = [
+    "QUIET_CHECK",
+    "AttemptWatch",
+    "EngineCheck",
+    "ReadClock",
+    "UpstreamStalled",
+    "UpstreamTimeouts",
+]
+
+#: Seconds an attempt may go without a read before its engine's health is asked: past a few
+#: heartbeats, well under any timeout, and rare for a working engine mid-answer (it sends a token
+#: every few tens of milliseconds; before the first token, a long prefill or a queue is quiet).
+QUIET_CHECK = 5.0
+
+
+class EngineCheck(Protocol):
+    """The engine an attempt went to, as its watch sees it."""
+
+    base_url: str
+
+    def still_there(self) -> Awaitable[bool]:
+        """Whether the engine answers its health check (False holds it down)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +49,7 @@ class UpstreamTimeouts:
     #: From sending the request to its first event (response headers included).
     first_token: float | None = 60.0
     #: Between two chunks once events flow.
-    idle: float | None = 30.0
+    idle: float | None = 35.0
     #: For the whole generation, every attempt and wait included.
     total: float | None = 600.0
 
@@ -29,8 +57,8 @@ class UpstreamTimeouts:
 class UpstreamStalled(Exception):
     """An attempt passed a deadline: ``phase`` is ``first_token``, ``idle`` or ``total``."""
 
-    def __init__(self, phase: str, seconds: float) -> None:
-        super().__init__(f"upstream {phase.replace('_', ' ')} timeout ({seconds:g} s)")
+    def __init__(self, phase: str, seconds: float, why: str | None = None) -> None:
+        super().__init__(why or f"upstream {phase.replace('_', ' ')} timeout ({seconds:g} s)")
         self.phase = phase
         self.seconds = seconds
 
@@ -56,6 +84,9 @@ class AttemptWatch:
 
     __slots__ = (
         "_cancelling",
+        "_check",
+        "_checked_at",
+        "_engine",
         "_handle",
         "_last",
         "_loop",
@@ -80,6 +111,9 @@ class AttemptWatch:
         self.expired: str | None = None
         #: Whether the first event came.
         self.flowing = False
+        self._engine: EngineCheck | None = None
+        self._check: asyncio.Task[None] | None = None
+        self._checked_at = -float("inf")
 
     def chunk(self) -> None:
         """A chunk arrived (call for every chunk read)."""
@@ -89,6 +123,15 @@ class AttemptWatch:
         """Take ``source.read_at`` (the loop's time of its last read) as the sign of life instead
         of :meth:`chunk` calls: a read callback stores a float, with no call per chunk."""
         self._source = source
+
+    def engine(self, engine: EngineCheck) -> None:
+        """The attempt goes to ``engine`` (told by the failover for each engine it tries): its
+        health is what a quiet stretch asks."""
+        self._engine = engine
+        self._checked_at = self._loop.time()
+        if self._handle is not None:  # the quiet check may fall before the armed deadline
+            self._handle.cancel()
+            self._arm()
 
     def first_event(self) -> None:
         """The first event arrived: from now on the idle bound applies (re-armed once, since it
@@ -103,14 +146,18 @@ class AttemptWatch:
         t = self.timeouts
         phase, limit = ("idle", t.idle) if self.flowing else ("first_token", t.first_token)
         best: tuple[float, str, float] | None = None
+        last = self._last
+        if self._source is not None and self._source.read_at > last:
+            last = self._source.read_at
         if limit is not None:
-            last = self._last
-            if self._source is not None and self._source.read_at > last:
-                last = self._source.read_at
             best = (last + limit, phase, limit)
         total = self._total_deadline
         if total is not None and t.total is not None and (best is None or total < best[0]):
             best = (total, "total", t.total)
+        if self._engine is not None and self._check is None:
+            quiet = max(last, self._checked_at) + QUIET_CHECK
+            if best is None or quiet < best[0]:
+                best = (quiet, "quiet", QUIET_CHECK)
         return best
 
     def _arm(self) -> None:
@@ -126,9 +173,32 @@ class AttemptWatch:
             self._handle = self._loop.call_at(due[0], self._fire)
             return
         self._handle = None
+        if due[1] == "quiet":
+            self._checked_at = self._loop.time()
+            self._check = self._loop.create_task(self._ask_engine())
+            self._arm()
+            return
         self.expired = due[1]
         if self._task is not None:
             self._task.cancel()
+
+    async def _ask_engine(self) -> None:
+        """The attempt went quiet: end it where its engine no longer answers its health check;
+        else look again after another quiet stretch."""
+        engine = self._engine
+        try:
+            there = engine is None or await engine.still_there()
+        finally:
+            self._check = None
+        if self._task is None:  # the attempt ended meanwhile
+            return
+        if not there and self.expired is None:
+            self.expired = "engine_down"
+            self._task.cancel()
+            return
+        if self._handle is not None:
+            self._handle.cancel()
+        self._arm()
 
     async def __aenter__(self) -> AttemptWatch:
         self._task = asyncio.current_task()
@@ -142,6 +212,9 @@ class AttemptWatch:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+        check, self._check = self._check, None
+        if check is not None:
+            check.cancel()
         # Let go of the task: the exception it may end with holds the frame that holds this
         # watch, and the task holds that exception (a cycle only the garbage collector frees).
         task, self._task = self._task, None
@@ -150,6 +223,10 @@ class AttemptWatch:
             return
         assert task is not None
         if task.uncancel() <= self._cancelling:
+            if phase == "engine_down":
+                engine = self._engine.base_url if self._engine is not None else "the engine"
+                why = f"engine {engine} down: its /health did not answer while the stream was quiet"
+                raise UpstreamStalled(phase, QUIET_CHECK, why) from None
             t = self.timeouts
             seconds = {"first_token": t.first_token, "idle": t.idle, "total": t.total}[phase]
             raise UpstreamStalled(phase, seconds or 0.0) from None

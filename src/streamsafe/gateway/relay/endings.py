@@ -6,16 +6,18 @@ status for a caller not yet answered) or after them (an error event and ``[DONE]
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from streamsafe.gateway.engines.attempts import Attempts, OneEngine
+from streamsafe.gateway.engines.attempts import Attempts
 from streamsafe.gateway.errors import Failure, error_body, upstream_refusal
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.attempt_watch import UpstreamStalled
-from streamsafe.gateway.upstream.connection import is_engine_death, parse_retry_after
-from streamsafe.retry import REFUSAL_STATUSES
+from streamsafe.gateway.upstream.connection import is_engine_death
+from streamsafe.retry import REFUSAL_STATUSES, retry_after_seconds
 from streamsafe.sse import DONE
 
 __all__ = ["REFUSAL_WAIT", "BrokenAttempt", "Endings", "Finish", "dropped"]
@@ -87,16 +89,19 @@ class Endings:
         not the engine's death where the caller can no longer be told its status (a
         continuation, or a generation whose response already committed). So is one refused
         in-band by an engine of a pool, which the pool's failover did not see (it fails over on
-        statuses): the next attempt goes to another engine."""
+        statuses) where another engine of its model takes traffic: the next attempt goes there."""
         status, body = upstream_refusal(status, body)
         dead = status >= 500 and is_engine_death(body)
         if status >= 500:
             self._counters.upstream_failures += 1
+        seconds = retry_after_seconds(retry_after_header, time.time())
         if dead:
             attempts.engine_died(f"upstream {status}")
+        elif status in REFUSAL_STATUSES:
+            attempts.full(seconds)
         elif status >= 500:
             attempts.failed(f"upstream {status}")
-        retry_after = parse_retry_after(retry_after_header)
+        retry_after = None if seconds is None else max(1, math.ceil(seconds))
         if retry_after is None and status in REFUSAL_STATUSES:
             retry_after = REFUSAL_WAIT  # a 429 or 503 always says when to come back
         failure = Failure(status, body, retry_after)
@@ -105,7 +110,7 @@ class Endings:
         # room as it would in the gateway's own queue (the relay bounds the wait), whoever has
         # been answered. Other refusals go back to a caller not yet answered.
         shed = status in REFUSAL_STATUSES
-        again = shed or continuing or committed or (in_band and not isinstance(attempts, OneEngine))
+        again = shed or continuing or committed or (in_band and attempts.elsewhere())
         if again and not dead and (status == 429 or status >= 500):
             what = "the continuation" if continuing else "the request"
             why = f"upstream refused {what} with {status}" + (" (in-band)" if in_band else "")

@@ -23,7 +23,7 @@ from streamsafe.gateway.admission.admission import Admission, Shed
 from streamsafe.gateway.admission.fair_queue import Waiter
 from streamsafe.gateway.admission.shedding import Shedding
 from streamsafe.gateway.config import GatewayConfig
-from streamsafe.gateway.engines.attempts import Attempts, OneEngine
+from streamsafe.gateway.engines.attempts import Attempts
 from streamsafe.gateway.engines.engines import Engines
 from streamsafe.gateway.errors import Failure, error_body
 from streamsafe.gateway.generations.generation import Generation, State
@@ -40,7 +40,6 @@ from streamsafe.gateway.relay.continuation import (
 from streamsafe.gateway.relay.endings import BrokenAttempt, Endings, Finish
 from streamsafe.gateway.relay.stream_reader import StreamReader
 from streamsafe.gateway.tracing import Tracing
-from streamsafe.gateway.upstream.connection import Upstream
 from streamsafe.retry import REFUSAL_STATUSES
 from streamsafe.sse import DONE
 
@@ -61,24 +60,21 @@ class Relay:
         self,
         config: GatewayConfig,
         admission: Admission,
-        upstream: Upstream,
+        engines: Engines,
         counters: Counters,
         finish: Finish,
         clock: Callable[[], float] = time.monotonic,
-        engines: Engines | None = None,
     ) -> None:
         self.config = config
         self.admission = admission
-        self.upstream = upstream
-        #: The engine pool, where the gateway has several engines (else ``upstream`` alone).
+        #: The engines (one upstream is a pool of one).
         self.engines = engines
-        self._breaker = engines.breaker if engines is not None else upstream.breaker
         self.counters = counters
         self._finish = finish
         #: Told of a generation that ended with the engine's refusal (``engine_refusals``
         #: ``answer``); the registry keeps it for the retries.
         self.refused: Callable[[Generation], None] = lambda gen: None
-        self._endings = Endings(counters, finish, self._breaker.retry_after)
+        self._endings = Endings(counters, finish, engines.retry_after)
         self._streams = StreamReader(counters, finish, self._endings)
         self._clock = clock
         #: Episodes of the engine shedding load, logged as they begin and end.
@@ -102,12 +98,7 @@ class Relay:
         gone): it is continued from its log, like a broken stream."""
         admission = self.admission
         waiter: Waiter | None = None
-        engines = self.engines
-        attempts: Attempts = (
-            engines.for_generation(gen.request.body, gen.cost, gen)
-            if engines is not None
-            else OneEngine(self.upstream)
-        )
+        attempts = Attempts(self.engines, gen.request.body, gen.cost, gen, self.counters)
         try:
             if cut is not None and gen.request.withheld:
                 # Its provider data was kept out of Redis: continuing it here would run it under
@@ -120,7 +111,7 @@ class Relay:
                     gen, Failure(503, error_body(msg, "service_unavailable", 503), 1)
                 )
                 return
-            if self._breaker.is_open:
+            if self.engines.all_down():
                 await self._endings.fail_dead(gen)
                 return
             try:
@@ -141,7 +132,7 @@ class Relay:
                     gen, Failure(400, error_body(str(exc), "invalid_request_error", 400))
                 )
                 return
-            if self._breaker.is_open:
+            if self.engines.all_down():
                 await self._endings.fail_dead(gen)
                 return
             gen.state = State.RUNNING
@@ -220,8 +211,15 @@ class Relay:
             if (
                 (broken.stalled is not None and broken.stalled.phase == "total")
                 or (tries >= self.config.max_continuations and not shed)
-                or self._breaker.is_open
+                or self.engines.all_down()
             ):
+                await self._endings.fail_broken(gen, broken)
+                return
+            stranded = attempts.stranded()
+            if stranded is not None:
+                # Every engine that could go on is down or silent: a clear error now, not a
+                # wait for a timeout on an engine known gone (docs/design.md, Failover).
+                broken.why = f"{broken.why}; {stranded}"
                 await self._endings.fail_broken(gen, broken)
                 return
             if broken.retry_after is not None:
@@ -238,7 +236,7 @@ class Relay:
                 if shed:
                     self.engine_shedding.note(broken.why)
                 await asyncio.sleep(wait)
-                if self._breaker.is_open:
+                if self.engines.all_down():
                     await self._endings.fail_broken(gen, broken)
                     return
                 if shed:
@@ -319,8 +317,6 @@ class Relay:
     ) -> BrokenAttempt | None:
         """:meth:`attempt`, untraced."""
         continuing = gen.continuations > 0 and gen.length > 0
-        if self.engines is None:  # a pool counts its attempts itself (failovers included)
-            gen.attempts += 1
         ask = gen.continuation
         path, body = (gen.request.path, gen.request.body) if ask is None else (ask.path, ask.body)
         response: httpx2.Response | None = None
@@ -343,8 +339,11 @@ class Relay:
         except UpstreamStalled as exc:
             self.counters.upstream_timeouts += 1
             if exc.phase != "total":
-                attempts.failed(str(exc))
-            return BrokenAttempt(str(exc), 504, stalled=exc)
+                # An engine silent past the first-token timeout is not asked again for this
+                # generation: asking it again would only wait as long once more.
+                attempts.failed(str(exc), shun=exc.phase == "first_token")
+            status = 503 if exc.phase == "engine_down" else 504
+            return BrokenAttempt(str(exc), status, stalled=exc)
         except httpx2.HTTPError as exc:
             why = f"upstream connection failed: {type(exc).__name__}"
             attempts.failed(why)

@@ -1,13 +1,11 @@
 """One attempt of a streaming completion upstream, read on the hot path.
 
-With one engine the response is parsed in the connection's read callback
+Whatever the number of engines, the attempt goes through the generation's
+:class:`~streamsafe.gateway.engines.attempts.Attempts` (the failover before the first token) and
+its response is parsed in the connection's read callback
 (:mod:`streamsafe.gateway.upstream.event_stream`), where each read's events are checked, appended
-and the subscribers woken, with no task switch; the reader task only waits for the end. With an
-engine pool the attempt goes through the pool's failover
-(:class:`~streamsafe.gateway.engines.engines. EngineAttempts`) and its response is read by this
-task, read by read. Both feed the same :class:`~streamsafe.gateway.relay.stream_sink.StreamSink`, so
-the rules per event (error events, malformed chunks, a continued answer's usage, ``[DONE]``) and the
-endings are the same.
+and the subscribers woken by a :class:`~streamsafe.gateway.relay.stream_sink.StreamSink`, with no
+task switch; the reader task only waits for the end.
 
 A stream ends whole with ``[DONE]``, or, where the upstream sends none (Llama Stack), at the end
 of the body right after the event that closes an answer; a ``[DONE]`` is then appended to the
@@ -22,16 +20,16 @@ from collections.abc import Callable
 
 import httpx2
 
-from streamsafe.gateway.engines.attempts import Attempts, OneEngine
+from streamsafe.gateway.engines.attempts import Attempts, Refused
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.attempt_watch import AttemptWatch
 from streamsafe.gateway.relay.endings import BrokenAttempt, Endings, Finish, dropped
 from streamsafe.gateway.relay.stream_sink import StreamSink
-from streamsafe.gateway.upstream.connection import MAX_ERROR_BODY, read_bounded
+from streamsafe.gateway.upstream.connection import read_bounded
 from streamsafe.gateway.upstream.event_stream import UpstreamClosed
 from streamsafe.gateway.upstream.kinds import ends_answer
-from streamsafe.sse import DONE, SSEDecoder, SSEError
+from streamsafe.sse import DONE
 
 __all__ = ["StreamReader"]
 
@@ -58,48 +56,29 @@ class StreamReader:
         continuing: bool,
         attempts: Attempts,
     ) -> BrokenAttempt | None:
-        """One attempt: on the read callback with one engine, through the pool's failover
-        with several."""
-        if isinstance(attempts, OneEngine):
-            return await self._one_engine(gen, path, body, watch, continuing, attempts)
-        return await self._pool(gen, path, body, watch, continuing, attempts)
-
-    async def _one_engine(
-        self,
-        gen: Generation,
-        path: str,
-        body: bytes,
-        watch: AttemptWatch,
-        continuing: bool,
-        attempts: Attempts,
-    ) -> BrokenAttempt | None:
+        """One attempt, read on the connection's read callback."""
         req = gen.request
-        upstream = attempts.upstream
+        trace = gen.trace
         try:
-            trace = gen.trace
-            conn = await upstream.open_events(
+            opened = await attempts.open_stream(
                 path,
                 body,
+                req.forward + trace.header if trace is not None else req.forward,
                 retry_connect=not req.no_upstream_retry,
-                headers=req.forward + trace.header if trace is not None else req.forward,
+                on_engine=watch.engine,
             )
+        except UpstreamClosed as exc:
+            return dropped(attempts, str(exc))
         except OSError as exc:
             return await self._endings.unreachable(gen, exc)
+        if isinstance(opened, Refused):
+            gen.upstream_status = opened.status
+            return await self._endings.refused(
+                gen, opened.status, opened.body, opened.retry_after, continuing, attempts
+            )
+        conn = opened
         sink = self._sink(gen, watch, continuing, conn.close, attempts)
         try:
-            try:
-                await conn.head()
-            except UpstreamClosed as exc:
-                return dropped(attempts, str(exc))
-            status = conn.status
-            upstream.alive_at = asyncio.get_running_loop().time()
-            if status != 200:
-                gen.upstream_status = status
-                error = await conn.read_body(MAX_ERROR_BODY)
-                retry_after = conn.header(b"retry-after")
-                return await self._endings.refused(
-                    gen, status, error, _latin1(retry_after), continuing, attempts
-                )
             # A 200 alone does not commit early: vLLM refuses in-band too (a first event that is
             # an error carrying 503), which must reach a caller not yet answered as its status.
             watch.follow(conn)
@@ -113,48 +92,12 @@ class StreamReader:
         finally:
             conn.release(finished=sink.done)
 
-    async def _pool(
-        self,
-        gen: Generation,
-        path: str,
-        body: bytes,
-        watch: AttemptWatch,
-        continuing: bool,
-        attempts: Attempts,
-    ) -> BrokenAttempt | None:
-        opened = await self.open(gen, path, body, continuing, attempts)
-        if not isinstance(opened, httpx2.Response):
-            return opened
-        response = opened
-        try:
-            # A malformed chunk or a refusal stops the loop below; closing the response aborts
-            # the rest. (A 200 alone does not commit early: see _one_engine.)
-            sink = self._sink(gen, watch, continuing, _read_on, attempts)
-            decoder = SSEDecoder()
-            broke: str | None = None
-            try:
-                async for chunk in response.aiter_raw():
-                    watch.chunk()
-                    payloads = decoder.payloads(chunk)
-                    if payloads:
-                        sink.events(payloads)
-                        await sink.flush()
-                        if sink.done or sink.malformed or sink.refusal or gen.finished:
-                            break
-            except SSEError as exc:
-                broke = f"{_BROKEN_STREAM}: {exc}"
-            except httpx2.HTTPError as exc:
-                broke = type(exc).__name__
-            return await self._ended(gen, sink, broke, continuing, attempts)
-        finally:
-            await response.aclose()
-
     async def open(
         self, gen: Generation, path: str, body: bytes, continuing: bool, attempts: Attempts
     ) -> httpx2.Response | BrokenAttempt | None:
-        """Send ``body`` to ``path`` through ``attempts`` (the pool's failover, or one engine for a
-        non-streaming request): the accepted response, its body unread, for the caller to
-        close; else how the attempt ended (see :meth:`attempt`)."""
+        """Send a non-streamed request ``body`` to ``path`` through ``attempts``: the accepted
+        response, its body unread, for the caller to close; else how the attempt ended (see
+        :meth:`attempt`)."""
         req = gen.request
         try:
             response = await attempts.open(
@@ -237,14 +180,6 @@ class StreamReader:
             attempts.failed(why)
             return BrokenAttempt(why, 502)
         return BrokenAttempt("upstream stream ended before [DONE]", 502)
-
-
-def _read_on() -> None:
-    """A pooled attempt's reader loop stops by itself on a malformed chunk."""
-
-
-def _latin1(value: bytes | None) -> str | None:
-    return None if value is None else value.decode("latin-1")
 
 
 def _headers(forward: bytes) -> dict[str, str]:

@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable
 
 from streamsafe._asgi import (
-    BodyWriter,
     Message,
     OnDisconnect,
     Receive,
@@ -201,25 +200,13 @@ async def _send_answer(
         await respond(send, status, body, headers=headers)
 
 
-async def serve_stream(
-    sub: Subscriber,
-    start: int,
-    send: Send,
-    rules: StreamRules,
-    drop_done: bool,
-    admission: Admission,
-    reset_on_failure: Callable[[], None] | None = None,
-    preamble: int = 0,
-    writer: BodyWriter | None = None,
-) -> None:
-    """Relay ``sub``'s generation from event ``start`` on, as SSE with ids, under the terms the
-    other arguments give (:class:`StreamTerms`).
+async def serve_stream(sub: Subscriber, start: int, send: Send, terms: StreamTerms) -> None:
+    """Relay ``sub``'s generation from event ``start`` on, as SSE with ids, under ``terms``.
 
     Once events flow, a stream silent for a heartbeat interval (the engine stalled mid-answer)
     gets a ``: keep-alive`` comment too, from the fan-out's timer or, for a subscriber its own
     loop serves, from :class:`~streamsafe.gateway.generations.keepalive.QuietWait`'s: neither sets a
     timer per chunk."""
-    terms = StreamTerms(rules, admission, drop_done, reset_on_failure, preamble, writer)
     stream = _Stream(sub, start, send, terms)
     try:
         await stream.run()

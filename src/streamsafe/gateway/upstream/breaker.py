@@ -1,50 +1,25 @@
-"""The breakers: where an engine is known down, new work fails fast instead of piling onto it.
+"""An engine's breaker: where an engine is known down, new work fails fast instead of piling onto
+it (see docs/design.md, Engine pool).
 
-- :class:`Breaker`: the one upstream of a gateway without a pool. Open while the engine is known
-  dead; :class:`~streamsafe.gateway.upstream.connection.Upstream` opens it and probes ``/health``
-  until it answers.
-- :class:`EngineBreaker`: one per engine of a pool, sans-I/O (times are clock readings passed
-  in). Closed; open after consecutive failures or at once when the engine reports itself dead;
-  half-open after a cool-down, letting one probe attempt through; the probe's success closes it
-  (traffic returns to a recovered engine), its failure reopens it with a doubled cool-down.
-- :class:`PoolBreaker`: the relay's fail-fast check over a pool, open only while no engine takes
-  traffic.
+One per engine, a single upstream included (a pool of one). Sans-I/O: every time is a clock
+reading passed in. Two things open it:
+
+- **attempts**: consecutive failures (:attr:`EngineBreaker.failure_threshold`), or one where the
+  engine said it died. It stays open for a cool-down, then half-opens: one probe attempt goes
+  through; its success closes the breaker, its failure reopens it with a doubled cool-down (up to
+  :attr:`EngineBreaker.max_cooldown`), so a flapping engine is tried less and less often.
+- **the health probe** (:meth:`EngineBreaker.hold`): ``/health`` answered 5xx, or nothing, when
+  the gateway asked (after a failure, when a stream went quiet, or for ``/ready``). The breaker is
+  then held open, whatever the cool-down, until ``/health`` answers again
+  (:meth:`EngineBreaker.let_go`): a frozen or dead engine takes no attempt, and no continuation.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import math
-from collections.abc import Callable, Sequence
 
-__all__ = ["Breaker", "BreakerState", "EngineBreaker", "PoolBreaker"]
-
-
-class Breaker:
-    """Open while the engine is known dead; ``probe_interval`` is the seconds between
-    ``/health`` probes while open."""
-
-    def __init__(self, probe_interval: float) -> None:
-        self.probe_interval = probe_interval
-        self.is_open = False
-        self.trips = 0
-
-    def trip(self) -> bool:
-        """Open the breaker; True if it was closed."""
-        if self.is_open:
-            return False
-        self.is_open = True
-        self.trips += 1
-        return True
-
-    def close(self) -> None:
-        """The engine answered healthy again."""
-        self.is_open = False
-
-    def retry_after(self) -> int:
-        """Seconds a client should wait: the next probe, rounded up, at least 1."""
-        return max(1, math.ceil(self.probe_interval))
+__all__ = ["BreakerState", "EngineBreaker"]
 
 
 class BreakerState(enum.Enum):
@@ -57,8 +32,7 @@ class BreakerState(enum.Enum):
 
 @dataclasses.dataclass(slots=True)
 class EngineBreaker:
-    """A per-engine breaker with half-open probes (see the module). Times are clock readings
-    passed in by the caller."""
+    """A per-engine breaker with half-open probes and a health hold (see the module)."""
 
     #: Consecutive failed attempts that open it (default 3: one unlucky reset is not an outage).
     failure_threshold: int = 3
@@ -72,11 +46,15 @@ class EngineBreaker:
     open_until: float = 0.0
     trips: int = 0
     probing: bool = False
+    #: Held open by the health probe until ``/health`` answers (see :meth:`hold`).
+    held: bool = False
     _current_cooldown: float = 0.0
 
     def allows(self, now: float) -> bool:
         """True if an attempt may go to this engine now (a half-open breaker admits one probe
-        at a time)."""
+        at a time; a held one none)."""
+        if self.held:
+            return False
         if self.state is BreakerState.CLOSED:
             return True
         if self.state is BreakerState.OPEN:
@@ -86,32 +64,73 @@ class EngineBreaker:
             self.probing = False
         return not self.probing
 
+    def takes_traffic(self, now: float) -> bool:
+        """:meth:`allows` without moving the breaker (a question, not an attempt)."""
+        if self.held:
+            return False
+        if self.state is BreakerState.OPEN:
+            return now >= self.open_until
+        return not (self.state is BreakerState.HALF_OPEN and self.probing)
+
     def on_attempt(self, now: float) -> None:
         """An attempt was sent; in half-open it is the probe."""
         if self.allows(now) and self.state is BreakerState.HALF_OPEN:
             self.probing = True
 
     def on_abandon(self) -> None:
-        """An attempt ended with no verdict on the engine (its caller left): a half-open
-        breaker may send the next probe."""
+        """An attempt ended with no verdict on the engine (its caller left, or it answered a
+        4xx): a half-open breaker may send the next probe."""
         self.probing = False
 
-    def on_success(self) -> None:
-        """An attempt got its first token (or a complete answer): the engine works."""
+    def on_success(self) -> bool:
+        """An attempt got its first token (or a complete answer): the engine works. True if
+        this closed the breaker."""
+        was_closed = self.state is BreakerState.CLOSED and not self.held
+        self.held = False  # an answer is a surer sign of life than a health probe
         self.state = BreakerState.CLOSED
         self.failures = 0
         self.probing = False
         self._current_cooldown = 0.0
+        return not was_closed
 
-    def on_failure(self, now: float, *, dead: bool = False) -> None:
-        """An attempt failed on the engine's side; ``dead`` when the engine said it died."""
+    def on_failure(self, now: float, *, dead: bool = False) -> bool:
+        """An attempt failed on the engine's side; ``dead`` when the engine said it died (held
+        down until :meth:`let_go`, with a cool-down's ``Retry-After``). True if this opened the
+        breaker."""
         self.failures += 1
+        if dead:
+            return self.hold(now, self.cooldown)
         if self.state is BreakerState.HALF_OPEN:
             self._open(now, min(self.max_cooldown, max(self.cooldown, self._current_cooldown * 2)))
-        elif self.state is BreakerState.CLOSED and (
-            dead or self.failures >= self.failure_threshold
-        ):
+            return True
+        if self.state is BreakerState.CLOSED and (dead or self.failures >= self.failure_threshold):
             self._open(now, self.cooldown)
+            return True
+        return False
+
+    def hold(self, now: float, retry_after: float) -> bool:
+        """The health probe found the engine down: open until :meth:`let_go`, telling callers
+        to come back in ``retry_after`` seconds (the probe's interval). True if it was not
+        already held."""
+        was_held = self.held
+        if not was_held:
+            if self.state is not BreakerState.OPEN:
+                self.trips += 1
+            self.state = BreakerState.OPEN
+            self.probing = False
+        self.held = True
+        self.open_until = now + retry_after
+        return not was_held
+
+    def let_go(self, *, close: bool) -> None:
+        """``/health`` answers again: closed where it covers the engine (``close``), else
+        half-open, so one attempt finds out whether the engine behind works."""
+        self.held = False
+        if close:
+            self.on_success()
+        else:
+            self.state = BreakerState.HALF_OPEN
+            self.probing = False
 
     def _open(self, now: float, cooldown: float) -> None:
         self.state = BreakerState.OPEN
@@ -121,33 +140,8 @@ class EngineBreaker:
         self.trips += 1
 
     def retry_after(self, now: float) -> float:
-        """Seconds until this engine takes traffic again (0 if it does now)."""
+        """Seconds until this engine takes traffic again (0 if it does now); for a held breaker,
+        until the next health probe."""
         if self.state is BreakerState.OPEN:
             return max(0.0, self.open_until - now)
         return 0.0
-
-
-class PoolBreaker:
-    """The relay's fail-fast check over a pool's engine ``breakers``: "open" only while no
-    engine takes traffic."""
-
-    def __init__(self, breakers: Sequence[EngineBreaker], clock: Callable[[], float]) -> None:
-        self._breakers = breakers
-        self._clock = clock
-
-    @property
-    def is_open(self) -> bool:
-        """True while every engine's breaker is open."""
-        now = self._clock()
-        return all(b.retry_after(now) > 0 for b in self._breakers)
-
-    @property
-    def trips(self) -> int:
-        """Times any engine's breaker opened."""
-        return sum(b.trips for b in self._breakers)
-
-    def retry_after(self) -> int:
-        """Seconds until the first engine takes traffic again, rounded up, at least 1."""
-        now = self._clock()
-        wait = min(b.retry_after(now) for b in self._breakers)
-        return max(1, int(wait + 0.999))

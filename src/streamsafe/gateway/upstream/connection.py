@@ -5,14 +5,13 @@ Retries here are only those that cannot duplicate work: the connection was never
 a :class:`~streamsafe.retry.RetryBudget` shared by all requests, so a dead upstream is not hit
 three times per request. Nothing is retried once a response started.
 
-The breaker (:class:`~streamsafe.gateway.upstream.breaker.Breaker`) opens when the engine says it is
-dead (a 500 whose body names ``EngineDeadError``, an error event naming it, or ``/health`` answering
-5xx) and when it cannot be reached at all (the connection refused after the connect retries, or
-``/health`` unanswered after a reset or a stall: a killed or frozen engine says nothing): new work
-then fails fast with 503 and ``Retry-After`` instead of piling onto a broken engine, while one task
-probes ``/health`` and closes the breaker when it answers. Where the upstream's health path does
-not cover the engine (Llama Stack's ``/v1/health``), :data:`FAILURES_TO_TRIP` upstream failures in
-a row open it too.
+Each engine has one breaker (:class:`~streamsafe.gateway.upstream.breaker.EngineBreaker`), whether
+it is the gateway's only upstream or one of a pool. Failed attempts open it (three in a row, or
+one where the engine says it died: a 500 naming ``EngineDeadError``); the health probe holds it
+open while ``/health`` answers 5xx or nothing (a killed or frozen engine says nothing). The probe is
+asked after a failure, when a stream from the engine goes quiet (:meth:`Upstream.still_there`), and
+by ``/ready``; once held, it asks every probe interval until ``/health`` answers. Where the health
+path does not cover the engine (Llama Stack's ``/v1/health``) only the failures open it.
 
 An attempt's upstream timeouts are :mod:`streamsafe.gateway.relay.attempt_watch`.
 """
@@ -25,34 +24,24 @@ import logging
 import math
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import httpcore2
 import httpx2
 import orjson
 
 from streamsafe.gateway.upstream.asyncio_backend import AsyncioBackend
-from streamsafe.gateway.upstream.breaker import Breaker
+from streamsafe.gateway.upstream.breaker import EngineBreaker
 from streamsafe.gateway.upstream.event_stream import EventStream, EventStreamPool, header_lines
-from streamsafe.gateway.upstream.kinds import (
-    KINDS,
-    ProbeResult,
-    UpstreamKind,
-    describe_kind,
-    describe_probes,
-    probe_kind,
-)
+from streamsafe.gateway.upstream.kinds import KINDS, UpstreamKind, describe_kind
+from streamsafe.gateway.upstream.probe import ProbeResult, describe_probes, probe_kind
 from streamsafe.retry import RetryBudget
-from streamsafe.retry import parse_retry_after as read_retry_after
 
 __all__ = [
-    "MAX_ENGINE_RETRY_AFTER",
     "MAX_ERROR_BODY",
     "Upstream",
     "is_engine_death",
-    "parse_retry_after",
     "read_bounded",
-    "retry_after_value",
     "upstream_ssl_context",
 ]
 
@@ -68,9 +57,9 @@ _ENGINE_DEATH_MARKERS = (
 #: Largest upstream error body kept and passed on.
 MAX_ERROR_BODY = 64 * 1024
 _JSON_LINE = header_lines({"content-type": "application/json"})
-#: Upstream failures in a row that open the breaker where the upstream's health does not cover
-#: the engine (Llama Stack masks an engine's death as an ordinary 500).
-FAILURES_TO_TRIP = 3
+#: Seconds ``/health`` gets to answer when a stream from the engine went quiet: longer than the
+#: probe's own bound, since a busy engine answers slowly and a wrong verdict ends its streams.
+QUIET_HEALTH_TIMEOUT = 5.0
 
 #: Seconds the engine's tokenizer gets to count a prompt (``Upstream.prompt_tokens``).
 _TOKENIZE_TIMEOUT = 5.0
@@ -106,6 +95,8 @@ class Upstream:
         budget: RetryBudget | None = None,
         kind: str = "auto",
         ca_bundle: str | None = None,
+        failure_threshold: int = 3,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         #: How an ``https`` upstream is verified: the CAs in ``ca_bundle`` (a PEM file), or the
@@ -117,21 +108,19 @@ class Upstream:
         self.kind_known = kind != "auto"
         self._kind_probed_at: float | None = None
         self._kind_lock = asyncio.Lock()
-        #: Upstream failures since the last success.
-        self.failures_in_a_row = 0
         self.connect_retries = connect_retries
         self.connect_backoff = connect_backoff
         self.budget = budget or RetryBudget()
-        self.breaker = Breaker(probe_interval)
+        self.probe_interval = probe_interval
+        #: This engine's breaker (the pool's picks read it; the health probe holds it).
+        self.breaker = EngineBreaker(failure_threshold, cooldown=probe_interval)
+        self._clock = clock
         self.connect_retries_done = 0
         #: Requests sent (per engine series in ``/metrics``).
         self.requests = 0
         #: Attempts that failed on the engine's side: a 5xx, a reset, a refused connection, a
         #: stall, an error event standing for a 5xx.
         self.failures = 0
-        #: Whether this upstream logs its own breaker's changes (a pool's engines are announced
-        #: by the pool's breakers instead).
-        self.announce = True
         #: Loop time of the last sign of life (a response, or /health answering).
         self.alive_at = -math.inf
         self._health_check_running: asyncio.Future[int | None] | None = None
@@ -210,7 +199,7 @@ class Upstream:
         async with self._kind_lock:
             now = asyncio.get_running_loop().time()
             last = self._kind_probed_at
-            if self.kind_known or (last is not None and now - last < self.breaker.probe_interval):
+            if self.kind_known or (last is not None and now - last < self.probe_interval):
                 return self.kind
             self._kind_probed_at = now
             name = None
@@ -312,68 +301,96 @@ class Upstream:
         return True
 
     def engine_died(self, why: str) -> None:
-        """Open the breaker and start probing ``/health``."""
-        if self.breaker.trip():
-            if self.announce:
-                log.warning(
-                    "engine %s down (%s); failing fast until %s answers",
-                    self.base_url,
-                    why,
-                    self.kind.health_path,
-                    extra={"fields": {"event": "engine_down", "engine": self.base_url}},
-                )
-            self._probe = asyncio.get_running_loop().create_task(self._probe_until_healthy())
+        """The engine is down (it said it died, or ``/health`` answered 5xx): hold its breaker
+        open and probe ``/health`` until it answers."""
+        self.unreachable(why)
 
     def unreachable(self, why: str) -> None:
-        """The engine cannot be reached at all (refused, or silent after a reset or a stall):
-        open the breaker as for a dead engine."""
-        self.engine_died(why)
+        """The engine cannot be reached (refused, or ``/health`` silent after a failure or a
+        quiet stream): held down as a dead one is, until ``/health`` answers."""
+        if self.breaker.hold(self._clock(), self.probe_interval):
+            log.warning(
+                "engine %s down (%s); failing fast until %s answers",
+                self.base_url,
+                why,
+                self.kind.health_path,
+                extra={"fields": {"event": "engine_down", "engine": self.base_url}},
+            )
+            self._probe = asyncio.get_running_loop().create_task(self._probe_until_healthy())
 
-    def failed(self, why: str) -> None:
-        """An upstream failure: a 5xx, an error event standing for one, a reset before the
-        answer, or a stall. The health path is asked once, in the background, whether the
-        upstream is dead, gone or frozen; where that answer does not cover the engine (Llama
-        Stack masks an engine's death as an ordinary 500), :data:`FAILURES_TO_TRIP` in a row
-        open the breaker as well."""
-        self.failures_in_a_row += 1
+    def failed(self, why: str, *, dead: bool = False) -> None:
+        """An attempt failed on the engine's side: a 5xx, an error event standing for one, a
+        reset before the answer, a stall; ``dead`` where the engine said it died. Told to the
+        breaker (three in a row open it for a cool-down); a dead engine is held down, and where
+        ``/health`` covers the engine it is asked once, in the background, whether the engine is
+        dead, gone or frozen."""
         self.failures += 1
-        if self.breaker.is_open:
+        if dead:
+            self.engine_died(why)
             return
-        if not self.kind.health_covers_engine and self.failures_in_a_row >= FAILURES_TO_TRIP:
-            self.engine_died(f"{self.failures_in_a_row} upstream failures in a row, last: {why}")
+        breaker = self.breaker
+        if breaker.held:
             return
-        if self._health_check is None or self._health_check.done():
+        now = self._clock()
+        if breaker.on_failure(now):
+            log.warning(
+                "engine %s failing (%s); its breaker is open, next try in %.3g s",
+                self.base_url,
+                why,
+                breaker.retry_after(now),
+                extra={"fields": {"event": "engine_down", "engine": self.base_url}},
+            )
+        if self.kind.health_covers_engine and (
+            self._health_check is None or self._health_check.done()
+        ):
             self._health_check = asyncio.get_running_loop().create_task(self._check_once())
 
     def succeeded(self) -> None:
-        """A whole answer came back."""
-        self.failures_in_a_row = 0
+        """An attempt got its first token, or a whole answer: the engine works."""
+        if self.breaker.on_success():
+            log.info(
+                "engine %s back: an attempt got its first token; breaker closed",
+                self.base_url,
+                extra={"fields": {"event": "engine_up", "engine": self.base_url}},
+            )
 
-    async def healthy(self) -> bool:
-        """Whether the engine is believed alive: the breaker is closed and, unless it answered
-        within the last probe interval, ``/health`` answers now (one check shared by every
-        concurrent caller). A load balancer polling the gateway's ``/health`` gets the truth."""
-        if self.breaker.is_open:
+    def abandoned(self) -> None:
+        """An attempt ended with no verdict on the engine (a 4xx, its caller left)."""
+        self.breaker.on_abandon()
+
+    async def healthy(self, within: float | None = None) -> bool:
+        """Whether the engine is believed alive: not held down and, unless it answered within
+        the last probe interval, ``/health`` answers now ``within`` so many seconds (default: the
+        probe interval, at least a second; one check shared by every concurrent caller). A load
+        balancer polling the gateway's ``/ready`` gets the truth."""
+        if self.breaker.held:
             return False
         loop = asyncio.get_running_loop()
-        if loop.time() - self.alive_at < self.breaker.probe_interval:
+        if loop.time() - self.alive_at < self.probe_interval:
             return True
         running = self._health_check_running
         if running is None or running.done():
-            running = self._health_check_running = loop.create_task(self.health())
+            running = self._health_check_running = loop.create_task(self.health(within))
         status = await asyncio.shield(running)
         if _healthy_status(status):
             return True
         self._judge(status)
         return False
 
-    async def health(self) -> int | None:
+    async def still_there(self) -> bool:
+        """A stream from this engine went quiet: whether the engine is still there (``/health``
+        answers within :data:`QUIET_HEALTH_TIMEOUT`). False holds it down, so its other streams
+        and every continuation learn it at once."""
+        return await self.healthy(QUIET_HEALTH_TIMEOUT)
+
+    async def health(self, within: float | None = None) -> int | None:
         """Status of the upstream's health path (``/health``, Llama Stack's ``/v1/health``), or
-        ``None`` if it did not answer in time (at most the probe interval, and at least a
-        second)."""
+        ``None`` if it did not answer ``within`` so many seconds (default: the probe interval, and
+        at least a second)."""
         try:
             response = await self.client.get(
-                self.kind.health_path, timeout=max(1.0, self.breaker.probe_interval)
+                self.kind.health_path,
+                timeout=within if within is not None else max(1.0, self.probe_interval),
             )
         except httpx2.HTTPError:
             return None
@@ -416,20 +433,20 @@ class Upstream:
 
     async def _probe_until_healthy(self) -> None:
         while True:
-            await asyncio.sleep(self.breaker.probe_interval)
+            await asyncio.sleep(self.probe_interval)
             if _healthy_status(await self.health()):
-                # Where health does not cover the engine, this lets traffic try again: the next
-                # failures in a row open the breaker anew.
-                self.failures_in_a_row = 0
-                self.breaker.close()
-                if self.announce:
-                    log.info(
-                        "engine %s back: %s answers; breaker closed",
-                        self.base_url,
-                        self.kind.health_path,
-                        extra={"fields": {"event": "engine_up", "engine": self.base_url}},
-                    )
+                # Where health does not cover the engine, the breaker half-opens: the next
+                # attempt finds out whether the engine behind works.
+                self.breaker.let_go(close=self.kind.health_covers_engine)
+                log.info(
+                    "engine %s back: %s answers; breaker %s",
+                    self.base_url,
+                    self.kind.health_path,
+                    self.breaker.state.value,
+                    extra={"fields": {"event": "engine_up", "engine": self.base_url}},
+                )
                 return
+            self.breaker.hold(self._clock(), self.probe_interval)
 
 
 def _healthy_status(status: int | None) -> bool:
@@ -448,27 +465,3 @@ async def read_bounded(response: httpx2.Response) -> bytes:
         if size >= MAX_ERROR_BODY:
             break
     return b"".join(parts)[:MAX_ERROR_BODY]
-
-
-#: Most seconds of an engine's ``Retry-After`` the gateway waits out or passes on (an hour).
-#: An engine may send anything (``inf``, ``1e308``, a date in 2100): past this it reads as this,
-#: so every value gives a caller a 429 or 503 with a ``Retry-After`` it can act on.
-MAX_ENGINE_RETRY_AFTER = 3600.0
-
-
-def retry_after_value(value: str | None) -> float | None:
-    """Seconds an engine's ``Retry-After`` asks for, within [0, :data:`MAX_ENGINE_RETRY_AFTER`],
-    read by the retry core's parser (:func:`streamsafe.retry.parse_retry_after`: seconds,
-    fractions, or an HTTP date, one already past being 0); ``None`` for none, or for a negative,
-    NaN or unreadable value."""
-    if not value:
-        return None
-    seconds = read_retry_after((("retry-after", value),), time.time())
-    return None if seconds is None else min(seconds, MAX_ENGINE_RETRY_AFTER)
-
-
-def parse_retry_after(value: str | None) -> int | None:
-    """Whole seconds (rounded up, at least 1) from an engine's ``Retry-After``, as read by
-    :func:`retry_after_value`."""
-    seconds = retry_after_value(value)
-    return None if seconds is None else max(1, math.ceil(seconds))

@@ -48,10 +48,8 @@ from dataclasses import dataclass
 
 import orjson
 
-# Telling kinds apart is :mod:`~streamsafe.gateway.upstream.probe`'s. Its ProbeResult,
-# describe_probes and probe_kind are named here too only until upstream/connection.py imports
-# them from there; nothing else should.
-from streamsafe.gateway.upstream.probe import KindName, ProbeResult, describe_probes, probe_kind
+# Telling kinds apart is :mod:`~streamsafe.gateway.upstream.probe`'s.
+from streamsafe.gateway.upstream.probe import KindName
 from streamsafe.gateway.upstream.wire import Wire
 
 __all__ = [
@@ -59,15 +57,12 @@ __all__ = [
     "CompletionRoute",
     "ErrorEvent",
     "KindName",
-    "ProbeResult",
     "UpstreamKind",
     "Wire",
     "cost_view",
     "describe_kind",
-    "describe_probes",
     "ends_answer",
     "parse_error_event",
-    "probe_kind",
 ]
 
 
