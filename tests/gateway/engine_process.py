@@ -11,9 +11,10 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import IO, Any
 
 import httpx2
 
@@ -29,6 +30,12 @@ FAST_ARGS = (
     "--default-max-tokens",
     "16",
 )
+
+
+def _drain(stream: IO[str]) -> None:
+    with contextlib.suppress(ValueError, OSError):  # closed when the process is killed
+        for _ in stream:
+            pass
 
 
 class EngineProcess:
@@ -79,8 +86,10 @@ class EngineProcess:
                 self.port = int(port)
                 break
         sel.close()
-        # Drain its output in the background so a chatty process never blocks on a full pipe.
-        os.set_blocking(proc.stdout.fileno(), False)
+        # Drain its output in the background so a chatty process never blocks on a full pipe
+        # (a simulator that logs every request froze once 64 KiB of lines were unread, and its
+        # /health went silent as if the engine were gone).
+        threading.Thread(target=_drain, args=(proc.stdout,), daemon=True).start()
         return self
 
     def stats(self) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import math
 import ssl
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import httpcore2
 import httpx2
@@ -59,7 +60,10 @@ MAX_ERROR_BODY = 64 * 1024
 _JSON_LINE = header_lines({"content-type": "application/json"})
 #: Seconds ``/health`` gets to answer when a stream from the engine went quiet: longer than the
 #: probe's own bound, since a busy engine answers slowly and a wrong verdict ends its streams.
-QUIET_HEALTH_TIMEOUT = 5.0
+QUIET_HEALTH_TIMEOUT = 10.0
+
+#: Seconds the gateway's start waits for an ``auto`` upstream's kind before serving anyway.
+_START_PROBE_WAIT = 1.0
 
 #: Seconds the engine's tokenizer gets to count a prompt (``Upstream.prompt_tokens``).
 _TOKENIZE_TIMEOUT = 5.0
@@ -128,13 +132,17 @@ class Upstream:
         if api_key:
             self._headers["authorization"] = f"Bearer {api_key}"
         self._timeout = httpx2.Timeout(connect=connect_timeout, read=None, write=30.0, pool=None)
-        self._limits = httpx2.Limits(max_connections=None, max_keepalive_connections=max_keepalive)
+        # Idle connections are let go before uvicorn's (and so vLLM's) 5 s keep-alive: one sent
+        # just as the engine closed it was lost, and a health check on it heard nothing.
+        self._limits = httpx2.Limits(
+            max_connections=None, max_keepalive_connections=max_keepalive, keepalive_expiry=4.0
+        )
         self._client: httpx2.AsyncClient | None = None
         self._events = EventStreamPool(
             self.base_url, self._headers, connect_timeout=connect_timeout, ssl_context=self._ssl
         )
         self._probe: asyncio.Task[None] | None = None
-        self._kind_check: asyncio.Task[None] | None = None
+        self._kind_check: asyncio.Task[Any] | None = None
         self._health_check: asyncio.Task[None] | None = None
 
     @property
@@ -162,12 +170,16 @@ class Upstream:
         return self._client
 
     async def start(self) -> None:
-        """Create the connection pool and, for an ``auto`` kind, ask the upstream what it is.
-        A Llama Stack kind that was set is checked in the background (see
-        :meth:`_check_kind`)."""
+        """Create the connection pool and, for an ``auto`` kind, ask the upstream what it is:
+        waited for up to :data:`_START_PROBE_WAIT`, then left to finish in the background (an
+        engine that answers nothing must not keep the gateway from serving ``/ready``; a
+        completion waits for the probe, :meth:`resolve_kind`). A Llama Stack kind that was set
+        is checked in the background (see :meth:`_check_kind`)."""
         _ = self.client
         if not self.kind_known:
-            await self.resolve_kind()
+            probe = asyncio.get_running_loop().create_task(self.resolve_kind())
+            self._kind_check = probe
+            await asyncio.wait((probe,), timeout=_START_PROBE_WAIT)
         elif self.kind.name in ("llama-stack", "ogx"):
             self._kind_check = asyncio.get_running_loop().create_task(self._check_kind())
 
