@@ -190,7 +190,7 @@ def test_unknown_model_is_not_known() -> None:
 
 events_st = st.lists(
     st.tuples(
-        st.sampled_from(["attempt", "success", "failure", "dead", "abandon"]),
+        st.sampled_from(["attempt", "success", "failure", "dead", "abandon", "hold", "let_go"]),
         st.floats(0, 5),
     ),
     max_size=40,
@@ -211,6 +211,12 @@ def test_breaker_invariants(events: list[tuple[str, float]]) -> None:
             assert breaker.state is BreakerState.CLOSED and breaker.failures == 0
         elif kind == "abandon":
             breaker.on_abandon()
+        elif kind == "hold":
+            breaker.hold(now, 1.0)
+            assert breaker.held and breaker.state is BreakerState.OPEN
+        elif kind == "let_go":
+            breaker.let_go(close=step > 2.5)
+            assert not breaker.held
         else:
             was = breaker.state
             breaker.on_failure(now, dead=kind == "dead")
@@ -225,6 +231,60 @@ def test_breaker_invariants(events: list[tuple[str, float]]) -> None:
                 assert breaker.retry_after(now) > 0
         if breaker.state is BreakerState.HALF_OPEN and breaker.probing:
             assert not breaker.allows(now)  # one probe at a time
+        if breaker.held:  # held down by the health probe: nothing goes there, whatever the time
+            assert breaker.state is BreakerState.OPEN
+            assert not breaker.allows(now + 1000) and not breaker.takes_traffic(now + 1000)
+        # A question is not an attempt: takes_traffic agrees with allows and moves nothing.
+        before = (breaker.state, breaker.probing)
+        answer = breaker.takes_traffic(now)
+        assert (breaker.state, breaker.probing) == before
+        assert answer == breaker.allows(now)
+
+
+# -- where a generation can go (docs/design.md, Failover) -------------------------------------
+
+
+@given(
+    st.lists(st.sampled_from(["up", "held", "cooling"]), min_size=1, max_size=5),
+    st.sets(st.integers(0, 4)),
+)
+def test_a_generation_is_stranded_only_where_every_engine_is_held_down_or_shunned(
+    states: list[str], shunned: set[int]
+) -> None:
+    pool = Pool([EngineSpec(f"http://e{i}:8000") for i in range(len(states))])
+    for engine, state in zip(pool.engines, states, strict=True):
+        if state == "held":
+            engine.breaker.hold(0.0, 1.0)
+        elif state == "cooling":
+            for _ in range(3):
+                engine.breaker.on_failure(0.0)
+    why = pool.stranded(["m"], shunned)
+    gone = [s == "held" or i in shunned for i, s in enumerate(states)]
+    assert (why is not None) == all(gone)
+    if why is not None:
+        assert all(e.spec.url in why for e in pool.engines)
+    # Where it is not stranded, a pick (without the shunned) finds an engine: a cooling breaker
+    # is waited for or, where nothing else is, taken anyway; a held one never.
+    pick = pool.pick("m", 0.5, exclude=shunned)
+    assert isinstance(pick, Pick) == (why is None)
+    if isinstance(pick, Pick):
+        assert not pick.engine.breaker.held and pick.engine.index not in shunned
+
+
+@given(st.floats(0, 100), st.one_of(st.none(), st.floats(0.5, 1e6)))
+def test_an_engine_that_sheds_is_passed_over_while_it_said_and_never_longer_than_ten_s(
+    now: float, retry_after: float | None
+) -> None:
+    pool = Pool([EngineSpec("http://full:8000"), EngineSpec("http://other:8000")])
+    full, other = pool.engines
+    full.said_full(now, retry_after)
+    assert now < full.full_until <= now + 10.0
+    assert full.breaker.state is BreakerState.CLOSED  # full is not failing
+    for _ in range(3):
+        pick = pool.pick("m", now)
+        assert isinstance(pick, Pick) and pick.engine is other
+    later = pool.pick("m", full.full_until)
+    assert isinstance(later, Pick)  # both take turns again
 
 
 def test_half_open_probe_closes_on_success_and_reopens_longer_on_failure() -> None:
@@ -263,6 +323,7 @@ statuses_st = st.one_of(
     deadline_in=st.one_of(st.none(), st.floats(-1, 100)),
     budget=st.booleans(),
     larger=st.booleans(),
+    answered=st.booleans(),
 )
 def test_failover_rules(
     status: int | None,
@@ -274,6 +335,7 @@ def test_failover_rules(
     deadline_in: float | None,
     budget: bool,
     larger: bool,
+    answered: bool,
 ) -> None:
     body = b'{"error": {"message": "maximum context length is 4096"}}' if context else b"{}"
     now = 10.0
@@ -288,6 +350,7 @@ def test_failover_rules(
         deadline=None if deadline_in is None else now + deadline_in,
         budget_allows=budget,
         larger_model=larger,
+        sheds_answered=answered,
     )
     if step.action is not Failover.PASS_THROUGH:
         assert attempts < max_attempts  # never past the attempt bound
@@ -296,6 +359,10 @@ def test_failover_rules(
         assert deadline_in is None or deadline_in > 0
     if step.action is Failover.SAME_ENGINE:
         assert same == 0 and status in (429, 500, 503)
+        # A shed is asked of the same engine only where it said when, and its refusals are not
+        # its caller's answer (a full engine that says nothing is passed over).
+        if status in (429, 503):
+            assert retry_after is not None and not answered
         # The time left as the rule sees it: (now + deadline_in) - now, not deadline_in itself,
         # which floating point can make a hair smaller (0.05 against 0.0500000000000007).
         left = None if deadline_in is None else (now + deadline_in) - now

@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from streamsafe.gateway.engines.answers import Refused, made_refusal
 from streamsafe.gateway.engines.pool import Counts, EngineSpec, Pool
 from streamsafe.gateway.upstream.connection import Upstream
 from streamsafe.retry import RetryBudget
@@ -130,6 +131,20 @@ class Engines:
         never help)."""
         caps = [e.spec.memory for e in self.pool.serving(model)]
         return any(cap is None or cost <= cap for cap in caps)
+
+    async def wait_for_room(self, model: str, cost: int, started: float) -> Refused | None:
+        """Every engine of ``model`` is full: wait for room until ``queue_timeout`` after
+        ``started``; the answer to pass on where waiting cannot help or took too long."""
+        if not self.can_ever_fit(model, cost):
+            msg = (
+                f"request needs about {cost} tokens of engine memory, more than "
+                f"any engine of {model!r} holds; lower max_tokens"
+            )
+            return made_refusal(400, msg, "invalid_request_error")
+        if not await self.room_freed(started + self.queue_timeout):
+            msg = f"every engine of {model!r} is full; retry later"
+            return made_refusal(429, msg, "rate_limit_error", 1.0)
+        return None
 
     async def room_freed(self, deadline: float) -> bool:
         """Wait until some generation releases engine memory; ``False`` at ``deadline``."""

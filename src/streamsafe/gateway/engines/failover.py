@@ -73,6 +73,7 @@ def failover_step(
     deadline: float | None,
     budget_allows: bool,
     larger_model: bool,
+    sheds_answered: bool = False,
     max_same_engine_wait: float = 2.0,
 ) -> FailoverStep:
     """The next step for an attempt that failed before any token reached the log.
@@ -81,7 +82,9 @@ def failover_step(
     before the headers, first-token timeout). ``same_engine_tries`` counts retries already spent
     on this engine, ``attempts`` the attempts so far (``max_attempts`` bounds them, and
     ``budget_allows`` is the gateway's retry budget). ``larger_model`` says whether a fallback
-    is configured for a context-length 400. ``max_same_engine_wait`` (default 2 s) is the longest
+    is configured for a context-length 400. ``sheds_answered`` (``--engine-refusals answer``):
+    a shed (429, 503) is its caller's answer, never asked again of the same engine, even where
+    it said when. ``max_same_engine_wait`` (default 2 s) is the longest
     ``Retry-After`` honoured on the same engine; a longer one sends the retry elsewhere.
     """
     if status is not None and 400 <= status < 500 and status != 429:
@@ -96,7 +99,7 @@ def failover_step(
     remaining = math.inf if deadline is None else deadline - now
     if remaining <= 0:
         return FailoverStep(Failover.PASS_THROUGH)
-    says_when = status == 500 or retry_after is not None
+    says_when = status == 500 or (retry_after is not None and not sheds_answered)
     if status in SAME_ENGINE_STATUSES and same_engine_tries == 0 and says_when:
         delay = 0.0 if retry_after is None else retry_after
         if delay <= max_same_engine_wait and delay < remaining:

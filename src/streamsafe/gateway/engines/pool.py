@@ -27,6 +27,7 @@ from typing import Protocol
 from streamsafe.gateway.upstream.breaker import EngineBreaker
 
 __all__ = [
+    "MAX_FULL_FOR",
     "Counts",
     "Engine",
     "EngineLoad",
@@ -38,6 +39,10 @@ __all__ = [
     "parse_engine",
     "parse_fallback",
 ]
+
+#: Longest an engine that shed a request is passed over for new work (its ``Retry-After``,
+#: bounded: a full engine frees room as its answers end).
+MAX_FULL_FOR = 10.0
 
 # -- configuration ------------------------------------------------------------------------------
 
@@ -162,6 +167,11 @@ class Engine:
     #: ``Retry-After``): picked only where no other engine has room. Full is not failing: its
     #: breaker stays closed.
     full_until: float = 0.0
+
+    def said_full(self, now: float, retry_after: float | None) -> None:
+        """It shed a request: passed over for new work for ``retry_after`` seconds (a second
+        where it said none, at most :data:`MAX_FULL_FOR`)."""
+        self.full_until = now + min(MAX_FULL_FOR, 1.0 if retry_after is None else retry_after)
 
     def has_room(self, cost: int) -> bool:
         """True if a generation of ``cost`` tokens fits the engine's memory now."""
@@ -304,11 +314,30 @@ class Pool:
             current = self.fallbacks.get(current)
         return chain
 
-    def held_down(self, model: str, exclude: Collection[int] = ()) -> bool:
-        """True where every engine of ``model`` (but those in ``exclude``) is held down by its
-        health probe (or none is left): a continuation has nowhere to go, and waiting for a
-        cool-down would not help."""
-        return all(e.breaker.held for e in self.serving(model) if e.index not in exclude)
+    def stranded(self, models: Sequence[str], shunned: Collection[int]) -> str | None:
+        """Why no engine of ``models`` can take an attempt, where none can: each is held down by
+        its health probe or in ``shunned`` (silent past the first-token timeout for this
+        generation). ``None`` where one may (a breaker only cooling down is waited for)."""
+        candidates = [e for e in self.engines if any(e.spec.serves(m) for m in models)]
+        if not candidates or any(not e.breaker.held and e.index not in shunned for e in candidates):
+            return None
+        down = [e.spec.url for e in candidates if e.breaker.held]
+        silent = [e.spec.url for e in candidates if not e.breaker.held]
+        parts = []
+        if down:
+            parts.append(f"engine {', '.join(down)} down (its /health does not answer)")
+        if silent:
+            parts.append(f"engine {', '.join(silent)} silent past the first-token timeout")
+        return f"no engine of {models[0]!r} can go on: " + "; ".join(parts)
+
+    def others_take_traffic(self, model: str, current: Engine | None, now: float) -> bool:
+        """True where an engine of ``model`` other than ``current`` takes traffic now."""
+        return any(e is not current and e.breaker.takes_traffic(now) for e in self.serving(model))
+
+    def answering(self, model: str, engine: Engine) -> str:
+        """The model ``engine`` answers a request for ``model`` as: the first of ``model`` and
+        its fallbacks that it serves."""
+        return next((m for m in self.chain(model) if engine.spec.serves(m)), model)
 
     def models(self) -> list[str]:
         """Models some engine lists (engines that serve any model add nothing)."""

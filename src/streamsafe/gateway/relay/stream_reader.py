@@ -20,7 +20,8 @@ from collections.abc import Callable
 
 import httpx2
 
-from streamsafe.gateway.engines.attempts import Attempts, Refused
+from streamsafe.gateway.engines.answers import Refused
+from streamsafe.gateway.engines.attempts import Attempts
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.attempt_watch import AttemptWatch

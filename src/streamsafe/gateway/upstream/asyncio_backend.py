@@ -1,4 +1,6 @@
-"""An httpcore network backend on plain asyncio protocols, for the gateway's upstream pool.
+"""An httpcore network backend on plain asyncio protocols, for the gateway's upstream pool; the
+one module that reaches into httpx2's and httpcore2's private parts (``_pool``, ``_utils``),
+checked against the pinned versions by tests/gateway/test_asyncio_backend.py.
 
 httpcore's default backend goes through anyio, which opens a cancel scope and two context managers
 around every read (about a fifth of the gateway's CPU per relayed chunk). Here a read returns what
@@ -14,9 +16,10 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 import httpcore2
+import httpx2
 from httpcore2._utils import is_socket_readable
 
-__all__ = ["AsyncioBackend"]
+__all__ = ["AsyncioBackend", "pooled_transport"]
 
 #: Bytes an upstream connection buffers before it stops reading from the socket.
 _READ_HIGH_WATER = 256 * 1024
@@ -205,3 +208,20 @@ class AsyncioBackend(httpcore2.AsyncNetworkBackend):
     async def sleep(self, seconds: float) -> None:
         """Sleep on the running loop."""
         await asyncio.sleep(seconds)
+
+
+def pooled_transport(
+    base_url: str, limits: httpx2.Limits, ssl_context: ssl.SSLContext
+) -> httpx2.AsyncHTTPTransport:
+    """httpx2's transport for ``base_url``; for plain ``http://`` its connection pool runs on
+    :class:`AsyncioBackend` (httpx2 has no argument for a network backend: its ``_pool`` is
+    replaced by the same pool on this backend)."""
+    transport = httpx2.AsyncHTTPTransport(limits=limits, trust_env=False, verify=ssl_context)
+    if httpx2.URL(base_url).scheme == "http":
+        transport._pool = httpcore2.AsyncConnectionPool(
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            network_backend=AsyncioBackend(),
+        )
+    return transport

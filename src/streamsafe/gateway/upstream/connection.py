@@ -21,19 +21,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import ssl
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import httpcore2
 import httpx2
 import orjson
 
-from streamsafe.gateway.upstream.asyncio_backend import AsyncioBackend
-from streamsafe.gateway.upstream.breaker import EngineBreaker
+from streamsafe.gateway.upstream.asyncio_backend import pooled_transport
 from streamsafe.gateway.upstream.event_stream import EventStream, EventStreamPool, header_lines
+from streamsafe.gateway.upstream.health import EngineHealth
 from streamsafe.gateway.upstream.kinds import KINDS, UpstreamKind, describe_kind
 from streamsafe.gateway.upstream.probe import ProbeResult, describe_probes, probe_kind
 from streamsafe.retry import RetryBudget
@@ -58,9 +56,6 @@ _ENGINE_DEATH_MARKERS = (
 #: Largest upstream error body kept and passed on.
 MAX_ERROR_BODY = 64 * 1024
 _JSON_LINE = header_lines({"content-type": "application/json"})
-#: Seconds ``/health`` gets to answer when a stream from the engine went quiet: longer than the
-#: probe's own bound, since a busy engine answers slowly and a wrong verdict ends its streams.
-QUIET_HEALTH_TIMEOUT = 10.0
 
 #: Seconds the gateway's start waits for an ``auto`` upstream's kind before serving anyway.
 _START_PROBE_WAIT = 1.0
@@ -83,7 +78,7 @@ def upstream_ssl_context(ca_bundle: str | None = None) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=ca_bundle)
 
 
-class Upstream:
+class Upstream(EngineHealth):
     """Pooled ``httpx2.AsyncClient`` to ``base_url`` plus the breaker and the retry budget."""
 
     def __init__(
@@ -102,6 +97,7 @@ class Upstream:
         failure_threshold: int = 3,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        super().__init__(probe_interval, failure_threshold, clock)
         self.base_url = base_url.rstrip("/")
         #: How an ``https`` upstream is verified: the CAs in ``ca_bundle`` (a PEM file), or the
         #: system's. One context for every connection, the hot stream's and the client's.
@@ -115,19 +111,9 @@ class Upstream:
         self.connect_retries = connect_retries
         self.connect_backoff = connect_backoff
         self.budget = budget or RetryBudget()
-        self.probe_interval = probe_interval
-        #: This engine's breaker (the pool's picks read it; the health probe holds it).
-        self.breaker = EngineBreaker(failure_threshold, cooldown=probe_interval)
-        self._clock = clock
         self.connect_retries_done = 0
         #: Requests sent (per engine series in ``/metrics``).
         self.requests = 0
-        #: Attempts that failed on the engine's side: a 5xx, a reset, a refused connection, a
-        #: stall, an error event standing for a 5xx.
-        self.failures = 0
-        #: Loop time of the last sign of life (a response, or /health answering).
-        self.alive_at = -math.inf
-        self._health_check_running: asyncio.Future[int | None] | None = None
         self._headers = {"accept-encoding": "identity"}
         if api_key:
             self._headers["authorization"] = f"Bearer {api_key}"
@@ -141,25 +127,13 @@ class Upstream:
         self._events = EventStreamPool(
             self.base_url, self._headers, connect_timeout=connect_timeout, ssl_context=self._ssl
         )
-        self._probe: asyncio.Task[None] | None = None
         self._kind_check: asyncio.Task[Any] | None = None
-        self._health_check: asyncio.Task[None] | None = None
 
     @property
     def client(self) -> httpx2.AsyncClient:
         """The pooled client, created on first use (normally at lifespan startup)."""
         if self._client is None:
-            transport = httpx2.AsyncHTTPTransport(
-                limits=self._limits, trust_env=False, verify=self._ssl
-            )
-            if httpx2.URL(self.base_url).scheme == "http":
-                # Same pool, asyncio sockets instead of anyio ones (see asyncio_backend).
-                transport._pool = httpcore2.AsyncConnectionPool(
-                    max_connections=self._limits.max_connections,
-                    max_keepalive_connections=self._limits.max_keepalive_connections,
-                    keepalive_expiry=self._limits.keepalive_expiry,
-                    network_backend=AsyncioBackend(),
-                )
+            transport = pooled_transport(self.base_url, self._limits, self._ssl)
             self._client = httpx2.AsyncClient(
                 base_url=self.base_url,
                 timeout=self._timeout,
@@ -240,7 +214,7 @@ class Upstream:
 
     async def close(self) -> None:
         """Stop the probe and close every upstream connection."""
-        for task in (self._probe, self._health_check, self._kind_check):
+        for task in (*self.health_tasks(), self._kind_check):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -312,104 +286,6 @@ class Upstream:
         await asyncio.sleep(delay)
         return True
 
-    def engine_died(self, why: str) -> None:
-        """The engine is down (it said it died, or ``/health`` answered 5xx): hold its breaker
-        open and probe ``/health`` until it answers."""
-        self.unreachable(why)
-
-    def unreachable(self, why: str) -> None:
-        """The engine cannot be reached (refused, or ``/health`` silent after a failure or a
-        quiet stream): held down as a dead one is, until ``/health`` answers."""
-        if self.breaker.hold(self._clock(), self.probe_interval):
-            log.warning(
-                "engine %s down (%s); failing fast until %s answers",
-                self.base_url,
-                why,
-                self.kind.health_path,
-                extra={"fields": {"event": "engine_down", "engine": self.base_url}},
-            )
-            self._probe = asyncio.get_running_loop().create_task(self._probe_until_healthy())
-
-    def failed(self, why: str, *, dead: bool = False) -> None:
-        """An attempt failed on the engine's side: a 5xx, an error event standing for one, a
-        reset before the answer, a stall; ``dead`` where the engine said it died. Told to the
-        breaker (three in a row open it for a cool-down); a dead engine is held down, and where
-        ``/health`` covers the engine it is asked once, in the background, whether the engine is
-        dead, gone or frozen."""
-        self.failures += 1
-        if dead:
-            self.engine_died(why)
-            return
-        breaker = self.breaker
-        if breaker.held:
-            return
-        now = self._clock()
-        if breaker.on_failure(now):
-            log.warning(
-                "engine %s failing (%s); its breaker is open, next try in %.3g s",
-                self.base_url,
-                why,
-                breaker.retry_after(now),
-                extra={"fields": {"event": "engine_down", "engine": self.base_url}},
-            )
-        if self.kind.health_covers_engine and (
-            self._health_check is None or self._health_check.done()
-        ):
-            self._health_check = asyncio.get_running_loop().create_task(self._check_once())
-
-    def succeeded(self) -> None:
-        """An attempt got its first token, or a whole answer: the engine works."""
-        if self.breaker.on_success():
-            log.info(
-                "engine %s back: an attempt got its first token; breaker closed",
-                self.base_url,
-                extra={"fields": {"event": "engine_up", "engine": self.base_url}},
-            )
-
-    def abandoned(self) -> None:
-        """An attempt ended with no verdict on the engine (a 4xx, its caller left)."""
-        self.breaker.on_abandon()
-
-    async def healthy(self, within: float | None = None) -> bool:
-        """Whether the engine is believed alive: not held down and, unless it answered within
-        the last probe interval, ``/health`` answers now ``within`` so many seconds (default: the
-        probe interval, at least a second; one check shared by every concurrent caller). A load
-        balancer polling the gateway's ``/ready`` gets the truth."""
-        if self.breaker.held:
-            return False
-        loop = asyncio.get_running_loop()
-        if loop.time() - self.alive_at < self.probe_interval:
-            return True
-        running = self._health_check_running
-        if running is None or running.done():
-            running = self._health_check_running = loop.create_task(self.health(within))
-        status = await asyncio.shield(running)
-        if _healthy_status(status):
-            return True
-        self._judge(status)
-        return False
-
-    async def still_there(self) -> bool:
-        """A stream from this engine went quiet: whether the engine is still there (``/health``
-        answers within :data:`QUIET_HEALTH_TIMEOUT`). False holds it down, so its other streams
-        and every continuation learn it at once."""
-        return await self.healthy(QUIET_HEALTH_TIMEOUT)
-
-    async def health(self, within: float | None = None) -> int | None:
-        """Status of the upstream's health path (``/health``, Llama Stack's ``/v1/health``), or
-        ``None`` if it did not answer ``within`` so many seconds (default: the probe interval, and
-        at least a second)."""
-        try:
-            response = await self.client.get(
-                self.kind.health_path,
-                timeout=within if within is not None else max(1.0, self.probe_interval),
-            )
-        except httpx2.HTTPError:
-            return None
-        if _healthy_status(response.status_code):
-            self.alive_at = asyncio.get_running_loop().time()
-        return response.status_code
-
     async def prompt_tokens(self, body: bytes) -> int | None:
         """The prompt tokens of ``body`` (a ``/tokenize`` request) as the engine counts them, or
         ``None`` where it cannot say: no tokenizer route, no answer within
@@ -431,39 +307,6 @@ class Upstream:
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             return None
         return count
-
-    def _judge(self, status: int | None) -> None:
-        if status is None:
-            self.unreachable("/health did not answer")
-        elif status >= 500:
-            self.engine_died(f"/health answered {status}")
-
-    async def _check_once(self) -> None:
-        status = await self.health()
-        if not _healthy_status(status):
-            self._judge(status)
-
-    async def _probe_until_healthy(self) -> None:
-        while True:
-            await asyncio.sleep(self.probe_interval)
-            if _healthy_status(await self.health()):
-                # Where health does not cover the engine, the breaker half-opens: the next
-                # attempt finds out whether the engine behind works.
-                self.breaker.let_go(close=self.kind.health_covers_engine)
-                log.info(
-                    "engine %s back: %s answers; breaker %s",
-                    self.base_url,
-                    self.kind.health_path,
-                    self.breaker.state.value,
-                    extra={"fields": {"event": "engine_up", "engine": self.base_url}},
-                )
-                return
-            self.breaker.hold(self._clock(), self.probe_interval)
-
-
-def _healthy_status(status: int | None) -> bool:
-    # Reachable and not reporting itself down; an engine without /health (404) counts as up.
-    return status is not None and status < 500
 
 
 async def read_bounded(response: httpx2.Response) -> bytes:
