@@ -95,12 +95,13 @@ def test_native_stream_carries_ids_and_resumes_exactly_once(tier: LlamaStackTier
         assert gateway.stats()["resumed"] == 1
 
 
-def test_a_native_stream_whose_first_token_does_not_come_is_asked_again(
+def test_a_native_stream_whose_first_token_does_not_come_ends_with_a_clear_504(
     tier: LlamaStackTier,
 ) -> None:
     # Llama Stack sends its start event at once; the engine then holds the first token past the
-    # gateway's first-token bound. That start event counted as relayed, so the stream ended
-    # with a 504 error event; it is asked again, and the repeated start event dropped.
+    # gateway's first-token bound. The start event is no token: the upstream held the request
+    # silent, so it is not asked again (it would wait as long once more, docs/design.md,
+    # Failover), and with nowhere else to go the stream ends with a 504 error event, once.
     sim = tier.engine(itl_ms=2.0, faults=(Fault.parse("stall:5:1@fresh#1"),))
     with (
         _gateway(tier.url, upstream_kind="llama-stack", first_token_timeout=1.0) as (gw, url),
@@ -108,12 +109,11 @@ def test_a_native_stream_whose_first_token_does_not_come_is_asked_again(
     ):
         r = client.post(url + "/v1/inference/chat-completion", json=_native("held", 10))
         payloads = [orjson.loads(p) for _, p in _events(r.content)]
-        assert "error" not in payloads[-1], payloads[-1]
-        types = [p["event"]["event_type"] for p in payloads]
-        assert types[0] == "start" and types.count("start") == 1 and types[-1] == "complete"
-        text = "".join(p["event"]["delta"]["text"] for p in payloads)
-        assert len(text.split()) == 9  # Llama Stack's own answer: the last token dropped
-        assert gw.stats()["upstream_timeouts"] == 1 and gw.stats()["continued"] == 1
+        types = [p.get("event", {}).get("event_type") for p in payloads]
+        assert types[0] == "start" and types.count("start") == 1
+        error = payloads[-1]["error"]
+        assert error["code"] == 504 and "first token timeout" in error["message"]
+        assert gw.stats()["upstream_timeouts"] == 1 and gw.stats()["continued"] == 0
     assert sim.stats()["faults_injected"]["stall"] == 1
 
 
@@ -142,7 +142,7 @@ def test_masked_engine_failures_count_and_open_the_breaker(tier: LlamaStackTier)
             error = orjson.loads(_events(r.content)[-1][1])["error"]
             assert error["message"].startswith("500: ")
         stats = gateway.stats()
-        assert stats["upstream_failures"] == 3 and stats["breaker_open"]
+        assert stats["upstream_failures"] == 3 and stats["breaker_open"], str(stats["engines"])
         refused = client.post(url + "/v1/inference/chat-completion", json=_native("y", 5))
         assert refused.status_code == 503 and "retry-after" in refused.headers
         assert client.get(url + "/ready").status_code == 503

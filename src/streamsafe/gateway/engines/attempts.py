@@ -87,7 +87,7 @@ class Attempts:
         #: The engine a cut stream is leaving (its continuation's engine is logged with it).
         self._cut_from: Engine | None = None
         self._held: Engine | None = None
-        #: Whether the current attempt's engine was already told how it went.
+        #: Whether the current attempt's engine was already told it failed (or shed it).
         self._verdict = False
         #: Why the latest attempt failed over (logged with the engine it moves to).
         self._failed_why = ""
@@ -310,7 +310,6 @@ class Attempts:
             return
         if self.answering_model is None:
             self.answering_model = self._engines.pool.answering(self.model, engine)
-        self._verdict = True
         self._engines.upstreams[engine.index].succeeded()
 
     def succeeded(self) -> None:

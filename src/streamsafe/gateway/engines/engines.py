@@ -100,9 +100,11 @@ class Engines:
         return self.upstreams[0]
 
     def all_down(self) -> bool:
-        """True while every engine is held down by its health probe (new work fails fast; an
-        engine merely cooling down after failures still takes traffic where no other can)."""
-        return all(e.breaker.held for e in self.pool.engines)
+        """True while every engine is known down (:meth:`EngineBreaker.down`): new work fails
+        fast; an engine merely cooling down after failures still takes traffic where no other
+        can."""
+        now = self.clock()
+        return all(e.breaker.down(now) for e in self.pool.engines)
 
     def retry_after(self) -> int:
         """Seconds until the first engine takes traffic again, rounded up, at least 1."""

@@ -282,12 +282,12 @@ class Pool:
         # First the engines whose breakers let traffic through, along the fallback chain; then,
         # where none does, "panic" (as Envoy calls it): every candidate is cooling down after
         # failures, and turning all traffic away would fail every caller for the breakers'
-        # sake, so those not held down by their health probe take it. Held down is never asked.
+        # sake, so those not known down take it (EngineBreaker.down).
         for panic in (False, True):
             for current in chain:
                 candidates = [e for e in self.serving(current) if e.index not in exclude]
                 if panic:
-                    usable = [e for e in candidates if not e.breaker.held]
+                    usable = [e for e in candidates if not e.breaker.down(now)]
                 else:
                     usable = [e for e in candidates if e.breaker.allows(now)]
                     for e in candidates:
@@ -328,7 +328,8 @@ class Pool:
             parts.append(f"engine {', '.join(down)} down (its /health does not answer)")
         if silent:
             parts.append(f"engine {', '.join(silent)} silent past the first-token timeout")
-        return f"no engine of {models[0]!r} can go on: " + "; ".join(parts)
+        which = f"of {models[0]!r} " if models[0] else ""
+        return f"no engine {which}can go on: " + "; ".join(parts)
 
     def others_take_traffic(self, model: str, current: Engine | None, now: float) -> bool:
         """True where an engine of ``model`` other than ``current`` takes traffic now."""

@@ -251,7 +251,8 @@ class StreamSink:
         watch = self._watch
         if not watch.flowing and gen.length > self._preamble:
             watch.first_event()
-            self._attempts.served()  # the engine delivered: its breaker closes
+            if not self.errored:  # an error event first is no sign the engine works
+                self._attempts.served()  # the engine delivered: its breaker closes
             if gen.first_event_at is None:
                 gen.first_event_at = time.monotonic()
         if self.done and not self._pending:

@@ -48,6 +48,11 @@ class EngineBreaker:
     probing: bool = False
     #: Held open by the health probe until ``/health`` answers (see :meth:`hold`).
     held: bool = False
+    #: Whether failures alone prove the engine down: its health route does not cover it (Llama
+    #: Stack masks an engine's death as an ordinary 500), so an open breaker is all anyone
+    #: knows. Where it does cover it, an engine only cooling down after failures still takes
+    #: traffic where no other engine can (see :meth:`down`).
+    failures_prove_down: bool = False
     _current_cooldown: float = 0.0
 
     def allows(self, now: float) -> bool:
@@ -71,6 +76,13 @@ class EngineBreaker:
         if self.state is BreakerState.OPEN:
             return now >= self.open_until
         return not (self.state is BreakerState.HALF_OPEN and self.probing)
+
+    def down(self, now: float) -> bool:
+        """Whether the engine is known down: held by the health probe, or open after failures
+        where failures are all anyone knows (:attr:`failures_prove_down`). An engine merely
+        cooling down otherwise takes traffic where no other engine can ("panic", as Envoy
+        calls it: turning every caller away for the breaker's sake would help no one)."""
+        return self.held or (self.failures_prove_down and not self.takes_traffic(now))
 
     def on_attempt(self, now: float) -> None:
         """An attempt was sent; in half-open it is the probe."""

@@ -100,6 +100,7 @@ class EngineHealth:
         breaker = self.breaker
         if breaker.held:
             return
+        breaker.failures_prove_down = not self.kind.health_covers_engine
         now = self._clock()
         if breaker.on_failure(now):
             log.warning(
@@ -128,11 +129,12 @@ class EngineHealth:
         self.breaker.on_abandon()
 
     async def healthy(self, within: float | None = None) -> bool:
-        """Whether the engine is believed alive: not held down and, unless it answered within
+        """Whether the engine is believed alive: not known down (held by the probe, or open
+        after failures where failures are all anyone knows) and, unless it answered within
         the last probe interval, ``/health`` answers now ``within`` so many seconds (default: the
         probe interval, at least a second; one check shared by every concurrent caller). A load
         balancer polling the gateway's ``/ready`` gets the truth."""
-        if self.breaker.held:
+        if self.breaker.down(self._clock()):
             return False
         loop = asyncio.get_running_loop()
         if loop.time() - self.alive_at < self.probe_interval:
