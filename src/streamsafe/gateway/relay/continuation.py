@@ -19,7 +19,7 @@ The log is parsed once, when a stream breaks: the per-chunk path never parses JS
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,7 @@ __all__ = [
     "Reshape",
     "continuation_for",
     "is_role_chunk",
+    "owed_end",
     "owed_usage",
     "read_partial",
     "tokenize_body",
@@ -331,3 +332,22 @@ def owed_usage(partial: Partial, prompt_tokens: int) -> bytes:
         "total_tokens": prompt_tokens + partial.tokens,
     }
     return orjson.dumps({**partial.stamp, "choices": [], "usage": usage})
+
+
+async def owed_end(
+    req: GenerationRequest,
+    partial: Partial,
+    prompt_tokens: Callable[[bytes], Awaitable[int | None]],
+) -> tuple[bytes, ...]:
+    """The end a stream still owes when the engine dropped it after its last token: ``[DONE]``,
+    after the usage chunk its request asked for where the prompt can be counted: by the ids that
+    came with the stream, else by the engine's tokenizer (``prompt_tokens`` of a ``/tokenize``
+    body; docs/design.md, Continuation)."""
+    ask = None if partial.usage_seen else tokenize_body(req)
+    if ask is None:
+        return (DONE,)
+    ids = partial.prompt_ids  # sent with the stream where the engine sent them: no question
+    prompt = len(ids) if ids is not None else await prompt_tokens(ask)
+    if prompt is None:
+        return (DONE,)
+    return (owed_usage(partial, prompt), DONE)

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import httpx2
 
@@ -30,18 +31,11 @@ from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.store import LeaseLost
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.attempt_watch import AttemptWatch, UpstreamStalled, UpstreamTimeouts
-from streamsafe.gateway.relay.continuation import (
-    Partial,
-    continuation_for,
-    owed_usage,
-    read_partial,
-    tokenize_body,
-)
+from streamsafe.gateway.relay.continuation import Partial, continuation_for, owed_end, read_partial
 from streamsafe.gateway.relay.endings import BrokenAttempt, Endings, Finish
 from streamsafe.gateway.relay.stream_reader import StreamReader
 from streamsafe.gateway.tracing import Tracing
 from streamsafe.retry import REFUSAL_STATUSES
-from streamsafe.sse import DONE
 
 __all__ = ["BrokenAttempt", "Finish", "Relay"]
 
@@ -96,7 +90,6 @@ class Relay:
         task closes the upstream response, so the engine aborts the request. ``cut`` says why a
         generation whose log already holds events is run again (another replica ran it and is
         gone): it is continued from its log, like a broken stream."""
-        admission = self.admission
         waiter: Waiter | None = None
         attempts = Attempts(self.engines, gen.request.body, gen.cost, gen, self.counters)
         try:
@@ -111,29 +104,8 @@ class Relay:
                     gen, Failure(503, error_body(msg, "service_unavailable", 503), 1)
                 )
                 return
-            if self.engines.all_down():
-                await self._endings.fail_dead(gen)
-                return
-            try:
-                waiter = gen.waiter = admission.request(gen.tenant, gen.cost)
-                if gen.subscribers == 0:
-                    admission.set_active(waiter, False)
-                gen.wake()  # its subscribers plan their wait with the place it got
-                await admission.wait(waiter)
-            except Shed as exc:
-                self.counters.shed += 1
-                msg = f"gateway at capacity ({exc.reason}); retry after {exc.retry_after} s"
-                await self._endings.fail(
-                    gen, Failure(429, error_body(msg, "rate_limit_error", 429), exc.retry_after)
-                )
-                return
-            except ValueError as exc:
-                await self._endings.fail(
-                    gen, Failure(400, error_body(str(exc), "invalid_request_error", 400))
-                )
-                return
-            if self.engines.all_down():
-                await self._endings.fail_dead(gen)
+            waiter = await self._admit(gen)
+            if waiter is None:
                 return
             gen.state = State.RUNNING
             gen.admitted_at = self._clock()
@@ -147,20 +119,55 @@ class Relay:
         except LeaseLost:
             raise  # another replica runs it now; this one must not write a word more
         except Exception as exc:  # a bug must not leave subscribers hanging
-            log.exception("%s: reader failed", gen.id)
-            why = f"gateway error: {type(exc).__name__}"
-            try:
-                await self._endings.fail_mid_stream(gen, why)
-            except Exception:  # the log cannot take the error event either
-                log.exception("%s: failing it failed too", gen.id)
-                if not gen.finished:  # its subscribers end with the error all the same
-                    gen.failure = Failure(502, error_body(why, "upstream_error", 502))
-                    self._finish(gen, State.FAILED)
+            await self._bug(gen, exc)
         finally:
             attempts.release()
+            waiter = waiter or gen.waiter
             if waiter is not None:
-                admission.release(waiter)
+                self.admission.release(waiter)
                 gen.waiter = None
+
+    async def _admit(self, gen: Generation) -> Waiter | None:
+        """Wait for ``gen``'s place (its subscribers plan their wait with it); ``None`` where it
+        ended instead: every engine known down, shed, or a request admission refuses."""
+        if self.engines.all_down():
+            await self._endings.fail_dead(gen)
+            return None
+        admission = self.admission
+        try:
+            waiter = gen.waiter = admission.request(gen.tenant, gen.cost)
+            if gen.subscribers == 0:
+                admission.set_active(waiter, False)
+            gen.wake()
+            await admission.wait(waiter)
+        except Shed as exc:
+            self.counters.shed += 1
+            msg = f"gateway at capacity ({exc.reason}); retry after {exc.retry_after} s"
+            await self._endings.fail(
+                gen, Failure(429, error_body(msg, "rate_limit_error", 429), exc.retry_after)
+            )
+            return None
+        except ValueError as exc:
+            await self._endings.fail(
+                gen, Failure(400, error_body(str(exc), "invalid_request_error", 400))
+            )
+            return None
+        if self.engines.all_down():
+            await self._endings.fail_dead(gen)
+            return None
+        return waiter
+
+    async def _bug(self, gen: Generation, exc: Exception) -> None:
+        """A bug must not leave subscribers hanging: the generation ends with an error."""
+        log.exception("%s: reader failed", gen.id)
+        why = f"gateway error: {type(exc).__name__}"
+        try:
+            await self._endings.fail_mid_stream(gen, why)
+        except Exception:  # the log cannot take the error event either
+            log.exception("%s: failing it failed too", gen.id)
+            if not gen.finished:  # its subscribers end with the error all the same
+                gen.failure = Failure(502, error_body(why, "upstream_error", 502))
+                self._finish(gen, State.FAILED)
 
     async def _call_upstream(
         self, gen: Generation, attempts: Attempts, cut: str | None = None
@@ -169,22 +176,17 @@ class Relay:
         malformed, dropped before its answer) or a continuation refused before any work, more
         within ``max_continuations`` and the total timeout. A broken stream is continued from
         its log, so nothing is generated twice; an attempt that relayed nothing is asked again
-        as it was (the engine aborted what it lost). With a pool, the next attempt goes to another
-        engine where there is one. ``cut``: the generation broke elsewhere (its replica died)
+        as it was (the engine aborted what it lost). The next attempt goes to another engine of
+        the model where there is one. ``cut``: the generation broke elsewhere (its replica died)
         and is continued first."""
-        timeouts = self.timeouts
-        loop = asyncio.get_running_loop()
-        total_deadline = None if timeouts.total is None else loop.time() + timeouts.total
-        tries = 0
-        # When the engine first shed this generation (429/503): it waits for room from then on
-        # at most queue_timeout, as in the gateway's own queue, and sheds cost no continuation.
-        shed_since: float | None = None
+        total = self.timeouts.total
+        repair = _Repair(None if total is None else asyncio.get_running_loop().time() + total)
         while True:
             if cut is not None:
                 broken: BrokenAttempt | None = BrokenAttempt(cut, 502)
                 cut = None
             else:
-                broken = await self.attempt(gen, attempts, total_deadline)
+                broken = await self.attempt(gen, attempts, repair.total_deadline)
             if broken is None:
                 return
             attempts.cut()
@@ -195,96 +197,118 @@ class Relay:
             if gen.stream and gen.length and (route is None or route.upstream_done):
                 partial = await read_partial(gen.log)
             if partial is not None and partial.finished:  # only the end was missing
-                gen.length = await gen.log.append(await self._owed_end(gen, attempts, partial))
+                end = await owed_end(gen.request, partial, attempts.upstream.prompt_tokens)
+                self.counters.usage_recovered += len(end) > 1
+                gen.length = await gen.log.append(end)
                 attempts.succeeded()
                 self._finish(gen, State.DONE)
                 return
             shed = broken.failure is not None and broken.failure.status in REFUSAL_STATUSES
-            if shed and shed_since is None:
-                shed_since = loop.time()
-            if shed and self.config.engine_refusals == "answer":
-                # Its caller retries by itself: the refusal is its answer, and its retries get
-                # the same from the registry while the engine refuses (see refusals.py).
-                await self._endings.fail_broken(gen, broken)
-                self.refused(gen)
-                return
-            if (
-                (broken.stalled is not None and broken.stalled.phase == "total")
-                or (tries >= self.config.max_continuations and not shed)
-                or self.engines.all_down()
-            ):
-                await self._endings.fail_broken(gen, broken)
-                return
-            stranded = attempts.stranded()
-            if stranded is not None:
-                # Every engine that could go on is down or silent: a clear error now, not a
-                # wait for a timeout on an engine known gone (docs/design.md, Failover).
-                broken.why = f"{broken.why}; {stranded}"
-                await self._endings.fail_broken(gen, broken)
+            if await self._gives_up(gen, broken, attempts, repair, shed):
                 return
             if broken.retry_after is not None:
-                # Refused before any work: wait as told, within the total timeout (and, for an
-                # engine shedding load, the queue timeout since it began).
-                wait = min(float(broken.retry_after), _MAX_REFUSAL_WAIT)
-                until = loop.time() + wait
-                if (total_deadline is not None and until >= total_deadline) or (
-                    shed_since is not None and until - shed_since > self.config.queue_timeout
-                ):
-                    await self._endings.fail_broken(gen, broken)
-                    return
-                self.counters.engine_sheds += shed
-                if shed:
-                    self.engine_shedding.note(broken.why)
-                await asyncio.sleep(wait)
-                if self.engines.all_down():
-                    await self._endings.fail_broken(gen, broken)
+                if not await self._wait_out(gen, broken, repair, shed):
                     return
                 if shed:
-                    log.debug("%s: %s; asking again in %g s", gen.id, broken.why, wait)
                     continue
-            elif gen.length <= (route.preamble if route is not None else 0):
-                # Nothing of the answer relayed (at most the events the upstream sends before
-                # the first token, which the next attempt repeats and the sink drops): asked
-                # again as it was; the engine aborted what it lost.
-                gen.continuation = None
-            else:
-                # Where the upstream cannot continue a partial answer (Llama Stack, a generic
-                # OpenAI server), the subscribers get an error event: never an answer that
-                # looks whole but is not.
-                continuation = None
-                if partial is not None and attempts.upstream.kind.can_continue:
-                    continuation = continuation_for(gen.request, partial)
-                if continuation is None:
-                    await self._endings.fail_broken(gen, broken)
-                    return
-                gen.continuation = continuation
-            tries += 1
+            elif not await self._next_ask(gen, broken, attempts, partial):
+                return
+            repair.tries += 1
             gen.continuations += 1
             self.counters.continued += 1
             log.info(
                 "%s: %s; asking upstream again (%d)",
                 gen.id,
                 broken.why,
-                tries,
+                repair.tries,
                 extra={"fields": {"event": "continuation", "generation": gen.id}},
             )
 
-    async def _owed_end(
-        self, gen: Generation, attempts: Attempts, partial: Partial
-    ) -> tuple[bytes, ...]:
-        """The end a stream still owes when the engine dropped it after its last token:
-        ``[DONE]``, after the usage chunk its request asked for where the engine's tokenizer
-        can count the prompt (docs/design.md, Continuation)."""
-        ask = None if partial.usage_seen else tokenize_body(gen.request)
-        prompt = None
-        if ask is not None:
-            # The prompt's ids came with the stream where the engine sent them: no question.
-            ids = partial.prompt_ids
-            prompt = len(ids) if ids is not None else await attempts.upstream.prompt_tokens(ask)
-        if prompt is None:
-            return (DONE,)
-        self.counters.usage_recovered += 1
-        return (owed_usage(partial, prompt), DONE)
+    async def _gives_up(
+        self,
+        gen: Generation,
+        broken: BrokenAttempt,
+        attempts: Attempts,
+        repair: _Repair,
+        shed: bool,
+    ) -> bool:
+        """Whether ``gen`` ends with ``broken`` (it is then ended): its refusal is the caller's
+        answer (``engine_refusals`` ``answer``), the total timeout passed, the continuations are
+        spent, or no engine can go on."""
+        if shed and repair.shed_since is None:
+            repair.shed_since = asyncio.get_running_loop().time()
+        if shed and self.config.engine_refusals == "answer":
+            # Its caller retries by itself: the refusal is its answer, and its retries get the
+            # same from the registry while the engine refuses (see refusals.py).
+            await self._endings.fail_broken(gen, broken)
+            self.refused(gen)
+            return True
+        stranded = attempts.stranded()
+        if stranded is not None:
+            # Every engine that could go on is down or silent: a clear error now, not a wait
+            # for a timeout on an engine known gone (docs/design.md, Failover).
+            broken.why = f"{broken.why}; {stranded}"
+        if (
+            (broken.stalled is not None and broken.stalled.phase == "total")
+            or (repair.tries >= self.config.max_continuations and not shed)
+            or self.engines.all_down()
+            or stranded is not None
+        ):
+            await self._endings.fail_broken(gen, broken)
+            return True
+        return False
+
+    async def _wait_out(
+        self, gen: Generation, broken: BrokenAttempt, repair: _Repair, shed: bool
+    ) -> bool:
+        """Refused before any work: wait as told, within the total timeout (and, for an engine
+        shedding load, the queue timeout since it began). False where ``gen`` ended instead."""
+        assert broken.retry_after is not None
+        loop = asyncio.get_running_loop()
+        wait = min(float(broken.retry_after), _MAX_REFUSAL_WAIT)
+        until = loop.time() + wait
+        deadline = repair.total_deadline
+        since = repair.shed_since
+        if (deadline is not None and until >= deadline) or (
+            since is not None and until - since > self.config.queue_timeout
+        ):
+            await self._endings.fail_broken(gen, broken)
+            return False
+        self.counters.engine_sheds += shed
+        if shed:
+            self.engine_shedding.note(broken.why)
+            log.debug("%s: %s; asking again in %g s", gen.id, broken.why, wait)
+        await asyncio.sleep(wait)
+        if self.engines.all_down():
+            await self._endings.fail_broken(gen, broken)
+            return False
+        return True
+
+    async def _next_ask(
+        self,
+        gen: Generation,
+        broken: BrokenAttempt,
+        attempts: Attempts,
+        partial: Partial | None,
+    ) -> bool:
+        """What the next attempt asks: the request as it was where nothing of the answer was
+        relayed (at most the events the upstream sends before the first token, which the next
+        attempt repeats and the sink drops; the engine aborted what it lost), else the
+        continuation of the partial answer. False where it cannot be continued (Llama Stack, a
+        generic OpenAI server): ``gen`` ends with an error event, never an answer that looks
+        whole but is not."""
+        route = gen.request.route
+        if gen.length <= (route.preamble if route is not None else 0):
+            gen.continuation = None
+            return True
+        continuation = None
+        if partial is not None and attempts.upstream.kind.can_continue:
+            continuation = continuation_for(gen.request, partial)
+        if continuation is None:
+            await self._endings.fail_broken(gen, broken)
+            return False
+        gen.continuation = continuation
+        return True
 
     async def attempt(
         self,
@@ -351,3 +375,14 @@ class Relay:
         finally:
             if response is not None:
                 await response.aclose()
+
+
+@dataclass(slots=True)
+class _Repair:
+    """How far one generation's repairs have gone: continuations asked, when the engine first
+    shed it (it waits for room from then on at most ``queue_timeout``, as in the gateway's own
+    queue, and sheds cost no continuation), and the total deadline."""
+
+    total_deadline: float | None
+    tries: int = 0
+    shed_since: float | None = None
