@@ -27,6 +27,7 @@ __all__ = [
     "send_bad_request",
     "send_failure",
     "send_internal_error",
+    "shutting_down",
     "upstream_refusal",
 ]
 
@@ -114,6 +115,13 @@ class BadRequest(Exception):
         self.message = message
         self.param = param
         self.headers = headers or []
+
+
+def shutting_down() -> BadRequest:
+    """The 503 a new completion or pass-through request gets while the gateway drains, with
+    ``Retry-After: 1``: another replica takes it."""
+    msg = "the gateway is shutting down; retry (another replica takes it)"
+    return BadRequest(503, msg, headers=[(b"retry-after", b"1")])
 
 
 class KeyReused(Exception):

@@ -1,11 +1,14 @@
 """The generation registry: one upstream request per logical request.
 
-The :class:`Registry` finds the generation a request belongs to (by ``(tenant,
-Idempotency-Key)``, or for an unkeyed retry or a resume by ``(tenant, body fingerprint)``), starts
-a new one when there is none, aborts what nobody reads after a grace period, and keeps finished
-ones for replay and resume within a time and memory bound (see docs/design.md, Replay and resume,
-and Abandonment and grace). Reading upstream is :class:`~streamsafe.gateway.relay.relay.Relay`'s
-job; it tells the registry how each generation ended.
+The :class:`Registry` opens the generation a request belongs to: found (by ``(tenant,
+Idempotency-Key)``, or for an unkeyed retry or a resume by ``(tenant, body fingerprint)``, see
+:mod:`streamsafe.gateway.generations.finding`) and attached, or started when there is none. It
+counts subscribers, mirrors other replicas' generations, aborts what nobody reads after a grace
+period (:mod:`streamsafe.gateway.abandonment`) and ends generations; what is kept for replay and
+resume, and what is forgotten, is :mod:`streamsafe.gateway.keeping`'s (see docs/design.md, Replay
+and resume, and Abandonment and grace). Reading upstream is
+:class:`~streamsafe.gateway.relay.relay.Relay`'s job; it tells the registry how each generation
+ended.
 """
 
 from __future__ import annotations
@@ -13,10 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
-from streamsafe.gateway.abandonment import MIRROR_KEPT, Abandonment
+from streamsafe.gateway.abandonment import Abandonment
 from streamsafe.gateway.admission.admission import Admission, Shed
 from streamsafe.gateway.admission.body_budget import BodyBudget
 from streamsafe.gateway.config import GatewayConfig
@@ -24,12 +26,11 @@ from streamsafe.gateway.engines.engines import Engines
 from streamsafe.gateway.errors import (
     Draining,
     Failure,
-    KeyReused,
-    LiveDuplicate,
     NotResumable,
     ResumePastEnd,
     error_body,
 )
+from streamsafe.gateway.generations.finding import Finding, claim_key
 from streamsafe.gateway.generations.generation import (
     Generation,
     GenerationRequest,
@@ -38,8 +39,8 @@ from streamsafe.gateway.generations.generation import (
 )
 from streamsafe.gateway.generations.generation_index import GenerationIndex
 from streamsafe.gateway.generations.refusals import EngineRefusals, EngineRefused
-from streamsafe.gateway.generations.retention import Retention
 from streamsafe.gateway.generations.store import LeaseLost, MemoryStore, Store
+from streamsafe.gateway.keeping import Keeping
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.relay import Relay
 from streamsafe.gateway.replicas.redis_log import ReplicatedLog
@@ -52,15 +53,10 @@ __all__ = ["Registry"]
 
 log = logging.getLogger("streamsafe.gateway")
 
-#: Rounds of claim and release that settle a race on one Idempotency-Key.
-_CLAIM_ROUNDS = 3
-#: Seconds a replica waits for the record of a generation another replica claimed a key for
-#: (see Mirrors.find) before it takes the key over.
-_RECORD_WAIT_S = 2.0
-
 
 class Registry:
-    """Finds, starts, aborts and forgets generations. ``clock`` is injectable for tests.
+    """Finds or starts, aborts and ends generations (what ended is kept or forgotten by its
+    :class:`~streamsafe.gateway.keeping.Keeping`). ``clock`` is injectable for tests.
 
     With ``replicas`` (several gateways sharing Redis, see
     :mod:`streamsafe.gateway.replicas.replicas`), ``store`` is the shared
@@ -94,23 +90,27 @@ class Registry:
         self.generations = GenerationIndex()
         if replicas is not None:  # what it writes back after Redis restarted
             replicas.held = lambda: self.generations
-        #: Finished generations kept for replay, and when each goes.
-        self.kept = Retention(
-            config.max_kept_bytes,
-            config.max_kept_generations,
-            config.keep_finished,
-            lambda gen: self._spawn(self._forget(gen)),
-            clock,
+        self._keeping = keeping = Keeping(
+            config, store, self._own_store, self.generations, self.counters, clock, replicas
         )
-        self._tasks: set[asyncio.Task[None]] = set()
+        #: Finished generations kept for replay, and when each goes.
+        self.kept = keeping.kept
+        self._finding = Finding(
+            config,
+            self.generations,
+            self.counters,
+            clock,
+            mirror=self._mirror,
+            forget=keeping.forget,
+        )
         self._abandonment = Abandonment(
             config,
             admission,
             self.counters,
             replicas,
             finish=self._finish,
-            forget=self._forget,
-            spawn=self._spawn,
+            forget=keeping.forget,
+            spawn=keeping.spawn,
         )
         #: Generations queued or running.
         self.live_generations = 0
@@ -123,7 +123,7 @@ class Registry:
         #: here is still served).
         self.draining = False
 
-    # -- finding a generation -------------------------------------------------------------------
+    # -- opening a generation -------------------------------------------------------------------
 
     async def open(self, req: GenerationRequest) -> tuple[Generation, int]:
         """The generation ``req`` belongs to (attached, replayed, resumed or new) and the offset
@@ -143,101 +143,73 @@ class Registry:
     async def _open(
         self, req: GenerationRequest, store: Store, replicas: Replicas | None
     ) -> tuple[Generation, int]:
-        counters = self.counters
+        new_id = new_generation_id()
+        key = claim_key(req)
+        if key is not None:
+            gen = await self._finding.by_key(req, key, new_id, store, replicas)
+        else:
+            gen = await self._finding.by_body(req, replicas)
+        if gen is not None:
+            return gen, self._attach(gen, req)
+        await self._refuse_start(req, key, new_id, store)
+        return await self._start(req, key, new_id, store, replicas), 0
+
+    def _attach(self, gen: Generation, req: GenerationRequest) -> int:
+        """``req``'s subscriber joins ``gen``, found (counted as a resume, a replay or an
+        attach); returns the offset it reads from."""
         resume = req.last_event_id is not None
         start = 0 if req.last_event_id is None else req.last_event_id + 1
-        gen: Generation | None = None
-        store_key: str | None = None
-        new_id = new_generation_id()
-        if req.idempotency_key is not None:
-            store_key = f"k\x00{req.tenant}\x00{req.idempotency_key}"
-            for _ in range(_CLAIM_ROUNDS):  # a claim can race with a release
-                # The key's generation held here first: Redis may be away, or have restarted
-                # empty and lost the claim (a retry would otherwise start it again).
-                held = self.generations.by_key(store_key)
-                if held is not None:
-                    owner: str | None = held.id
-                else:
-                    # A claim in Redis lapses with the rest of its generation's keys where its
-                    # replica died and nobody took it over (Replicas.orphan_ttl).
-                    ttl = None if replicas is None else replicas.orphan_ttl
-                    owner = await store.claim(store_key, new_id, ttl)
-                if owner is None:
-                    break
-                gen = self.generations.get(owner)
-                if gen is None and replicas is not None:  # another replica's?
-                    gen = await self._mirror(replicas, owner, store_key, _RECORD_WAIT_S)
-                if gen is None:  # owner is gone (forgotten concurrently): take the key over
-                    await store.release(store_key, owner)
-                    continue
-                if gen.fingerprint != req.fingerprint:
-                    counters.key_conflicts += 1
-                    raise KeyReused
-                if not resume and (gen.state is State.FAILED or gen.state is State.ABORTED):
-                    # A fresh attempt after a failure starts over; resuming still replays it.
-                    await self._forget(gen)
-                    gen = None
-                    continue
-                if not resume and gen.live and self.config.on_live_duplicate == "409":
-                    raise LiveDuplicate
-                break
-        elif req.retry or resume:
-            found = self.generations.by_body(req.tenant, req.fingerprint)
-            if found is None and replicas is not None:
-                gen_id = await replicas.find_fingerprint(req.tenant, req.fingerprint)
-                if gen_id is not None:
-                    found = self.generations.get(gen_id) or await self._mirror(
-                        replicas, gen_id, None
-                    )
-            if found is not None and (resume or found.live or found.state is State.DONE):
-                gen = found
-        elif self.config.collapse_identical:
-            # Behind Llama Stack a client's retry comes as a fresh call with no marker: an
-            # identical request is taken for one while the first copy runs, or within the grace
-            # period after it finished (Llama Stack waited for that answer and dropped it, as
-            # its caller had left).
-            found = self.generations.by_body(req.tenant, req.fingerprint)
-            if found is not None and (
-                found.live
-                or (
-                    found.state is State.DONE
-                    and found.finished_at is not None
-                    and self._clock() - found.finished_at <= self.config.grace
-                )
-            ):
-                gen = found
-        if gen is not None:
-            if resume and gen.finished and start > gen.length:
-                raise ResumePastEnd(start - 1, gen.length)
-            if resume:
-                counters.resumed += 1
-            elif gen.finished:
-                counters.replayed += 1
-            else:
-                counters.attached += 1
-            self._join(gen)
-            return gen, min(start, gen.length) if gen.finished else start
-        if not resume and (req.retry or store_key is not None):
+        if resume and gen.finished and start > gen.length:
+            raise ResumePastEnd(start - 1, gen.length)
+        counters = self.counters
+        if resume:
+            counters.resumed += 1
+        elif gen.finished:
+            counters.replayed += 1
+        else:
+            counters.attached += 1
+        self._join(gen)
+        return min(start, gen.length) if gen.finished else start
+
+    async def _refuse_start(
+        self, req: GenerationRequest, key: str | None, new_id: str, store: Store
+    ) -> None:
+        """Raise where no generation may start for ``req``, after letting go of the ``key`` it
+        claimed for ``new_id``: the engine refuses it still, there is nothing to resume, the
+        gateway drains, or the request bodies waiting here are over their budget."""
+        resume = req.last_event_id is not None
+        if not resume and (req.retry or key is not None):
             refused = self.refusals.answer(req.tenant, req.fingerprint, self._clock())
             if refused is not None:  # the engine refuses still: it is not asked again
-                if store_key is not None:
-                    await store.release(store_key, new_id)
+                if key is not None:
+                    await store.release(key, new_id)
                 raise EngineRefused(refused)
         if resume or self.draining:
-            if store_key is not None:
-                await store.release(store_key, new_id)
+            if key is not None:
+                await store.release(key, new_id)
             raise NotResumable if resume else Draining
         if not self.bodies.fits(req.tenant, len(req.body)):
-            if store_key is not None:
-                await store.release(store_key, new_id)
+            if key is not None:
+                await store.release(key, new_id)
             retry_after = self._admission.retry_after(tenant=req.tenant)
             raise Shed("the request bodies waiting here are over their memory budget", retry_after)
+
+    async def _start(
+        self,
+        req: GenerationRequest,
+        key: str | None,
+        new_id: str,
+        store: Store,
+        replicas: Replicas | None,
+    ) -> Generation:
+        """A new generation for ``req`` (under ``key``, claimed), published to the fleet, its
+        first subscriber joined and its reader task started."""
         fleet = self.replicas
         if fleet is None:
             log_ = store.log(new_id)
         else:  # while Redis is away, a log of this process's, written back once it returns
             log_ = fleet.new_log(new_id, detached=replicas is None)
-        gen = Generation(new_id, req, log_, store_key, self._clock())
+        gen = Generation(new_id, req, log_, key, self._clock())
         if replicas is not None:
             await replicas.publish(gen)
         elif fleet is not None:
@@ -247,7 +219,7 @@ class Registry:
         self.bodies.hold(gen.id, req.tenant, len(req.body))
         self._join(gen)
         gen.task = asyncio.get_running_loop().create_task(self._run(gen), name=new_id)
-        return gen, 0
+        return gen
 
     def rejoin(self, gen: Generation, start: int) -> int:
         r"""A subscriber resuming ``gen`` from offset ``start``, found by other means than
@@ -275,7 +247,7 @@ class Registry:
             self.bodies.drop(gen.id)
             gen.log.remote.lease_holder = ""
             replicas.disown(gen)
-            replicas.follow(gen, self._mirror_ended, self._take_over)
+            replicas.follow(gen, self._keeping.mirror_ended, self._take_over)
         finally:
             # The task is ending: let go of it. The exception it may end with (a cancellation,
             # once abandoned) holds these frames and so this generation; with the generation
@@ -285,12 +257,12 @@ class Registry:
 
     # -- other replicas' generations ------------------------------------------------------------
 
-    async def _mirror(
-        self, replicas: Replicas, gen_id: str, key: str | None, wait: float = 0.0
-    ) -> Generation | None:
+    async def _mirror(self, gen_id: str, key: str | None, wait: float) -> Generation | None:
         """A copy here of the generation ``gen_id`` another replica runs (or ran), followed
         until it ends; ``None`` where Redis does not hold it (its record waited for ``wait``
         seconds)."""
+        replicas = self.replicas
+        assert replicas is not None
         gen = await replicas.find(gen_id, key, self._clock(), wait)
         if gen is None:
             return None
@@ -299,22 +271,10 @@ class Registry:
             return current
         self.generations.add(gen)
         if gen.finished:
-            self._mirror_ended(gen, gen.state)
+            self._keeping.mirror_ended(gen, gen.state)
         else:
-            replicas.follow(gen, self._mirror_ended, self._take_over)
+            replicas.follow(gen, self._keeping.mirror_ended, self._take_over)
         return gen
-
-    def _mirror_ended(self, gen: Generation, state: State) -> None:
-        """A mirrored generation ended: its subscribers here finish from the copy; the copy
-        goes soon after (Redis keeps the generation for replay)."""
-        if not gen.finished:
-            gen.state = state
-            gen.wake()
-        if gen.timer is not None:
-            gen.timer.cancel()
-        gen.timer = asyncio.get_running_loop().call_later(
-            MIRROR_KEPT, lambda: self._spawn(self._forget(gen))
-        )
 
     async def _take_over(self, gen: Generation) -> None:
         """This replica took over ``gen`` from a dead owner: run it from its log."""
@@ -350,11 +310,11 @@ class Registry:
         if gen.subscribers == 0 and not gen.finished:
             self._abandonment.left(gen, hold)
 
-    # -- endings and retention ------------------------------------------------------------------
+    # -- endings --------------------------------------------------------------------------------
 
     def _finish(self, gen: Generation, state: State) -> None:
         """``gen`` ended (told by the relay, or by an abort): wake its subscribers, then keep it
-        for replay or forget it."""
+        for replay or forget it (:class:`~streamsafe.gateway.keeping.Keeping`)."""
         if gen.finished:
             return
         was_live = gen.live
@@ -380,66 +340,7 @@ class Registry:
             }
             self._tracing.end_generation(gen.trace, facts)
             gen.trace = None
-        replicas = self.replicas
-        if replicas is not None and replicas.owns(gen):
-            if replicas.closing and state is State.ABORTED:
-                # Stopped by a shutdown, not abandoned: another replica continues it.
-                self._spawn(replicas.hand_over(gen))
-            else:
-                self._spawn(replicas.finished(gen))
-        if state is State.ABORTED or gen.failure is not None or self.config.keep_finished <= 0:
-            # Nothing worth replaying (or replay is off): a later attempt starts over.
-            self._spawn(self._forget(gen))
-            return
-        # A replay needs the log and the fingerprint, not the request body (up to the body
-        # limit) nor the reader task: let them go, so what is kept is what is counted.
-        gen.request.body = b""
-        gen.task = None
-        if gen.timer is not None:  # a grace period still running: nothing left to abort
-            gen.timer.cancel()
-            gen.timer = None
-        for oldest in self.kept.keep(gen):  # its retention time is the ledger's
-            counters.evicted += 1
-            self._spawn(self._forget(oldest))
-        if gen.key is not None and not isinstance(gen.log, ReplicatedLog):
-            # In Redis, the replica's record of the end expires the key with the rest of its
-            # generation's keys (Replicas.finished).
-            self._spawn(self._own_store.expire(gen.key, gen.id, self.config.keep_finished))
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Run store bookkeeping in the background; owned here and awaited by :meth:`close`."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _forget(self, gen: Generation) -> None:
-        """Nobody can find ``gen`` any more; subscribers holding it read on undisturbed."""
-        if gen.finished and gen.timer is not None:
-            gen.timer.cancel()
-            gen.timer = None
-        self.kept.drop(gen)
-        self.generations.drop(gen)
-        if gen.key is not None:  # where it was claimed here (no Redis, or Redis away)
-            await self._own_store.release(gen.key, gen.id)
-        replicas = self.replicas
-        if replicas is None or not isinstance(gen.log, ReplicatedLog):
-            await self._own_store.drop_log(gen.id)
-            return
-        if replicas.is_mirror(gen):
-            replicas.unfollow(gen)  # the owner decides what Redis keeps
-            return
-        if replicas.degraded or replicas.closing:
-            return
-        # The key goes now where a retry must start over (failed, aborted, or evicted). An
-        # answer this replica let go of (evicted for --max-kept-mb, or past its time) goes from
-        # Redis too, so Redis holds what the replicas keep, not --keep-finished of everything.
-        try:
-            if gen.state is State.DONE:
-                await replicas.let_go(gen)
-            if gen.key is not None:
-                await self.store.release(gen.key, gen.id)
-        except REDIS_ERRORS as exc:
-            replicas.failed(exc)
+        self._keeping.ended(gen, state)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -487,7 +388,6 @@ class Registry:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._keeping.settle()
         if self.replicas is not None:
             await self.replicas.close()

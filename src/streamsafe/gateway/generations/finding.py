@@ -1,0 +1,148 @@
+"""Which generation a request belongs to: the one that claimed its ``(tenant, Idempotency-Key)``
+in the store, the newest with its body for an unkeyed retry or a resume, or, with
+``collapse_identical``, the one an identical request joins (see docs/design.md, Replay and
+resume).
+
+Finding starts nothing: where it finds none, the registry starts a generation (under the key
+claimed here). Another replica's generation is looked up through :class:`Fleet` and copied here
+by the registry's ``mirror``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from streamsafe.gateway.config import GatewayConfig
+from streamsafe.gateway.errors import KeyReused, LiveDuplicate
+from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
+from streamsafe.gateway.generations.generation_index import GenerationIndex
+from streamsafe.gateway.generations.store import Store
+from streamsafe.gateway.metrics import Counters
+
+__all__ = ["Finding", "Fleet", "claim_key"]
+
+#: Rounds of claim and release that settle a race on one Idempotency-Key.
+_CLAIM_ROUNDS = 3
+#: Seconds a replica waits for the record of a generation another replica claimed a key for
+#: (see Mirrors.find) before it takes the key over.
+_RECORD_WAIT_S = 2.0
+
+
+class Fleet(Protocol):
+    """What finding asks of the other replicas
+    (:class:`~streamsafe.gateway.replicas.replicas.Replicas`)."""
+
+    #: Seconds a claim in Redis outlives a replica that died with nobody taking it over.
+    orphan_ttl: float
+
+    async def find_fingerprint(self, tenant: str, fingerprint: bytes) -> str | None:
+        """The id of the newest generation of ``tenant`` with this body in Redis, if any."""
+        ...
+
+
+def claim_key(req: GenerationRequest) -> str | None:
+    """The store key ``req`` claims: its tenant and Idempotency-Key; ``None`` without a key."""
+    if req.idempotency_key is None:
+        return None
+    return f"k\x00{req.tenant}\x00{req.idempotency_key}"
+
+
+class Finding:
+    """Finds a request's generation among those ``generations`` holds and, with a fleet, those
+    other replicas run. ``mirror(gen_id, key, wait)`` copies another replica's generation here
+    (``None`` where Redis does not hold it, its record waited for ``wait`` seconds);
+    ``forget`` drops a generation a fresh attempt starts over from. ``clock`` is injectable for
+    tests."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        generations: GenerationIndex,
+        counters: Counters,
+        clock: Callable[[], float],
+        *,
+        mirror: Callable[[str, str | None, float], Awaitable[Generation | None]],
+        forget: Callable[[Generation], Awaitable[None]],
+    ) -> None:
+        self._config = config
+        self._generations = generations
+        self._counters = counters
+        self._clock = clock
+        self._mirror = mirror
+        self._forget = forget
+
+    async def by_key(
+        self, req: GenerationRequest, key: str, new_id: str, store: Store, fleet: Fleet | None
+    ) -> Generation | None:
+        """The generation that claimed ``key`` (see :func:`claim_key`) for ``req``'s body;
+        ``None`` where there is none to join, and then ``key`` is claimed for ``new_id`` (unless
+        the rounds of a race ran out). Raises :class:`~streamsafe.gateway.errors.KeyReused` for
+        another body, :class:`~streamsafe.gateway.errors.LiveDuplicate` for a live one where
+        ``on_live_duplicate`` is ``409``."""
+        resume = req.last_event_id is not None
+        generations = self._generations
+        for _ in range(_CLAIM_ROUNDS):  # a claim can race with a release
+            # The key's generation held here first: Redis may be away, or have restarted
+            # empty and lost the claim (a retry would otherwise start it again).
+            held = generations.by_key(key)
+            if held is not None:
+                owner: str | None = held.id
+            else:
+                # A claim in Redis lapses with the rest of its generation's keys where its
+                # replica died and nobody took it over (Replicas.orphan_ttl).
+                ttl = None if fleet is None else fleet.orphan_ttl
+                owner = await store.claim(key, new_id, ttl)
+            if owner is None:
+                return None
+            gen = generations.get(owner)
+            if gen is None and fleet is not None:  # another replica's?
+                gen = await self._mirror(owner, key, _RECORD_WAIT_S)
+            if gen is None:  # owner is gone (forgotten concurrently): take the key over
+                await store.release(key, owner)
+                continue
+            if gen.fingerprint != req.fingerprint:
+                self._counters.key_conflicts += 1
+                raise KeyReused
+            if not resume and (gen.state is State.FAILED or gen.state is State.ABORTED):
+                # A fresh attempt after a failure starts over; resuming still replays it.
+                await self._forget(gen)
+                continue
+            if not resume and gen.live and self._config.on_live_duplicate == "409":
+                raise LiveDuplicate
+            return gen
+        return None
+
+    async def by_body(self, req: GenerationRequest, fleet: Fleet | None) -> Generation | None:
+        """For a request without a key: the generation an unkeyed retry or a resume continues,
+        or (``collapse_identical``) the one an identical request joins; ``None`` for none."""
+        resume = req.last_event_id is not None
+        if req.retry or resume:
+            found = self._generations.by_body(req.tenant, req.fingerprint)
+            if found is None and fleet is not None:
+                gen_id = await fleet.find_fingerprint(req.tenant, req.fingerprint)
+                if gen_id is not None:
+                    found = self._generations.get(gen_id) or await self._mirror(gen_id, None, 0.0)
+            if found is not None and (resume or found.live or found.state is State.DONE):
+                return found
+            return None
+        if self._config.collapse_identical:
+            return self._identical(req)
+        return None
+
+    def _identical(self, req: GenerationRequest) -> Generation | None:
+        # Behind Llama Stack a client's retry comes as a fresh call with no marker: an
+        # identical request is taken for one while the first copy runs, or within the grace
+        # period after it finished (Llama Stack waited for that answer and dropped it, as its
+        # caller had left).
+        found = self._generations.by_body(req.tenant, req.fingerprint)
+        if found is not None and (
+            found.live
+            or (
+                found.state is State.DONE
+                and found.finished_at is not None
+                and self._clock() - found.finished_at <= self._config.grace
+            )
+        ):
+            return found
+        return None

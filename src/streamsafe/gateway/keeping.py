@@ -1,0 +1,144 @@
+"""What becomes of a generation once it ended: the fleet is told, then it is kept for replay and
+resume within a time and memory bound, or forgotten: here, in the store and in Redis (see
+docs/design.md, Replay and resume).
+
+The registry ends a generation (its state, its subscribers woken) and hands it here; a mirror
+(another replica ran it) ends here, its copy kept a moment for a reconnect. The store
+bookkeeping this starts runs in the background, owned here and awaited at shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from streamsafe.gateway.abandonment import MIRROR_KEPT
+from streamsafe.gateway.config import GatewayConfig
+from streamsafe.gateway.generations.generation import Generation, State
+from streamsafe.gateway.generations.generation_index import GenerationIndex
+from streamsafe.gateway.generations.retention import Retention
+from streamsafe.gateway.generations.store import Store
+from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.replicas.redis_log import ReplicatedLog
+from streamsafe.gateway.replicas.replicas import Replicas
+from streamsafe.gateway.replicas.store_redis import REDIS_ERRORS
+
+__all__ = ["Keeping"]
+
+
+class Keeping:
+    """The finished generations of one registry: ``kept`` for replay, the rest forgotten from
+    ``generations``. ``store`` is where keys are claimed (Redis with ``replicas``),
+    ``own_store`` this process's (the store itself without replicas, else where keys and logs
+    go while Redis is unreachable)."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        store: Store,
+        own_store: Store,
+        generations: GenerationIndex,
+        counters: Counters,
+        clock: Callable[[], float],
+        replicas: Replicas | None,
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._own_store = own_store
+        self._generations = generations
+        self._counters = counters
+        self._replicas = replicas
+        #: Finished generations kept for replay, and when each goes.
+        self.kept = Retention(
+            config.max_kept_bytes,
+            config.max_kept_generations,
+            config.keep_finished,
+            lambda gen: self.spawn(self.forget(gen)),
+            clock,
+        )
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def ended(self, gen: Generation, state: State) -> None:
+        """``gen`` ended in ``state`` (its subscribers were woken): tell the fleet, then keep it
+        for replay or forget it."""
+        replicas = self._replicas
+        if replicas is not None and replicas.owns(gen):
+            if replicas.closing and state is State.ABORTED:
+                # Stopped by a shutdown, not abandoned: another replica continues it.
+                self.spawn(replicas.hand_over(gen))
+            else:
+                self.spawn(replicas.finished(gen))
+        if state is State.ABORTED or gen.failure is not None or self._config.keep_finished <= 0:
+            # Nothing worth replaying (or replay is off): a later attempt starts over.
+            self.spawn(self.forget(gen))
+            return
+        self._keep(gen)
+
+    def mirror_ended(self, gen: Generation, state: State) -> None:
+        """A mirrored generation ended: its subscribers here finish from the copy; the copy
+        goes soon after (Redis keeps the generation for replay)."""
+        if not gen.finished:
+            gen.state = state
+            gen.wake()
+        if gen.timer is not None:
+            gen.timer.cancel()
+        gen.timer = asyncio.get_running_loop().call_later(
+            MIRROR_KEPT, lambda: self.spawn(self.forget(gen))
+        )
+
+    def _keep(self, gen: Generation) -> None:
+        # A replay needs the log and the fingerprint, not the request body (up to the body
+        # limit) nor the reader task: let them go, so what is kept is what is counted.
+        gen.request.body = b""
+        gen.task = None
+        if gen.timer is not None:  # a grace period still running: nothing left to abort
+            gen.timer.cancel()
+            gen.timer = None
+        for oldest in self.kept.keep(gen):  # its retention time is the ledger's
+            self._counters.evicted += 1
+            self.spawn(self.forget(oldest))
+        if gen.key is not None and not isinstance(gen.log, ReplicatedLog):
+            # In Redis, the replica's record of the end expires the key with the rest of its
+            # generation's keys (Replicas.finished).
+            self.spawn(self._own_store.expire(gen.key, gen.id, self._config.keep_finished))
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run store bookkeeping in the background; owned here and awaited by :meth:`settle`."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def settle(self) -> None:
+        """Wait for the bookkeeping still running (shutdown)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def forget(self, gen: Generation) -> None:
+        """Nobody can find ``gen`` any more; subscribers holding it read on undisturbed."""
+        if gen.finished and gen.timer is not None:
+            gen.timer.cancel()
+            gen.timer = None
+        self.kept.drop(gen)
+        self._generations.drop(gen)
+        if gen.key is not None:  # where it was claimed here (no Redis, or Redis away)
+            await self._own_store.release(gen.key, gen.id)
+        replicas = self._replicas
+        if replicas is None or not isinstance(gen.log, ReplicatedLog):
+            await self._own_store.drop_log(gen.id)
+            return
+        if replicas.is_mirror(gen):
+            replicas.unfollow(gen)  # the owner decides what Redis keeps
+            return
+        if replicas.degraded or replicas.closing:
+            return
+        # The key goes now where a retry must start over (failed, aborted, or evicted). An
+        # answer this replica let go of (evicted for --max-kept-mb, or past its time) goes from
+        # Redis too, so Redis holds what the replicas keep, not --keep-finished of everything.
+        try:
+            if gen.state is State.DONE:
+                await replicas.let_go(gen)
+            if gen.key is not None:
+                await self._store.release(gen.key, gen.id)
+        except REDIS_ERRORS as exc:
+            replicas.failed(exc)

@@ -1,0 +1,75 @@
+"""Who calls: the tenant a request's API key names, and the admin key that guards ``/stats`` and
+``/metrics``.
+
+Keys are held by digest only: no API key stays in the gateway's memory as text, and a tenant is
+known by a digest of its key (:func:`~streamsafe.gateway.serving.requests.tenant_id`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+
+from streamsafe._asgi import Scope, header
+from streamsafe.gateway.config import GatewayConfig
+from streamsafe.gateway.errors import BadRequest
+from streamsafe.gateway.serving.requests import tenant_id
+
+__all__ = ["ANONYMOUS", "ApiKeys"]
+
+log = logging.getLogger("streamsafe.gateway")
+
+#: The one tenant of a gateway without API keys (nor a forwarded Authorization).
+ANONYMOUS = "anonymous"
+
+
+class ApiKeys:
+    """The gateway's ``api_keys`` (one tenant each) and its ``admin_key``. Without API keys
+    every caller is :data:`ANONYMOUS`, or with ``forward_authorization`` the tenant its
+    credential names; without an admin key the admin routes are open (a warning says so where
+    API keys are set)."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self._forward_authorization = config.forward_authorization
+        self._tenants = {
+            hashlib.sha256(k.strip().encode()).digest(): tenant_id(k.strip().encode())
+            for k in config.api_keys
+        }
+        admin = config.admin_key
+        self._admin_digest = hashlib.sha256(admin.encode()).digest() if admin else None
+        if self._tenants and self._admin_digest is None:
+            log.warning("API keys are set but no admin key: /stats and /metrics are open")
+
+    def tenant(self, scope: Scope) -> str:
+        """The tenant the request's ``Authorization: Bearer`` key names; raises a 401
+        :class:`~streamsafe.gateway.errors.BadRequest` for a missing or unknown key."""
+        if not self._tenants:
+            if self._forward_authorization:
+                # The upstream authenticates: each credential is its own tenant, known here by
+                # its digest only (the credential itself goes upstream).
+                auth = header(scope, b"authorization")
+                return ANONYMOUS if auth is None else tenant_id(auth.strip())
+            return ANONYMOUS
+        auth = header(scope, b"authorization")
+        if auth is not None:
+            scheme, _, token = auth.partition(b" ")
+            if scheme.lower() == b"bearer" and token:
+                tenant = self._tenants.get(hashlib.sha256(token.strip()).digest())
+                if tenant is not None:
+                    return tenant
+            raise BadRequest(401, "invalid API key")
+        raise BadRequest(401, "missing API key: send Authorization: Bearer <key>")
+
+    def check_admin(self, scope: Scope) -> None:
+        """Raise a 401 :class:`~streamsafe.gateway.errors.BadRequest` unless the request
+        carries the admin key (where one is set)."""
+        if self._admin_digest is None:
+            return
+        auth = header(scope, b"authorization")
+        if auth is None:
+            raise BadRequest(401, "missing admin key: send Authorization: Bearer <admin key>")
+        scheme, _, token = auth.partition(b" ")
+        digest = hashlib.sha256(token.strip()).digest()
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(digest, self._admin_digest):
+            raise BadRequest(401, "invalid admin key")

@@ -1,0 +1,83 @@
+"""The routes the gateway answers itself from its engines: ``/ready`` (whether some engine can
+take work now) and the model list (the pool's, or the first engine's for an upstream with no
+pass-through, in a shape both OpenAI's and Llama Stack's clients read)."""
+
+from __future__ import annotations
+
+import orjson
+
+from streamsafe._asgi import Send, respond
+from streamsafe.gateway.engines.engines import Engines
+from streamsafe.gateway.errors import BadRequest, error_body
+
+__all__ = ["MODEL_ROUTES", "answer_models", "answer_ready"]
+
+#: Model lists the gateway answers itself for an upstream with no pass-through (vLLM): Llama
+#: Stack 0.2's alias included, so llama-stack-client can list models through it.
+MODEL_ROUTES = ("/v1/models", "/v1/openai/v1/models")
+
+
+async def answer_ready(send: Send, engines: Engines, draining: bool) -> None:
+    """Readiness: 200 only while the gateway takes work and some engine can do it: not
+    ``draining``, and some engine not held down whose health route answered within the last
+    probe interval or answers now. (``/health`` is liveness: 200 while the process serves at
+    all, so a supervisor never restarts a gateway, and throws away its replay logs, for an
+    engine's outage.)"""
+    if draining:
+        body = error_body("the gateway is draining", "service_unavailable", 503)
+        await respond(send, 503, body, headers=[(b"retry-after", b"1")])
+        return
+    if await engines.ready():
+        await respond(send, 200, b'{"status":"ok"}')
+        return
+    down = ", ".join(u.base_url for u in engines.upstreams)
+    body = error_body(f"no engine answers its health check ({down})", "service_unavailable", 503)
+    ra = str(engines.retry_after()).encode()
+    await respond(send, 503, body, headers=[(b"retry-after", ra)])
+
+
+async def answer_models(send: Send, engines: Engines) -> None:
+    """The model list: the pool's models, wherever they are served, where the engine specs
+    name them; else the first engine's own list (503 where it is unreachable)."""
+    listed = engines.pool.models()
+    if listed:
+        data = [{"id": m, "object": "model", "owned_by": "streamsafe"} for m in listed]
+        body = orjson.dumps({"object": "list", "data": data})
+        await respond(send, 200, _both_model_lists(body))
+        return
+    try:
+        response = await engines.first.open("GET", "/v1/models")
+        try:
+            body = await response.aread()
+        finally:
+            await response.aclose()
+    except Exception as exc:
+        msg = f"upstream unreachable: {type(exc).__name__}"
+        raise BadRequest(503, msg) from None
+    if response.status_code == 200:
+        body = _both_model_lists(body)
+    await respond(send, response.status_code, body)
+
+
+def _both_model_lists(body: bytes) -> bytes:
+    """An OpenAI model list that Llama Stack's clients read too: each model also carries the
+    fields of Llama Stack's own (``identifier``, ``provider_resource_id``, ``provider_id``,
+    ``model_type``, ``type``, ``metadata``), as llama-stack-client 0.2 lists models from the
+    same ``/v1/models`` (it read every identifier as ``None``). A body that is no such list is
+    left as it came."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list):
+        return body
+    for model in data:
+        if isinstance(model, dict) and isinstance(model.get("id"), str):
+            model.setdefault("identifier", model["id"])
+            model.setdefault("provider_resource_id", model["id"])
+            model.setdefault("provider_id", str(model.get("owned_by") or "streamsafe"))
+            model.setdefault("model_type", "llm")
+            model.setdefault("type", "model")
+            model.setdefault("metadata", {})
+    return orjson.dumps(doc)
