@@ -16,9 +16,9 @@ from typing import Any
 
 from streamsafe.gateway.admission.admission import Admission
 from streamsafe.gateway.config import GatewayConfig
+from streamsafe.gateway.generations.fleet import Fleet
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.metrics import Counters
-from streamsafe.gateway.replicas.replicas import Replicas
 
 __all__ = ["Abandonment"]
 
@@ -39,7 +39,7 @@ class Abandonment:
         config: GatewayConfig,
         admission: Admission,
         counters: Counters,
-        replicas: Replicas | None,
+        fleet: Fleet,
         *,
         finish: Callable[[Generation, State], None],
         forget: Callable[[Generation], Coroutine[Any, Any, None]],
@@ -48,7 +48,7 @@ class Abandonment:
         self._config = config
         self._admission = admission
         self._counters = counters
-        self._replicas = replicas
+        self._fleet = fleet
         self._finish = finish
         self._forget = forget
         self._spawn = spawn
@@ -65,10 +65,10 @@ class Abandonment:
     def grace(self, gen: Generation, hold: float = 0.0) -> None:
         """``gen`` has no subscriber here: start its grace period, ``hold`` seconds later where
         the subscriber was told to come back then (for a mirror: forget the copy after it)."""
-        replicas = self._replicas
+        fleet = self._fleet
         loop = asyncio.get_running_loop()
-        if replicas is not None and replicas.is_mirror(gen):
-            replicas.subscribers_changed(gen)
+        if fleet.is_mirror(gen):
+            fleet.subscribers_changed(gen)
             gen.timer = loop.call_later(
                 max(self._config.grace + hold, MIRROR_KEPT),
                 lambda: self._spawn(self._forget(gen)),
@@ -84,19 +84,19 @@ class Abandonment:
         gen.timer = None
         if gen.subscribers > 0 or gen.finished:
             return
-        replicas = self._replicas
-        if replicas is not None and replicas.owns(gen):
-            self._spawn(self._abort_unless_followed(replicas, gen))
+        if self._fleet.owns(gen):  # subscribers on another replica may read it
+            self._spawn(self._abort_unless_followed(gen))
             return
         self._abort(gen)
 
-    async def _abort_unless_followed(self, replicas: Replicas, gen: Generation) -> None:
+    async def _abort_unless_followed(self, gen: Generation) -> None:
         """Abort ``gen`` unless subscribers on another replica read it; then ask again after
         another grace period."""
-        if await replicas.followed_elsewhere(gen):
+        fleet = self._fleet
+        if await fleet.followed_elsewhere(gen):
             if gen.subscribers == 0 and not gen.finished and gen.timer is None:
                 gen.timer = asyncio.get_running_loop().call_later(
-                    max(self._config.grace, replicas.lease), self._over, gen
+                    max(self._config.grace, fleet.lease), self._over, gen
                 )
             return
         self._abort(gen)

@@ -11,7 +11,6 @@ reads it, :class:`~streamsafe.gateway.registry.Registry` finds or starts its gen
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -30,7 +29,9 @@ from streamsafe.gateway.errors import (
     send_internal_error,
     shutting_down,
 )
+from streamsafe.gateway.generations.fleet import Fleet
 from streamsafe.gateway.generations.generation import State
+from streamsafe.gateway.generations.solo import Solo
 from streamsafe.gateway.generations.store import MemoryStore, Store
 from streamsafe.gateway.metrics import (
     CONTENT_TYPE,
@@ -71,7 +72,8 @@ class Gateway:
     >>> ServerThread(gw).start()  # or uvicorn, or `streamsafe serve`
 
     ``store`` holds key ownership and event logs (default: a :class:`MemoryStore` for this
-    process). ASGI lifespan opens and closes the upstream connection pool and stops every
+    process, a fleet of one; with ``config.redis_url`` and no ``store``, Redis shared with the
+    other replicas). ASGI lifespan opens and closes the upstream connection pool and stops every
     generation on shutdown. :meth:`stats` may be called from any thread.
     """
 
@@ -91,16 +93,13 @@ class Gateway:
             queue_timeout=config.queue_timeout,
             weights={tenant_id(k.strip().encode()): w for k, w in config.tenant_weights},
         )
-        self.replicas: Replicas | None = None
-        if store is None and config.redis_url is not None:
-            store, self.replicas = _fleet(config, config.redis_url)
-        self.registry = Registry(
-            config,
-            store or MemoryStore(),
-            self.admission,
-            self.engines,
-            replicas=self.replicas,
+        #: The replicas this process is one of: the Redis fleet, or itself alone.
+        self.fleet: Fleet = (
+            _replicas(config, config.redis_url)
+            if store is None and config.redis_url is not None
+            else Solo(store or MemoryStore())
         )
+        self.registry = Registry(config, self.fleet, self.admission, self.engines)
         self.tracing = Tracing(config.tracing)
         self.histograms = Histograms()
         self.metrics = Metrics(self.stats, self.histograms, self.engine_readings)
@@ -119,7 +118,8 @@ class Gateway:
         """Counters and gauges (the ``/stats`` document). Reads plain ints only, so it is safe to
         call from another thread."""
         registry, admission, upstream = self.registry, self.admission, self.upstream
-        engines = self.engines
+        engines, fleet = self.engines, self.fleet
+        rc = fleet.counters
         readings = Readings(
             live_generations=registry.live_generations,
             kept_generations=len(registry.kept),
@@ -133,20 +133,14 @@ class Gateway:
             upstream_connect_retries=sum(u.connect_retries_done for u in engines.upstreams),
             engine_failovers=engines.failovers,
             engine_migrations=engines.migrations,
+            generations_mirrored=rc.mirrored,
+            generations_taken_over=rc.taken_over,
+            leases_lost=rc.leases_lost,
+            redis_errors=rc.redis_errors,
+            redis_degraded=fleet.degraded,
+            fleet_replicas=fleet.fleet_replicas,
+            redis_used_memory_bytes=fleet.redis_used_memory,
         )
-        replicas = self.replicas
-        if replicas is not None:
-            rc = replicas.counters
-            readings = dataclasses.replace(
-                readings,
-                generations_mirrored=rc.mirrored,
-                generations_taken_over=rc.taken_over,
-                leases_lost=rc.leases_lost,
-                redis_errors=rc.redis_errors,
-                redis_degraded=replicas.degraded,
-                fleet_replicas=replicas.fleet_replicas,
-                redis_used_memory_bytes=replicas.redis_used_memory,
-            )
         doc = stats_document(registry.counters, readings, time.monotonic() - self._started)
         doc["upstream_kind"] = upstream.kind.name if upstream.kind_known else None
         doc["refusals_answered"] = registry.refusals.answered
@@ -181,8 +175,7 @@ class Gateway:
     async def startup(self) -> None:
         """Open the upstream connection pool (called by ASGI lifespan)."""
         await self.engines.start()
-        if self.replicas is not None:
-            self.replicas.start()
+        self.fleet.start()
 
     async def shutdown(self) -> None:
         """Stop every generation and close upstream connections (ASGI lifespan)."""
@@ -308,13 +301,14 @@ class Gateway:
     # -- shutdown ----------------------------------------------------------------------------------
 
     def _busy(self) -> int:
-        """What a drain waits for: clients connected here (readers, pass-through) and, without
-        replicas, the generations still running (a generation can only end here). With
-        replicas a generation nobody here reads is handed over at once: another replica
-        continues it from its log, and its readers, elsewhere, never notice."""
+        """What a drain waits for: clients connected here (readers, pass-through) and, where
+        the fleet does not hand over (a process alone), the generations still running (a
+        generation can only end here). Where it does, a generation nobody here reads is
+        handed over at once: another replica continues it from its log, and its readers,
+        elsewhere, never notice."""
         registry = self.registry
         busy = registry.subscribers + self._passing
-        return busy if self.replicas is not None else busy + registry.live_generations
+        return busy if self.fleet.hands_over else busy + registry.live_generations
 
     async def drain(self, limit: float) -> None:
         """Stop taking new work and let what runs finish, for at most ``limit`` seconds; then
@@ -325,7 +319,7 @@ class Gateway:
         listening."""
         self.draining = True
         self.registry.draining = True
-        await let_finish(self.registry, self._busy, limit, hand_over=self.replicas is not None)
+        await let_finish(self.registry, self._busy, limit, hand_over=self.fleet.hands_over)
 
 
 _BREAKER_STATES = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
@@ -358,9 +352,8 @@ def _engines(config: GatewayConfig, specs: Sequence[str]) -> Engines:
     )
 
 
-def _fleet(config: GatewayConfig, redis_url: str) -> tuple[RedisStore, Replicas]:
-    """The store shared with the other replicas in Redis at ``redis_url``, and this replica's
-    generations in the fleet."""
+def _replicas(config: GatewayConfig, redis_url: str) -> Replicas:
+    """This replica in the fleet that shares its generations through Redis at ``redis_url``."""
     redis_store = RedisStore(redis_url, secret=config.redis_secret)
     if config.redis_secret is None:
         log.warning(
@@ -368,10 +361,9 @@ def _fleet(config: GatewayConfig, redis_url: str) -> tuple[RedisStore, Replicas]
             "all (another replica cannot continue a generation that carried it); give "
             "every replica the same --redis-secret to seal both"
         )
-    replicas = Replicas(
+    return Replicas(
         redis_store,
         lease=config.lease,
         keep_finished=config.keep_finished,
         orphan_ttl=config.orphan_ttl,
     )
-    return redis_store, replicas

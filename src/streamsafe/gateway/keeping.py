@@ -15,40 +15,33 @@ from typing import Any
 
 from streamsafe.gateway.abandonment import MIRROR_KEPT
 from streamsafe.gateway.config import GatewayConfig
+from streamsafe.gateway.generations.fleet import Fleet
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.generation_index import GenerationIndex
 from streamsafe.gateway.generations.retention import Retention
-from streamsafe.gateway.generations.store import Store
 from streamsafe.gateway.metrics import Counters
-from streamsafe.gateway.replicas.redis_log import ReplicatedLog
-from streamsafe.gateway.replicas.replicas import Replicas
-from streamsafe.gateway.replicas.store_redis import REDIS_ERRORS
 
 __all__ = ["Keeping"]
 
 
 class Keeping:
     """The finished generations of one registry: ``kept`` for replay, the rest forgotten from
-    ``generations``. ``store`` is where keys are claimed (Redis with ``replicas``),
-    ``own_store`` this process's (the store itself without replicas, else where keys and logs
-    go while Redis is unreachable)."""
+    ``generations`` and from the ``fleet``. Keys and logs of this process's own (a process
+    alone's, or a replica's while Redis was away) are in the store of ``fleet.alone``."""
 
     def __init__(
         self,
         config: GatewayConfig,
-        store: Store,
-        own_store: Store,
         generations: GenerationIndex,
         counters: Counters,
         clock: Callable[[], float],
-        replicas: Replicas | None,
+        fleet: Fleet,
     ) -> None:
         self._config = config
-        self._store = store
-        self._own_store = own_store
         self._generations = generations
         self._counters = counters
-        self._replicas = replicas
+        self._fleet = fleet
+        self._own_store = fleet.alone.store
         #: Finished generations kept for replay, and when each goes.
         self.kept = Retention(
             config.max_kept_bytes,
@@ -62,13 +55,13 @@ class Keeping:
     def ended(self, gen: Generation, state: State) -> None:
         """``gen`` ended in ``state`` (its subscribers were woken): tell the fleet, then keep it
         for replay or forget it."""
-        replicas = self._replicas
-        if replicas is not None and replicas.owns(gen):
-            if replicas.closing and state is State.ABORTED:
+        fleet = self._fleet
+        if fleet.owns(gen):
+            if fleet.closing and state is State.ABORTED:
                 # Stopped by a shutdown, not abandoned: another replica continues it.
-                self.spawn(replicas.hand_over(gen))
+                self.spawn(fleet.hand_over(gen))
             else:
-                self.spawn(replicas.finished(gen))
+                self.spawn(fleet.finished(gen))
         if state is State.ABORTED or gen.failure is not None or self._config.keep_finished <= 0:
             # Nothing worth replaying (or replay is off): a later attempt starts over.
             self.spawn(self.forget(gen))
@@ -98,7 +91,7 @@ class Keeping:
         for oldest in self.kept.keep(gen):  # its retention time is the ledger's
             self._counters.evicted += 1
             self.spawn(self.forget(oldest))
-        if gen.key is not None and not isinstance(gen.log, ReplicatedLog):
+        if gen.key is not None and not self._fleet.shares(gen):
             # In Redis, the replica's record of the end expires the key with the rest of its
             # generation's keys (Replicas.finished).
             self.spawn(self._own_store.expire(gen.key, gen.id, self._config.keep_finished))
@@ -123,22 +116,22 @@ class Keeping:
         self._generations.drop(gen)
         if gen.key is not None:  # where it was claimed here (no Redis, or Redis away)
             await self._own_store.release(gen.key, gen.id)
-        replicas = self._replicas
-        if replicas is None or not isinstance(gen.log, ReplicatedLog):
+        fleet = self._fleet
+        if not fleet.shares(gen):
             await self._own_store.drop_log(gen.id)
             return
-        if replicas.is_mirror(gen):
-            replicas.unfollow(gen)  # the owner decides what Redis keeps
+        if fleet.is_mirror(gen):
+            fleet.unfollow(gen)  # the owner decides what Redis keeps
             return
-        if replicas.degraded or replicas.closing:
+        if fleet.degraded or fleet.closing:
             return
         # The key goes now where a retry must start over (failed, aborted, or evicted). An
         # answer this replica let go of (evicted for --max-kept-mb, or past its time) goes from
         # Redis too, so Redis holds what the replicas keep, not --keep-finished of everything.
         try:
             if gen.state is State.DONE:
-                await replicas.let_go(gen)
+                await fleet.let_go(gen)
             if gen.key is not None:
-                await self._store.release(gen.key, gen.id)
-        except REDIS_ERRORS as exc:
-            replicas.failed(exc)
+                await fleet.store.release(gen.key, gen.id)
+        except fleet.errors as exc:
+            fleet.failed(exc)

@@ -31,6 +31,7 @@ from streamsafe.gateway.errors import (
     error_body,
 )
 from streamsafe.gateway.generations.finding import Finding, claim_key
+from streamsafe.gateway.generations.fleet import Fleet, Reach
 from streamsafe.gateway.generations.generation import (
     Generation,
     GenerationRequest,
@@ -39,13 +40,10 @@ from streamsafe.gateway.generations.generation import (
 )
 from streamsafe.gateway.generations.generation_index import GenerationIndex
 from streamsafe.gateway.generations.refusals import EngineRefusals, EngineRefused
-from streamsafe.gateway.generations.store import LeaseLost, MemoryStore, Store
+from streamsafe.gateway.generations.store import LeaseLost, Store
 from streamsafe.gateway.keeping import Keeping
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.relay import Relay
-from streamsafe.gateway.replicas.redis_log import ReplicatedLog
-from streamsafe.gateway.replicas.replicas import Replicas
-from streamsafe.gateway.replicas.store_redis import REDIS_ERRORS
 from streamsafe.gateway.tracing import Tracing
 from streamsafe.sse import DONE
 
@@ -58,26 +56,23 @@ class Registry:
     """Finds or starts, aborts and ends generations (what ended is kept or forgotten by its
     :class:`~streamsafe.gateway.keeping.Keeping`). ``clock`` is injectable for tests.
 
-    With ``replicas`` (several gateways sharing Redis, see
-    :mod:`streamsafe.gateway.replicas.replicas`), ``store`` is the shared
-    :class:`~streamsafe.gateway.replicas.store_redis.RedisStore`: a generation another replica runs
-    is mirrored here, and while Redis is unreachable the registry goes on with a store of its own.
+    ``fleet`` is the replicas this process is one of
+    (:class:`~streamsafe.gateway.generations.fleet.Fleet`): several gateways sharing Redis (see
+    :mod:`streamsafe.gateway.replicas.replicas`), whose generations are mirrored here and which
+    the registry leaves for a store of its own while Redis is unreachable; or this process alone,
+    a fleet of one (:class:`~streamsafe.gateway.generations.solo.Solo`).
     """
 
     def __init__(
         self,
         config: GatewayConfig,
-        store: Store,
+        fleet: Fleet,
         admission: Admission,
         engines: Engines,
         clock: Callable[[], float] = time.monotonic,
-        replicas: Replicas | None = None,
     ) -> None:
         self.config = config
-        self.store = store
-        self.replicas = replicas
-        #: Where keys and logs go while Redis is unreachable (per-replica state).
-        self._own_store: Store = MemoryStore(clock) if replicas is not None else store
+        self.fleet = fleet
         self.counters = Counters()
         self._clock = clock
         self._admission = admission
@@ -88,11 +83,8 @@ class Registry:
         #: The generations this process holds (the key index is what a retry finds while
         #: Redis is away).
         self.generations = GenerationIndex()
-        if replicas is not None:  # what it writes back after Redis restarted
-            replicas.held = lambda: self.generations
-        self._keeping = keeping = Keeping(
-            config, store, self._own_store, self.generations, self.counters, clock, replicas
-        )
+        fleet.held = lambda: self.generations  # what it writes back after Redis restarted
+        self._keeping = keeping = Keeping(config, self.generations, self.counters, clock, fleet)
         #: Finished generations kept for replay, and when each goes.
         self.kept = keeping.kept
         self._finding = Finding(
@@ -107,7 +99,7 @@ class Registry:
             config,
             admission,
             self.counters,
-            replicas,
+            fleet,
             finish=self._finish,
             forget=keeping.forget,
             spawn=keeping.spawn,
@@ -132,27 +124,26 @@ class Registry:
         Raises :class:`~streamsafe.gateway.errors.KeyReused`,
         :class:`~streamsafe.gateway.errors.LiveDuplicate` or
         :class:`~streamsafe.gateway.errors.NotResumable`."""
-        replicas = self.replicas
-        if replicas is not None and not replicas.degraded:
+        fleet = self.fleet
+        if not fleet.degraded:
             try:
-                return await self._open(req, self.store, replicas)
-            except REDIS_ERRORS as exc:
-                replicas.failed(exc)
-        return await self._open(req, self._own_store, None)
+                return await self._open(req, fleet)
+            except fleet.errors as exc:
+                fleet.failed(exc)
+        return await self._open(req, fleet.alone)
 
-    async def _open(
-        self, req: GenerationRequest, store: Store, replicas: Replicas | None
-    ) -> tuple[Generation, int]:
+    async def _open(self, req: GenerationRequest, reach: Reach) -> tuple[Generation, int]:
+        """Open ``req``'s generation as far as ``reach`` goes: the fleet, or this process."""
         new_id = new_generation_id()
         key = claim_key(req)
         if key is not None:
-            gen = await self._finding.by_key(req, key, new_id, store, replicas)
+            gen = await self._finding.by_key(req, key, new_id, reach)
         else:
-            gen = await self._finding.by_body(req, replicas)
+            gen = await self._finding.by_body(req, reach)
         if gen is not None:
             return gen, self._attach(gen, req)
-        await self._refuse_start(req, key, new_id, store)
-        return await self._start(req, key, new_id, store, replicas), 0
+        await self._refuse_start(req, key, new_id, reach.store)
+        return await self._start(req, key, new_id, reach), 0
 
     def _attach(self, gen: Generation, req: GenerationRequest) -> int:
         """``req``'s subscriber joins ``gen``, found (counted as a resume, a replay or an
@@ -195,25 +186,12 @@ class Registry:
             raise Shed("the request bodies waiting here are over their memory budget", retry_after)
 
     async def _start(
-        self,
-        req: GenerationRequest,
-        key: str | None,
-        new_id: str,
-        store: Store,
-        replicas: Replicas | None,
+        self, req: GenerationRequest, key: str | None, new_id: str, reach: Reach
     ) -> Generation:
-        """A new generation for ``req`` (under ``key``, claimed), published to the fleet, its
-        first subscriber joined and its reader task started."""
-        fleet = self.replicas
-        if fleet is None:
-            log_ = store.log(new_id)
-        else:  # while Redis is away, a log of this process's, written back once it returns
-            log_ = fleet.new_log(new_id, detached=replicas is None)
-        gen = Generation(new_id, req, log_, key, self._clock())
-        if replicas is not None:
-            await replicas.publish(gen)
-        elif fleet is not None:
-            fleet.own(gen)
+        """A new generation for ``req`` (under ``key``, claimed), published as far as ``reach``
+        goes, its first subscriber joined and its reader task started."""
+        gen = Generation(new_id, req, reach.new_log(new_id), key, self._clock())
+        await reach.publish(gen)
         self.generations.add(gen)
         self.live_generations += 1
         self.bodies.hold(gen.id, req.tenant, len(req.body))
@@ -239,15 +217,10 @@ class Registry:
             await self._relay.run(gen, cut)
         except LeaseLost:
             # Another replica took it over (this one paused past its lease): follow it.
-            replicas = self.replicas
-            assert replicas is not None and isinstance(gen.log, ReplicatedLog)
             log.warning("%s: lease lost while running; following the new owner", gen.id)
-            replicas.counters.leases_lost += 1
             self.live_generations -= 1
             self.bodies.drop(gen.id)
-            gen.log.remote.lease_holder = ""
-            replicas.disown(gen)
-            replicas.follow(gen, self._keeping.mirror_ended, self._take_over)
+            self.fleet.lost_lease(gen, self._keeping.mirror_ended, self._take_over)
         finally:
             # The task is ending: let go of it. The exception it may end with (a cancellation,
             # once abandoned) holds these frames and so this generation; with the generation
@@ -257,13 +230,13 @@ class Registry:
 
     # -- other replicas' generations ------------------------------------------------------------
 
-    async def _mirror(self, gen_id: str, key: str | None, wait: float) -> Generation | None:
+    async def _mirror(
+        self, reach: Reach, gen_id: str, key: str | None, wait: float
+    ) -> Generation | None:
         """A copy here of the generation ``gen_id`` another replica runs (or ran), followed
-        until it ends; ``None`` where Redis does not hold it (its record waited for ``wait``
+        until it ends; ``None`` where ``reach`` finds none (its record waited for ``wait``
         seconds)."""
-        replicas = self.replicas
-        assert replicas is not None
-        gen = await replicas.find(gen_id, key, self._clock(), wait)
+        gen = await reach.find(gen_id, key, self._clock(), wait)
         if gen is None:
             return None
         current = self.generations.get(gen_id)
@@ -273,7 +246,7 @@ class Registry:
         if gen.finished:
             self._keeping.mirror_ended(gen, gen.state)
         else:
-            replicas.follow(gen, self._keeping.mirror_ended, self._take_over)
+            self.fleet.follow(gen, self._keeping.mirror_ended, self._take_over)
         return gen
 
     async def _take_over(self, gen: Generation) -> None:
@@ -289,8 +262,8 @@ class Registry:
     def _join(self, gen: Generation) -> None:
         gen.subscribers += 1
         self.subscribers += 1
-        if self.replicas is not None and gen.subscribers == 1:
-            self.replicas.subscribers_changed(gen)
+        if gen.subscribers == 1:
+            self.fleet.subscribers_changed(gen)
         if gen.subscribers == 1 and gen.waiter is not None:
             self._admission.set_active(gen.waiter, True)  # back within grace: its place holds
         # On a finished mirror the timer is its retention, which a replay keeps.
@@ -345,13 +318,13 @@ class Registry:
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def end_live(self, message: str) -> int:
-        """End every generation this process runs (the end of a drain): with replicas, hand
-        them over (their leases given up, another replica continues each from its log); else
+        """End every generation this process runs (the end of a drain): where the fleet hands
+        over, their leases are given up and another replica continues each from its log; else
         each ends with an error event saying ``message`` (a 503 where nothing was sent yet).
         Returns how many were ended."""
         live = [g for g in self.generations if g.live and g.task is not None]
-        if self.replicas is not None:
-            self.replicas.closing = True
+        if self.fleet.hands_over:
+            self.fleet.closing = True
             for gen in live:
                 assert gen.task is not None
                 gen.task.cancel()  # the relay ends it aborted; _finish hands it over
@@ -375,10 +348,9 @@ class Registry:
             task.cancel()
 
     async def close(self) -> None:
-        """Cancel every reader (shutdown). With replicas, what this one runs is handed over:
-        its leases are given up, so another replica continues it from the log."""
-        if self.replicas is not None:
-            self.replicas.closing = True
+        """Cancel every reader (shutdown). Where the fleet hands over, what this one runs is
+        handed over: its leases are given up, so another replica continues it from the log."""
+        self.fleet.closing = True
         self.kept.close()
         tasks = [g.task for g in self.generations if g.task is not None and not g.task.done()]
         for gen in self.generations:
@@ -389,5 +361,4 @@ class Registry:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         await self._keeping.settle()
-        if self.replicas is not None:
-            await self.replicas.close()
+        await self.fleet.close()

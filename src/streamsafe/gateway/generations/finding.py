@@ -4,41 +4,29 @@ in the store, the newest with its body for an unkeyed retry or a resume, or, wit
 resume).
 
 Finding starts nothing: where it finds none, the registry starts a generation (under the key
-claimed here). Another replica's generation is looked up through :class:`Fleet` and copied here
-by the registry's ``mirror``.
+claimed here). It looks in this process first, then as far as the
+:class:`~streamsafe.gateway.generations.fleet.Reach` it is given goes: another replica's
+generation is copied here by the registry's ``mirror``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Protocol
 
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.errors import KeyReused, LiveDuplicate
+from streamsafe.gateway.generations.fleet import Reach
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
 from streamsafe.gateway.generations.generation_index import GenerationIndex
-from streamsafe.gateway.generations.store import Store
 from streamsafe.gateway.metrics import Counters
 
-__all__ = ["Finding", "Fleet", "claim_key"]
+__all__ = ["Finding", "claim_key"]
 
 #: Rounds of claim and release that settle a race on one Idempotency-Key.
 _CLAIM_ROUNDS = 3
 #: Seconds a replica waits for the record of a generation another replica claimed a key for
 #: (see Mirrors.find) before it takes the key over.
 _RECORD_WAIT_S = 2.0
-
-
-class Fleet(Protocol):
-    """What finding asks of the other replicas
-    (:class:`~streamsafe.gateway.replicas.replicas.Replicas`)."""
-
-    #: Seconds a claim in Redis outlives a replica that died with nobody taking it over.
-    orphan_ttl: float
-
-    async def find_fingerprint(self, tenant: str, fingerprint: bytes) -> str | None:
-        """The id of the newest generation of ``tenant`` with this body in Redis, if any."""
-        ...
 
 
 def claim_key(req: GenerationRequest) -> str | None:
@@ -49,9 +37,9 @@ def claim_key(req: GenerationRequest) -> str | None:
 
 
 class Finding:
-    """Finds a request's generation among those ``generations`` holds and, with a fleet, those
-    other replicas run. ``mirror(gen_id, key, wait)`` copies another replica's generation here
-    (``None`` where Redis does not hold it, its record waited for ``wait`` seconds);
+    """Finds a request's generation among those ``generations`` holds and those other replicas
+    run. ``mirror(reach, gen_id, key, wait)`` copies another replica's generation here (``None``
+    where ``reach`` finds none, its record waited for ``wait`` seconds);
     ``forget`` drops a generation a fresh attempt starts over from. ``clock`` is injectable for
     tests."""
 
@@ -62,7 +50,7 @@ class Finding:
         counters: Counters,
         clock: Callable[[], float],
         *,
-        mirror: Callable[[str, str | None, float], Awaitable[Generation | None]],
+        mirror: Callable[[Reach, str, str | None, float], Awaitable[Generation | None]],
         forget: Callable[[Generation], Awaitable[None]],
     ) -> None:
         self._config = config
@@ -73,15 +61,16 @@ class Finding:
         self._forget = forget
 
     async def by_key(
-        self, req: GenerationRequest, key: str, new_id: str, store: Store, fleet: Fleet | None
+        self, req: GenerationRequest, key: str, new_id: str, reach: Reach
     ) -> Generation | None:
-        """The generation that claimed ``key`` (see :func:`claim_key`) for ``req``'s body;
-        ``None`` where there is none to join, and then ``key`` is claimed for ``new_id`` (unless
-        the rounds of a race ran out). Raises :class:`~streamsafe.gateway.errors.KeyReused` for
-        another body, :class:`~streamsafe.gateway.errors.LiveDuplicate` for a live one where
+        """The generation that claimed ``key`` (see :func:`claim_key`) in ``reach``'s store for
+        ``req``'s body; ``None`` where there is none to join, and then ``key`` is claimed for
+        ``new_id`` (unless the rounds of a race ran out). Raises
+        :class:`~streamsafe.gateway.errors.KeyReused` for another body,
+        :class:`~streamsafe.gateway.errors.LiveDuplicate` for a live one where
         ``on_live_duplicate`` is ``409``."""
         resume = req.last_event_id is not None
-        generations = self._generations
+        generations, store = self._generations, reach.store
         for _ in range(_CLAIM_ROUNDS):  # a claim can race with a release
             # The key's generation held here first: Redis may be away, or have restarted
             # empty and lost the claim (a retry would otherwise start it again).
@@ -91,13 +80,12 @@ class Finding:
             else:
                 # A claim in Redis lapses with the rest of its generation's keys where its
                 # replica died and nobody took it over (Replicas.orphan_ttl).
-                ttl = None if fleet is None else fleet.orphan_ttl
-                owner = await store.claim(key, new_id, ttl)
+                owner = await store.claim(key, new_id, reach.orphan_ttl)
             if owner is None:
                 return None
             gen = generations.get(owner)
-            if gen is None and fleet is not None:  # another replica's?
-                gen = await self._mirror(owner, key, _RECORD_WAIT_S)
+            if gen is None:  # another replica's?
+                gen = await self._mirror(reach, owner, key, _RECORD_WAIT_S)
             if gen is None:  # owner is gone (forgotten concurrently): take the key over
                 await store.release(key, owner)
                 continue
@@ -113,16 +101,18 @@ class Finding:
             return gen
         return None
 
-    async def by_body(self, req: GenerationRequest, fleet: Fleet | None) -> Generation | None:
+    async def by_body(self, req: GenerationRequest, reach: Reach) -> Generation | None:
         """For a request without a key: the generation an unkeyed retry or a resume continues,
         or (``collapse_identical``) the one an identical request joins; ``None`` for none."""
         resume = req.last_event_id is not None
         if req.retry or resume:
             found = self._generations.by_body(req.tenant, req.fingerprint)
-            if found is None and fleet is not None:
-                gen_id = await fleet.find_fingerprint(req.tenant, req.fingerprint)
+            if found is None:
+                gen_id = await reach.find_fingerprint(req.tenant, req.fingerprint)
                 if gen_id is not None:
-                    found = self._generations.get(gen_id) or await self._mirror(gen_id, None, 0.0)
+                    found = self._generations.get(gen_id) or await self._mirror(
+                        reach, gen_id, None, 0.0
+                    )
             if found is not None and (resume or found.live or found.state is State.DONE):
                 return found
             return None

@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from streamsafe.gateway.errors import Failure, error_body
+from streamsafe.gateway.generations.fleet import OnEnd, OnTakeover
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.replicas.generation_record import request_of
 from streamsafe.gateway.replicas.record_seal import Unreadable, Unsealable
@@ -21,18 +22,13 @@ from streamsafe.gateway.replicas.redis_log import ReplicatedLog
 from streamsafe.gateway.replicas.store_redis import REDIS_ERRORS, RedisStore
 from streamsafe.sse import DONE
 
-__all__ = ["Mirrors", "OnEnd", "OnTakeover"]
+__all__ = ["Mirrors"]
 
 log = logging.getLogger("streamsafe.gateway")
 
 #: Least seconds a mirror waits for a generation that vanished from Redis to be written back by
 #: its owner (Redis restarted empty) before it ends it with an error.
 _WRITE_BACK_WAIT = 5.0
-
-#: Told that a mirrored generation ended (state as recorded by its owner).
-OnEnd = Callable[[Generation, State], None]
-#: Told that this replica took a generation over; starts running it.
-OnTakeover = Callable[[Generation], Awaitable[None]]
 
 
 class Mirrors:
@@ -53,6 +49,7 @@ class Mirrors:
         self._clock = clock
         self._mirrors: dict[str, Generation] = {}
         self._followers: dict[str, asyncio.Task[None]] = {}
+        self._presence: set[asyncio.Task[None]] = set()
 
     def __contains__(self, gen: Generation) -> bool:
         """True if another replica runs ``gen`` and this one copies it."""
@@ -125,6 +122,23 @@ class Mirrors:
         task = self._followers.pop(gen.id, None)
         if task is not None:
             task.cancel()
+
+    def tell_presence(self, gen: Generation) -> None:
+        """Tell ``gen``'s owner whether it has subscribers here now, not at the next renewal."""
+        coro = (
+            self.store.set_presence([gen.id], self.lease * 2)
+            if gen.subscribers > 0
+            else self.store.clear_presence(gen.id)
+        )
+        task = asyncio.get_running_loop().create_task(self._quietly(coro))
+        self._presence.add(task)
+        task.add_done_callback(self._presence.discard)
+
+    async def _quietly(self, coro: Awaitable[object]) -> None:
+        try:
+            await coro
+        except REDIS_ERRORS as exc:
+            self._failed(exc)
 
     async def _follow(self, gen: Generation, on_end: OnEnd, on_takeover: OnTakeover) -> None:
         log_ = gen.log

@@ -32,16 +32,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from functools import partial
 
+from streamsafe.gateway.generations.fleet import OnEnd, OnTakeover, ReplicaCounters
 from streamsafe.gateway.generations.generation import Generation, State
-from streamsafe.gateway.replicas.mirrors import Mirrors, OnEnd, OnTakeover
+from streamsafe.gateway.generations.solo import Alone
+from streamsafe.gateway.generations.store import MemoryStore
+from streamsafe.gateway.replicas.mirrors import Mirrors
 from streamsafe.gateway.replicas.owned_keys import OwnedKeys
 from streamsafe.gateway.replicas.redis_log import ReplicatedLog
 from streamsafe.gateway.replicas.store_redis import REDIS_ERRORS, RedisStore
 
-__all__ = ["RedisRestarted", "ReplicaCounters", "Replicas"]
+__all__ = ["RedisRestarted", "Replicas"]
 
 
 class RedisRestarted(Exception):
@@ -51,20 +54,16 @@ class RedisRestarted(Exception):
 log = logging.getLogger("streamsafe.gateway")
 
 
-@dataclass(slots=True)
-class ReplicaCounters:
-    """What the replica did with other replicas' generations (``/stats``, ``/metrics``)."""
-
-    mirrored: int = 0
-    taken_over: int = 0
-    leases_lost: int = 0
-    redis_errors: int = 0
-
-
 class Replicas:
-    """This replica's link to the others (see the module). ``lease`` is the owner lease in
+    """This replica's link to the others (see the module), a
+    :class:`~streamsafe.gateway.generations.fleet.Fleet`. ``lease`` is the owner lease in
     seconds (default 3: a dead owner's generations move within about 3 s, and a renewal every
     second survives a slow Redis round trip)."""
+
+    #: The failures of Redis, which leave this replica with per-replica state (:meth:`failed`).
+    errors: tuple[type[BaseException], ...] = REDIS_ERRORS
+    #: A replica that stops gives up its leases: another continues what it ran.
+    hands_over = True
 
     def __init__(
         self,
@@ -101,9 +100,13 @@ class Replicas:
         self._owned: dict[str, Generation] = {}
         #: The generations other replicas run that this one copies.
         self.mirrors = Mirrors(store, lease=lease, failed=self.failed, clock=clock)
+        #: Where generations are opened while Redis is away: keys in this process, logs
+        #: detached from the start (written back once Redis answers), leases renewed then.
+        self.alone = Alone(
+            MemoryStore(clock), new_log=partial(self.new_log, detached=True), own=self.own
+        )
         self._renewer: asyncio.Task[None] | None = None
         self._probe: asyncio.Task[None] | None = None
-        self._presence: set[asyncio.Task[None]] = set()
         #: Generations that ended while Redis was away, to record once it is back.
         self._unsynced: dict[str, Generation] = {}
         #: The generations this process holds (the registry's index), for a write-back after
@@ -215,6 +218,19 @@ class Replicas:
     def owns(self, gen: Generation) -> bool:
         """True if this replica runs ``gen``."""
         return gen.id in self._owned
+
+    def shares(self, gen: Generation) -> bool:
+        """True if ``gen``'s log is in Redis (not started while Redis was away)."""
+        return isinstance(gen.log, ReplicatedLog)
+
+    def lost_lease(self, gen: Generation, on_end: OnEnd, on_takeover: OnTakeover) -> None:
+        """Another replica took ``gen``'s lease while this one ran it (it paused past the
+        lease): follow the new owner (:meth:`follow`)."""
+        assert isinstance(gen.log, ReplicatedLog)
+        self.counters.leases_lost += 1
+        gen.log.remote.lease_holder = ""
+        self.disown(gen)
+        self.follow(gen, on_end, on_takeover)
 
     async def finished(self, gen: Generation) -> None:
         """``gen``, which this replica ran, ended: record how, keep it for replay
@@ -351,14 +367,7 @@ class Replicas:
         """A mirror's subscriber count changed: tell its owner now, not at the next renewal."""
         if self.degraded or gen not in self.mirrors:
             return
-        coro = (
-            self.store.set_presence([gen.id], self.lease * 2)
-            if gen.subscribers > 0
-            else self.store.clear_presence(gen.id)
-        )
-        task = asyncio.get_running_loop().create_task(_quietly(coro, self))
-        self._presence.add(task)
-        task.add_done_callback(self._presence.discard)
+        self.mirrors.tell_presence(gen)
 
     def unfollow(self, gen: Generation) -> None:
         """Stop copying ``gen`` (forgotten here)."""
@@ -378,10 +387,3 @@ class Replicas:
             with contextlib.suppress(*REDIS_ERRORS):
                 await self.store.release_lease(gen_id)
         await self.store.close()
-
-
-async def _quietly(coro: Awaitable[object], replicas: Replicas) -> None:
-    try:
-        await coro
-    except REDIS_ERRORS as exc:
-        replicas.failed(exc)

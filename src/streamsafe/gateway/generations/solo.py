@@ -1,0 +1,137 @@
+"""A process alone: a fleet of one replica, behind the same interface as several
+(:class:`~streamsafe.gateway.generations.fleet.Fleet`; see docs/design.md, Replicas).
+
+It runs every generation it starts and shares none: its keys and logs are in its own store, it
+finds nothing elsewhere, holds no lease, mirrors and follows nothing, hands nothing over when
+it stops (a drain ends what still runs), and is never degraded. :class:`Alone` is the part of
+it that opens generations; a replica while Redis is away opens them the same way, with a log of
+its own that it writes back later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from streamsafe.gateway.generations.fleet import OnEnd, OnTakeover, ReplicaCounters
+from streamsafe.gateway.generations.generation import Generation
+from streamsafe.gateway.generations.store import EventLog, Store
+
+__all__ = ["Alone", "Solo"]
+
+
+class Alone:
+    """Generations opened in this process only (a
+    :class:`~streamsafe.gateway.generations.fleet.Reach`): keys claimed in ``store`` for as long
+    as their generation, nothing found elsewhere. ``new_log`` makes a new generation's log,
+    ``own`` is told that it runs here."""
+
+    #: No other replica could take a generation over: a claim lasts as long as it.
+    orphan_ttl: float | None = None
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        new_log: Callable[[str], EventLog],
+        own: Callable[[Generation], None],
+    ) -> None:
+        self.store = store
+        self._new_log = new_log
+        self._own = own
+
+    async def find_fingerprint(self, tenant: str, fingerprint: bytes) -> str | None:
+        """None: no other replica to ask."""
+        return None
+
+    async def find(
+        self, gen_id: str, key: str | None, created_at: float, wait: float = 0.0
+    ) -> Generation | None:
+        """None: no other replica runs a generation."""
+        return None
+
+    def new_log(self, gen_id: str) -> EventLog:
+        """The log of a generation started here."""
+        return self._new_log(gen_id)
+
+    async def publish(self, gen: Generation) -> None:
+        """Nothing to publish to: ``gen`` runs here."""
+        self._own(gen)
+
+
+def _runs_here(gen: Generation) -> None:
+    """A process alone keeps no list of what it runs: the registry's index is all there is."""
+
+
+class Solo(Alone):
+    """A process alone, whose keys and logs are in ``store``: a fleet of one replica (see the
+    module). No shared store: never degraded, no figures of one."""
+
+    #: Nothing fails under a process alone: its store is in memory.
+    errors: tuple[type[BaseException], ...] = ()
+    degraded = False
+    #: Nobody continues what runs here: a drain waits for it, then ends it.
+    hands_over = False
+    #: No lease: no other replica could take a generation over.
+    lease = 0.0
+    fleet_replicas = 0
+    redis_used_memory = 0
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store, new_log=store.log, own=_runs_here)
+        self.closing = False
+        self.held: Callable[[], Iterable[Generation]] = tuple
+        #: Always zero: there are no other replicas' generations.
+        self.counters = ReplicaCounters()
+
+    @property
+    def alone(self) -> Alone:
+        """Itself: a fleet of one is always alone."""
+        return self
+
+    def failed(self, exc: BaseException) -> None:
+        """Never called: nothing fails (:attr:`errors` is empty)."""
+
+    def start(self) -> None:
+        """Nothing runs in the background."""
+
+    async def close(self) -> None:
+        """Nothing is held in a fleet."""
+
+    def owns(self, gen: Generation) -> bool:
+        """False: no generation runs under a lease another replica sees."""
+        return False
+
+    def shares(self, gen: Generation) -> bool:
+        """False: every log is this process's."""
+        return False
+
+    def is_mirror(self, gen: Generation) -> bool:
+        """False: no generation runs elsewhere."""
+        return False
+
+    def follow(self, gen: Generation, on_end: OnEnd, on_takeover: OnTakeover) -> None:
+        """Never called: :meth:`find` finds nothing to follow."""
+        raise AssertionError(f"{gen.id}: a process alone has no other replica to follow")
+
+    def unfollow(self, gen: Generation) -> None:
+        """Nothing is followed."""
+
+    def lost_lease(self, gen: Generation, on_end: OnEnd, on_takeover: OnTakeover) -> None:
+        """Never called: a log of this process's has no lease to lose."""
+        raise AssertionError(f"{gen.id}: a process alone holds no lease to lose")
+
+    def subscribers_changed(self, gen: Generation) -> None:
+        """Nobody elsewhere to tell."""
+
+    async def followed_elsewhere(self, gen: Generation) -> bool:
+        """False: there is no elsewhere."""
+        return False
+
+    async def finished(self, gen: Generation) -> None:
+        """Nothing to record: the registry keeps or forgets ``gen``."""
+
+    async def hand_over(self, gen: Generation) -> None:
+        """Nobody to hand ``gen`` to."""
+
+    async def let_go(self, gen: Generation) -> None:
+        """Nothing held elsewhere to let go of."""
