@@ -31,11 +31,11 @@ format: $(STAMP) unasync
 unasync: $(STAMP)
 	$(BIN)/python scripts/unasync.py
 
-# `make test TEST_PROCESSES=2` runs the files in two pytest-xdist processes (about 40% less wall
-# time on 2 cores; the files that run the real Llama Stack server stay in one, see
-# tests/conftest.py). Off by default: with two processes sharing 2 cores some timing-sensitive
-# tests (a replica's rolling restart, an engine overload) were seen to fail.
-TEST_PROCESSES ?= 1
+# `make test` runs the files in two pytest-xdist processes (the suite waits on real servers much
+# of the time: 565 s against 888-942 s in one process on 2 cores, measured 2026-12-04); the files
+# that run the real Llama Stack servers stay in one process, those of the real vLLM in one (see
+# tests/conftest.py). `make test TEST_PROCESSES=1` runs them one after another.
+TEST_PROCESSES ?= 2
 
 test: lint vllm llama-servers
 	$(BIN)/pytest -q $(if $(filter-out 1,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadfile)
