@@ -224,7 +224,7 @@ class Gateway:
                     h.completion_tokens.observe(tokens)
         logged = access_log.isEnabledFor(access.level)
         if logged or access.span is not None:
-            fields = access.fields(now, None)
+            fields = access.fields(now)
             if logged:
                 write_access(access, fields)
             self.tracing.end_request(access.span, fields)

@@ -2,7 +2,7 @@
 upstream and appends what comes back to the generation's log.
 
 Every attempt goes through the generation's :class:`~streamsafe.gateway.engines.attempts.Attempts`
-(one engine, or the pool's failover before the first token), which is told what each engine did. A
+(the failover before the first token, one engine being a pool of one), told what each did. A
 stream is read on the hot path (:mod:`streamsafe.gateway.relay.stream_reader`): payloads are relayed
 as the bytes upstream sent, never re-encoded (but for a continued stream's usage chunk, made to
 count the whole answer). How a generation ends is not its business: it calls

@@ -122,9 +122,8 @@ class Access:
         """The access line's level: INFO, DEBUG for a health check or a scrape."""
         return logging.DEBUG if self.path in _PROBES else logging.INFO
 
-    def fields(self, now: float, engine: str | None) -> dict[str, Any]:
-        """The access line's fields at ``now`` (``engine``: the one upstream's URL, for a
-        gateway without a pool)."""
+    def fields(self, now: float) -> dict[str, Any]:
+        """The access line's fields at ``now``."""
         fields: dict[str, Any] = {
             "request_id": self.request_id,
             "tenant": self.tenant,
@@ -143,7 +142,7 @@ class Access:
         fields["generation"] = gen.id
         fields["joined"] = self.joined
         fields["attempts"] = gen.attempts
-        fields["engine"] = gen.engine or (engine if gen.attempts else None)
+        fields["engine"] = gen.engine
         if self.stream:
             fields["ttft_ms"] = self.ttft_ms()
         fields["completion_tokens"] = completion_tokens(gen)
