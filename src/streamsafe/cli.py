@@ -42,7 +42,10 @@ _EXTRAS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; ``only``: register that subcommand alone (a run of one command
+    does not import every other: ``streamsafe simulate`` no longer loads the gateway, half of a
+    simulator's start)."""
     parser = argparse.ArgumentParser(
         prog="streamsafe",
         description="Retry-safe, resumable streaming for OpenAI-compatible LLM inference.",
@@ -57,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
         "libraries' debug lines too)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for _name, module in _COMMANDS:
+    for name, module in _COMMANDS:
+        if only is not None and name != only:
+            continue
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:
@@ -87,16 +92,24 @@ def _add_logging(parser: argparse.ArgumentParser, default_level: str, depth: int
                 _add_logging(child, default_level, depth + 1)
 
 
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` runs, where its first word names one (``--help`` and options
+    before it need the whole parser)."""
+    first = argv[0] if argv else ""
+    return first if first in dict(_COMMANDS) else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_command_in(words))
+    args = parser.parse_args(words)
     config = getattr(args, "config", None)
     if config:
         from streamsafe._config_file import ConfigError, apply
 
         sub = _subcommand(parser, args.command)
         try:
-            args = apply(parser, sub, list(sys.argv[1:] if argv is None else argv), args, config)
+            args = apply(parser, sub, words, args, config)
         except ConfigError as exc:
             print(f"streamsafe {args.command}: {exc}", file=sys.stderr)
             return 2
