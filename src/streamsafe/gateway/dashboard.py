@@ -164,41 +164,6 @@ def _panel(panel_id: int, name: str, doc: str, kind: str, x: int, y: int) -> dic
 
 def dashboard() -> dict[str, Any]:
     """The dashboard as Grafana's JSON model (see the module)."""
-    defined = {name.removeprefix(PREFIX): (name, doc, kind) for name, doc, kind in series()}
-    placed = {short for _title, names in ROWS for short in names}
-    rows = [*ROWS]
-    other = tuple(short for short in defined if short not in placed)
-    if other:
-        rows.append(("Other", other))
-    panels: list[dict[str, Any]] = []
-    y = 0
-    panel_id = 1
-    for title, names in rows:
-        panels.append(
-            {
-                "id": panel_id,
-                "type": "row",
-                "title": title,
-                "collapsed": False,
-                "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
-                "panels": [],
-            }
-        )
-        panel_id += 1
-        y += 1
-        column = 0
-        for short in names:
-            if short not in defined:
-                continue  # a row names a series the metrics module no longer has
-            name, doc, kind = defined[short]
-            panels.append(_panel(panel_id, name, doc, kind, column * _WIDTH, y))
-            panel_id += 1
-            column += 1
-            if column * _WIDTH >= 24:
-                column = 0
-                y += _HEIGHT
-        if column:
-            y += _HEIGHT
     return {
         "title": "streamsafe gateway",
         "uid": "streamsafe-gateway",
@@ -210,29 +175,65 @@ def dashboard() -> dict[str, Any]:
         "version": 1,
         "refresh": "30s",
         "time": {"from": "now-1h", "to": "now"},
-        "templating": {
-            "list": [
-                {
-                    "name": "datasource",
-                    "label": "Prometheus",
-                    "type": "datasource",
-                    "query": "prometheus",
-                },
-                {
-                    "name": "instance",
-                    "label": "Gateway",
-                    "type": "query",
-                    "datasource": {"type": "prometheus", "uid": "${datasource}"},
-                    "query": f"label_values({PREFIX}requests_received_total, instance)",
-                    "includeAll": True,
-                    "multi": True,
-                    "allValue": ".*",
-                    "refresh": 2,
-                },
-            ]
-        },
-        "panels": panels,
+        "templating": {"list": _VARIABLES},
+        "panels": _panels(),
     }
+
+
+#: The data source and the gateways the dashboard shows, chosen at its top.
+_VARIABLES = [
+    {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus"},
+    {
+        "name": "instance",
+        "label": "Gateway",
+        "type": "query",
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "query": f"label_values({PREFIX}requests_received_total, instance)",
+        "includeAll": True,
+        "multi": True,
+        "allValue": ".*",
+        "refresh": 2,
+    },
+]
+
+
+def _panels() -> list[dict[str, Any]]:
+    """A row per group of :data:`ROWS` (and "Other" for a series no row names), a panel per
+    series, laid out left to right, :data:`_WIDTH` wide."""
+    defined = {name.removeprefix(PREFIX): (name, doc, kind) for name, doc, kind in series()}
+    placed = {short for _title, names in ROWS for short in names}
+    rows = [*ROWS]
+    other = tuple(short for short in defined if short not in placed)
+    if other:
+        rows.append(("Other", other))
+    panels: list[dict[str, Any]] = []
+    y = 0
+    for title, names in rows:
+        grid = {"h": 1, "w": 24, "x": 0, "y": y}
+        panels.append(
+            {
+                "id": len(panels) + 1,
+                "type": "row",
+                "title": title,
+                "collapsed": False,
+                "gridPos": grid,
+                "panels": [],
+            }
+        )
+        y += 1
+        column = 0
+        for short in names:
+            if short not in defined:
+                continue  # a row names a series the metrics module no longer has
+            name, doc, kind = defined[short]
+            panels.append(_panel(len(panels) + 1, name, doc, kind, column * _WIDTH, y))
+            column += 1
+            if column * _WIDTH >= 24:
+                column = 0
+                y += _HEIGHT
+        if column:
+            y += _HEIGHT
+    return panels
 
 
 def queries(board: dict[str, Any]) -> list[str]:
