@@ -29,6 +29,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -296,10 +297,21 @@ class VLLMEngine:
     def pause(self) -> None:
         """Stop the engine core and its worker (SIGSTOP): requests are still received and
         logged, nothing is generated until :meth:`resume`. Returns once they are stopped."""
+        self._stop(lambda: process_tree(self.engine_core_pid()))
+
+    def freeze(self) -> None:
+        """Stop every process of vLLM, its API server too (SIGSTOP): the kernel still accepts
+        connections, nothing answers, ``/health`` included (a frozen host). :meth:`resume`
+        continues it."""
+        assert self._proc is not None, "not started"
+        proc = self._proc
+        self._stop(lambda: process_tree(proc.pid))
+
+    def _stop(self, pids: Callable[[], list[int]]) -> None:
         with self._pause_lock:
             if self._paused:
                 return
-            self._paused = process_tree(self.engine_core_pid())
+            self._paused = pids()
             for pid in self._paused:
                 os.kill(pid, signal.SIGSTOP)
             # A signal is delivered when the process is next scheduled: on busy cores that may
@@ -307,7 +319,7 @@ class VLLMEngine:
             deadline = time.monotonic() + 10.0
             while not all(_stopped(pid) for pid in self._paused):
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"vLLM's engine did not stop: {self._paused}")
+                    raise RuntimeError(f"vLLM did not stop: {self._paused}")
                 time.sleep(0.005)
 
     def resume(self) -> None:
