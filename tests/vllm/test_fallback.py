@@ -1,0 +1,49 @@
+"""The context-length fallback in front of the real vLLM: a request too long for vLLM's
+``--max-model-len`` gets vLLM's own 400, which the gateway reads as "the context is too long"
+and sends to the model's ``--fallback-model`` with the body's model rewritten (here a simulated
+larger model); a request that fits is vLLM's (docs/design.md, Engine pool)."""
+
+from __future__ import annotations
+
+import httpx2
+import pytest
+from vllm_helpers import gateway
+
+from streamsafe.bench.vllm_engine import VLLMEngine
+from streamsafe.engine_sim import SimConfig, Simulator
+from streamsafe.serving import ServerThread
+
+pytestmark = pytest.mark.timeout(120, func_only=True)
+
+LARGE = "sim-large"
+
+
+def test_a_prompt_too_long_for_vllm_is_answered_by_the_fallback_model(
+    vllm_engine: VLLMEngine,
+) -> None:
+    large = ServerThread(Simulator(SimConfig(model=LARGE, itl_ms=1.0))).start()
+    try:
+        engines = (f"{vllm_engine.url} models={vllm_engine.model}", f"{large.url} models={LARGE}")
+        with gateway(
+            vllm_engine, engines=engines, fallback_models=(f"{vllm_engine.model}={LARGE}",)
+        ) as gw:
+            too_long = " ".join(f"word{i}" for i in range(3 * vllm_engine.options.max_model_len))
+            body = {
+                "model": vllm_engine.model,
+                "messages": [{"role": "user", "content": too_long}],
+                "max_tokens": 8,
+            }
+            # vLLM itself refuses it, with its own words.
+            straight = httpx2.post(vllm_engine.url + "/v1/chat/completions", json=body, timeout=60)
+            assert straight.status_code == 400, straight.text
+            answer = httpx2.post(gw.url + "/v1/chat/completions", json=body, timeout=60)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["model"] == LARGE  # the answering model says so
+            fits = {**body, "messages": [{"role": "user", "content": "a short one"}]}
+            short = httpx2.post(gw.url + "/v1/chat/completions", json=fits, timeout=60)
+            assert short.status_code == 200 and short.json()["model"] == vllm_engine.model
+            stats = gw.gw.stats()
+        assert large.app.stats()["requests_received"] == 1
+        assert stats["engine_failovers"] == 1
+    finally:
+        large.stop()
