@@ -5,6 +5,7 @@ frozen engine is seen by ``/health`` and the breaker, and usage counts the whole
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -458,3 +459,31 @@ def test_a_reset_before_headers_is_asked_again_even_for_a_never_retry_upstream_r
         assert r.status_code == 200
         assert _text([d for _, d in sse_payloads(r.text)]) == expected_text(body, 3)
         assert s.sim.stats()["requests_received"] == 2
+
+
+def test_a_plain_call_on_an_engine_that_freezes_ends_with_a_503_not_at_the_total_timeout() -> None:
+    # A non-streamed answer comes whole at its end, so no first-token or idle bound can tell a
+    # frozen engine from a long answer: its engine's health is asked while it is quiet, and an
+    # engine that answers nothing ends it (before, it waited for the 600 s total timeout).
+    with engine_process("--itl-ms", "50") as engine:
+        gw = Gateway(GatewayConfig(upstream=engine.url))  # default flags
+        with ServerThread(gw) as server, httpx2.Client(timeout=60) as client:
+            body = chat_body("a long plain answer", max_tokens=2000, stream=False)
+            started = time.monotonic()
+
+            def freeze_once_running() -> None:
+                wait_for(lambda: engine.stats()["active"] == 1, what="the answer under way")
+                engine.freeze()
+
+            freezer = threading.Thread(target=freeze_once_running)
+            freezer.start()
+            try:
+                resp = client.post(server.url + "/v1/chat/completions", json=body)
+            finally:
+                freezer.join(30)
+                engine.thaw()
+            took = time.monotonic() - started
+            assert resp.status_code == 503, resp.text
+            error = resp.json()["error"]
+            assert "down" in error["message"] and engine.url in error["message"]
+            assert took < 30, took  # 5 s quiet, then at most 10 s for /health: not 600 s

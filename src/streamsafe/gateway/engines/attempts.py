@@ -121,13 +121,14 @@ class Attempts:
         content: bytes | None = None,
         headers: Mapping[str, str] | None = None,
         retry_connect: bool = True,
+        on_engine: Callable[[Upstream], None] | None = None,
     ) -> httpx2.Response:
         """Send a request (a non-streamed completion): a 200 response from some engine, its body
         unread, or the answer to pass on. Raises the last transport error where no engine could
-        be reached."""
+        be reached. ``on_engine`` is told each engine an attempt goes to."""
 
         send = request_sender(method, path, headers, retry_connect)
-        opened = await self._failover(send, content or b"", None)
+        opened = await self._failover(send, content or b"", on_engine)
         return opened if isinstance(opened, httpx2.Response) else answer_response(opened)
 
     async def _failover(

@@ -225,7 +225,7 @@ class AttemptWatch:
         if task.uncancel() <= self._cancelling:
             if phase == "engine_down":
                 engine = self._engine.base_url if self._engine is not None else "the engine"
-                why = f"engine {engine} down: its /health did not answer while the stream was quiet"
+                why = f"engine {engine} down: its /health did not answer while the answer was quiet"
                 raise UpstreamStalled(phase, QUIET_CHECK, why) from None
             t = self.timeouts
             seconds = {"first_token": t.first_token, "idle": t.idle, "total": t.total}[phase]

@@ -349,7 +349,7 @@ class Relay:
             async with AttemptWatch(bounds, total_deadline) as watch:
                 if gen.stream:
                     return await self._streams.attempt(gen, path, body, watch, continuing, attempts)
-                opened = await self._streams.open(gen, path, body, continuing, attempts)
+                opened = await self._streams.open(gen, path, body, watch, continuing, attempts)
                 if not isinstance(opened, httpx2.Response):
                     return opened
                 response = opened

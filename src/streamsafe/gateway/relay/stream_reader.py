@@ -94,11 +94,18 @@ class StreamReader:
             conn.release(finished=sink.done)
 
     async def open(
-        self, gen: Generation, path: str, body: bytes, continuing: bool, attempts: Attempts
+        self,
+        gen: Generation,
+        path: str,
+        body: bytes,
+        watch: AttemptWatch,
+        continuing: bool,
+        attempts: Attempts,
     ) -> httpx2.Response | BrokenAttempt | None:
         """Send a non-streamed request ``body`` to ``path`` through ``attempts``: the accepted
         response, its body unread, for the caller to close; else how the attempt ended (see
-        :meth:`attempt`)."""
+        :meth:`attempt`). Its engine's health is asked while it is quiet, as a stream's is (a
+        frozen engine must not hold a plain call to the total timeout)."""
         req = gen.request
         try:
             response = await attempts.open(
@@ -107,6 +114,7 @@ class StreamReader:
                 content=body,
                 headers=_headers(req.forward + (gen.trace.header if gen.trace else b"")),
                 retry_connect=not req.no_upstream_retry,
+                on_engine=watch.engine,
             )
         except httpx2.ConnectError as exc:
             return await self._endings.unreachable(gen, exc)
