@@ -18,7 +18,7 @@ from streamsafe.bench.vllm_engine import VLLMEngine
 pytestmark = pytest.mark.timeout(180, func_only=True)
 
 STREAMS = 4
-TOKENS = 400
+TOKENS = 900
 #: What the crash-test suite allows a frozen engine to hold a caller.
 BOUND_S = 60.0
 
@@ -59,9 +59,16 @@ def test_streams_on_a_frozen_vllm_end_with_a_clear_error_and_the_next_call_is_an
                 if chunks < 3:
                     flowing.release()
 
+        # Started together (the engine held until all are in), so they run in one batch and none
+        # ends before the freeze.
+        vllm_engine.pause()
         threads = [threading.Thread(target=read, args=(i,)) for i in range(STREAMS)]
         for t in threads:
             t.start()
+        wait_until(
+            lambda: len(vllm_engine.requests_received(seed=3201)) == STREAMS, what="all received"
+        )
+        vllm_engine.resume()
         for _ in range(STREAMS):
             assert flowing.acquire(timeout=60)
         vllm_engine.freeze()
