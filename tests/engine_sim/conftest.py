@@ -3,12 +3,12 @@ bounded poll (tests synchronize on conditions, never on sleeps)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
+import waiting
 from server_stops import stop_later
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.serving import ServerThread
@@ -38,21 +38,10 @@ def serve() -> Iterator[Callable[..., tuple[Simulator, ServerThread]]]:
     stop_later(*servers)
 
 
-def _wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met in {timeout} s: {what or predicate}")
-        time.sleep(0.002)
-
-
 @pytest.fixture
 def wait_until() -> Callable[..., Any]:
     """wait_until(predicate, timeout=10, what="") -> the first truthy value of predicate()."""
-    return _wait_until
+    return lambda predicate, timeout=10.0, what="": waiting.wait_until(predicate, timeout, what)
 
 
 def chat_body(content: str = "hello", **extra: Any) -> dict[str, Any]:

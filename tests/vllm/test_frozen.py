@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx2
 import pytest
-from vllm_helpers import gateway, wait_until
+from vllm_helpers import gateway, start_together, wait_until
 
 from streamsafe.bench.vllm_engine import VLLMEngine
 
@@ -61,14 +61,7 @@ def test_streams_on_a_frozen_vllm_end_with_a_clear_error_and_the_next_call_is_an
 
         # Started together (the engine held until all are in), so they run in one batch and none
         # ends before the freeze.
-        vllm_engine.pause()
-        threads = [threading.Thread(target=read, args=(i,)) for i in range(STREAMS)]
-        for t in threads:
-            t.start()
-        wait_until(
-            lambda: len(vllm_engine.requests_received(seed=3201)) == STREAMS, what="all received"
-        )
-        vllm_engine.resume()
+        threads = start_together(vllm_engine, read, STREAMS, seed=3201)
         for _ in range(STREAMS):
             assert flowing.acquire(timeout=60)
         vllm_engine.freeze()

@@ -8,7 +8,7 @@ import threading
 from typing import Any
 
 import pytest
-from vllm_helpers import gateway, greedy_text, wait_until
+from vllm_helpers import gateway, greedy_text, start_together
 
 from streamsafe.bench.vllm_engine import VLLMEngine
 
@@ -57,14 +57,7 @@ def test_openai_streams_survive_a_six_second_mid_stream_stall_with_default_flags
 
         # The engine generates slowly enough that no stream ends before all have started:
         # paused until all eight are in, then let go together.
-        vllm_engine.pause()
-        threads = [threading.Thread(target=read, args=(i,)) for i in range(STREAMS)]
-        for t in threads:
-            t.start()
-        wait_until(
-            lambda: len(vllm_engine.requests_received(seed=3102)) == STREAMS, what="all received"
-        )
-        vllm_engine.resume()
+        threads = start_together(vllm_engine, read, STREAMS, seed=3102)
         for _ in range(STREAMS):
             assert flowing.acquire(timeout=60)
         # Mid-stream: three times the clients' read timeout without a token.

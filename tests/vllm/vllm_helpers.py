@@ -4,6 +4,7 @@ to it, and waiting on what its log says."""
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,21 @@ def gateway(vllm: VLLMEngine, **config: Any) -> Iterator[GatewayRun]:
         yield GatewayRun(gw, server)
     finally:
         stop_later(server)
+
+
+def start_together(
+    vllm: VLLMEngine, read: Callable[[int], None], streams: int, seed: int
+) -> list[threading.Thread]:
+    """``read(i)`` for each of ``streams`` on its own thread, vLLM's engine held until every
+    request (tagged with ``seed``) is in: they run in one batch, so none ends before the others
+    have begun. Returns the threads, started."""
+    vllm.pause()
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(streams)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: len(vllm.requests_received(seed=seed)) == streams, what="all received")
+    vllm.resume()
+    return threads
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
