@@ -11,7 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["content_text", "estimate_prompt_tokens", "estimate_text_tokens", "prompt_text"]
+__all__ = [
+    "completion_prompts",
+    "content_text",
+    "estimate_prompt_tokens",
+    "estimate_text_tokens",
+    "prompt_text",
+]
 
 _PER_MESSAGE = 4
 _REPLY_HEADER = 2
@@ -50,12 +56,33 @@ def prompt_text(body: Mapping[str, Any]) -> str:
     return str(prompt)
 
 
+def completion_prompts(prompt: Any) -> list[str | list[Any]]:
+    """The prompts of a completions ``prompt``, one generation each (as vLLM runs them): a
+    string, a list of strings, a list of token ids (one prompt), or a list of token-id lists.
+    Anything else reads as one empty prompt: a request's shape is checked where it is
+    received, never by an estimate."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        first = prompt[0]
+        if isinstance(first, list | str):
+            return [p if isinstance(p, list | str) else str(p) for p in prompt]
+        return [prompt]  # one prompt of token ids
+    return [""]
+
+
+def _one_prompt_tokens(prompt: str | list[Any]) -> int:
+    # Token ids are tokens; text follows the module rule.
+    return len(prompt) if isinstance(prompt, list) else max(1, estimate_text_tokens(prompt))
+
+
 def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
-    """Prompt tokens of a chat or completion request body (see the module rule)."""
+    """Prompt tokens of a chat or completion request body (see the module rule), every prompt
+    of a completions ``prompt`` list summed, token ids counted one token each."""
     if "messages" in body:
         total = _REPLY_HEADER
         for msg in body.get("messages") or ():
             if isinstance(msg, Mapping):
                 total += _PER_MESSAGE + estimate_text_tokens(content_text(msg.get("content")))
         return total
-    return max(1, estimate_text_tokens(prompt_text(body)))
+    return sum(_one_prompt_tokens(p) for p in completion_prompts(body.get("prompt")))

@@ -39,7 +39,8 @@ def test_malformed_json_is_a_400(serve):
         ("/v1/completions", {"model": MODEL}),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user"}], "max_tokens": 0}),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user"}], "stream": "y"}),
-        ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": "9"}),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": "9.5"}),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": "5e3"}),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 2}),
         *(
             (
@@ -97,3 +98,19 @@ def test_the_model_field_defaults_to_the_served_model(serve):
     _sim, server = serve()
     resp = httpx2.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
     assert resp.status_code == 200 and resp.json()["model"] == MODEL
+
+
+@pytest.mark.parametrize("written", ["3", " +3 ", 3.0, "3.00", "0_3"])
+def test_numbers_are_read_as_vllm_reads_them(serve, written):
+    # vLLM's pydantic models read integers leniently: "3" and 3.0 ask for three tokens.
+    sim, server = serve()
+    body = {"model": MODEL, "prompt": "x", "max_tokens": written}
+    resp = httpx2.post(server.url + "/v1/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["usage"]["completion_tokens"] == 3
+
+
+def test_a_completion_without_max_tokens_gets_vllms_default_of_16(serve):
+    sim, server = serve()
+    resp = httpx2.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": "x"})
+    assert resp.json()["usage"]["completion_tokens"] == 16

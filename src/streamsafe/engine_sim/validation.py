@@ -12,6 +12,7 @@ from typing import Any
 
 from streamsafe.engine_sim.config import SimConfig
 from streamsafe.engine_sim.text import count_words, split_continuation
+from streamsafe.request_cost import COMPLETIONS_DEFAULT_MAX_TOKENS, InvalidField, read_int
 from streamsafe.tokens import estimate_prompt_tokens
 
 __all__ = ["INVALID_PREFILL", "BadRequest", "ContextTooLong", "Job", "validate"]
@@ -48,12 +49,11 @@ class Job:
 
 
 def _int_field(body: Mapping[str, Any], name: str) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"'{name}' must be an integer, got {value!r}")
-    return value
+    # Read as vLLM's pydantic models read integers: "5000" and 5000.0 are 5000.
+    try:
+        return read_int(body, name)
+    except InvalidField as exc:
+        raise BadRequest(str(exc)) from None
 
 
 def validate(body: Any, chat: bool, cfg: SimConfig) -> Job:
@@ -104,6 +104,8 @@ def validate(body: Any, chat: bool, cfg: SimConfig) -> Job:
     prompt_tokens = estimate_prompt_tokens(body if split is None else split[0]) + generated
     # vLLM's default is the context left after the prompt, so it shrinks by what a continued
     # answer already generated.
+    if asked is None and not chat:
+        asked = COMPLETIONS_DEFAULT_MAX_TOKENS  # vLLM's (and OpenAI's) for /v1/completions
     max_tokens = max(1, cfg.default_max_tokens - generated) if asked is None else asked
     if max_tokens < 1:
         raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}.")

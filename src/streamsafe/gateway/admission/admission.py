@@ -20,7 +20,7 @@ from typing import Any
 
 from streamsafe.gateway.admission.fair_queue import ADMITTED, QUEUED, SHED, AdmissionCore, Waiter
 from streamsafe.gateway.admission.shedding import Shedding
-from streamsafe.tokens import estimate_prompt_tokens
+from streamsafe.request_cost import MAX_REQUEST_COST, read_cost
 
 __all__ = ["MAX_REQUEST_COST", "Admission", "Shed", "request_cost", "retry_after_seconds"]
 
@@ -30,25 +30,13 @@ RETRY_AFTER_MIN = 1
 RETRY_AFTER_MAX = 60
 
 
-#: The most one request is counted for, in tokens (2**40: beyond any engine's memory, so such a
-#: request still cannot fit a memory budget). A request asking for more (``max_tokens`` 2**63-1)
-#: counts as this, so the sums admission keeps, and ``/stats``, stay within 64 bits however
-#: many such requests are in flight.
-MAX_REQUEST_COST = 2**40
-
-
-def request_cost(body: Mapping[str, Any], default_max_tokens: int) -> int:
-    """Engine memory a request may take, in tokens: estimated prompt tokens plus the
-    completion limit it asks for (``max_completion_tokens``, ``max_tokens``, or the default),
-    times ``n`` choices; at most :data:`MAX_REQUEST_COST`."""
-    limit = body.get("max_completion_tokens")
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-        limit = body.get("max_tokens")
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-        limit = default_max_tokens
-    n = body.get("n")
-    choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
-    return min(MAX_REQUEST_COST, (estimate_prompt_tokens(body) + limit) * choices)
+def request_cost(body: Mapping[str, Any], default_max_tokens: int, *, chat: bool = True) -> int:
+    """Engine memory an OpenAI chat (``chat``) or completions request may take, in tokens, read
+    as vLLM reads it (:func:`streamsafe.request_cost.read_cost`): every prompt plus the
+    completion limit (``default_max_tokens`` where a chat gives none), times ``n``; at most
+    :data:`MAX_REQUEST_COST`. Raises :class:`~streamsafe.request_cost.InvalidField` where the
+    engine would answer 400."""
+    return read_cost(body, chat=chat).tokens(default_max_tokens)
 
 
 def retry_after_seconds(wait: float | None, fallback: float) -> int:

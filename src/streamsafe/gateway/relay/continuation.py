@@ -19,6 +19,7 @@ The log is parsed once, when a stream breaks: the per-chunk path never parses JS
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,7 @@ import orjson
 from streamsafe.gateway.errors import ERROR_PREFIXES
 from streamsafe.gateway.generations.generation import Continuation, GenerationRequest
 from streamsafe.gateway.generations.store import EventLog
+from streamsafe.request_cost import COMPLETIONS_DEFAULT_MAX_TOKENS, InvalidField, read_int
 from streamsafe.sse import DONE
 
 __all__ = [
@@ -201,8 +203,13 @@ def continuation_for(req: GenerationRequest, partial: Partial) -> Continuation |
 
 
 def _owed(body: Mapping[str, Any], name: str, delivered: int) -> int | None:
-    limit = body.get(name)
-    return max(1, limit - delivered) if type(limit) is int else None
+    """What is left of the limit ``body[name]`` gives, read as the engine reads it (``"30"``
+    is 30), after ``delivered`` tokens; ``None`` where the body gives none."""
+    try:
+        limit = read_int(body, name)
+    except InvalidField:  # refused where the request was read; never continued
+        return None
+    return None if limit is None else max(1, limit - delivered)
 
 
 def _by_ids(req: GenerationRequest, body: dict[str, Any], partial: Partial) -> Continuation | None:
@@ -212,12 +219,18 @@ def _by_ids(req: GenerationRequest, body: dict[str, Any], partial: Partial) -> C
     chat = req.path.endswith("/chat/completions")
     ask: dict[str, Any] = {k: body[k] for k in _SAMPLING if k in body}
     ask.update(prompt=[*prompt, *ids], stream=True, return_token_ids=True)
-    owed = _owed(body, "max_completion_tokens", len(ids)) or _owed(body, "max_tokens", len(ids))
+    # A chat reads max_completion_tokens first; a completions request only max_tokens, 16
+    # where it gives none (the continuation must not be granted that default afresh).
+    owed = _owed(body, "max_completion_tokens", len(ids)) if chat else None
+    owed = owed or _owed(body, "max_tokens", len(ids))
+    if owed is None and not chat:
+        owed = max(1, COMPLETIONS_DEFAULT_MAX_TOKENS - len(ids))
     if owed is not None:
         ask["max_tokens"] = owed
-    min_tokens = body.get("min_tokens")
-    if type(min_tokens) is int and min_tokens:
-        ask["min_tokens"] = max(0, min_tokens - len(ids))
+    with contextlib.suppress(InvalidField):
+        min_tokens = read_int(body, "min_tokens")
+        if min_tokens:
+            ask["min_tokens"] = max(0, min_tokens - len(ids))
     path = req.path[: -len("/chat/completions")] + "/completions" if chat else req.path
     reshape = Reshape(partial.stamp, chat)
     return Continuation(path, orjson.dumps(ask), len(ids), reshape)

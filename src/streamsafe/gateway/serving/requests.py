@@ -20,6 +20,7 @@ from streamsafe.gateway.generations.generation import GenerationRequest
 from streamsafe.gateway.relay.continuation import with_token_ids
 from streamsafe.gateway.serving.body_work import MAX_JSON_CONTAINERS, exceeds_containers
 from streamsafe.gateway.upstream.kinds import CompletionRoute, Wire, cost_view
+from streamsafe.request_cost import InvalidField
 
 __all__ = [
     "FORWARDED_HEADERS",
@@ -108,7 +109,7 @@ def completion_request(
         path=upstream_path,
         body=upstream_body,
         fingerprint=fingerprint,
-        cost=request_cost(cost_view(route.wire, body), default_max_tokens),
+        cost=_cost(route.wire, body, default_max_tokens),
         stream=stream,
         idempotency_key=key.decode("ascii") if key is not None else None,
         retry=_retry_count(scope) >= 1,
@@ -117,6 +118,25 @@ def completion_request(
         route=route,
         forward=forward,
     )
+
+
+def _cost(wire: Wire, body: dict[str, Any], default_max_tokens: int) -> int:
+    """The engine memory the request may take; a number the engine would refuse is the
+    caller's 400 here, before it costs a place in the queue."""
+    view, chat = cost_view(wire, body)
+    try:
+        return request_cost(view, default_max_tokens, chat=chat)
+    except InvalidField as exc:
+        # The view's limit is named as the caller's body names it.
+        field = _LIMIT_NAMES.get(wire, exc.field) if exc.field == "max_tokens" else exc.field
+        raise BadRequest(400, str(exc).replace(exc.field, field), field) from None
+
+
+_LIMIT_NAMES = {
+    Wire.OPENAI_RESPONSES: "max_output_tokens",
+    Wire.LLAMA_STACK_CHAT: "sampling_params.max_tokens",
+    Wire.LLAMA_STACK_COMPLETION: "sampling_params.max_tokens",
+}
 
 
 #: The caller's headers a completion request carries upstream: Llama Stack's per-request

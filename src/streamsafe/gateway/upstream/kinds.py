@@ -260,29 +260,29 @@ KINDS: Mapping[KindName, UpstreamKind] = {
 }
 
 
-def cost_view(wire: Wire, body: Mapping[str, object]) -> Mapping[str, object]:
-    """``body`` as the OpenAI request it stands for, for estimating its engine memory: Llama
-    Stack's native requests name their prompt ``content`` and their limit
-    ``sampling_params.max_tokens`` (Llama Stack sends its provider's ``max_tokens``, 4096 by
-    default, where none is given)."""
-    if wire is Wire.OPENAI_CHAT or wire is Wire.OPENAI_COMPLETION:
-        return body
+def cost_view(wire: Wire, body: Mapping[str, object]) -> tuple[Mapping[str, object], bool]:
+    """``body`` as the OpenAI request it stands for, and whether that is a chat, for reading
+    its engine memory (:func:`streamsafe.request_cost.read_cost`, which reads the numbers as
+    vLLM and Llama Stack do: leniently). Responses' ``input`` and ``max_output_tokens`` read as
+    a chat's messages and limit; Llama Stack's native requests name their prompt ``content`` and
+    their limit ``sampling_params.max_tokens`` (Llama Stack sends its provider's
+    ``max_tokens``, 4096 by default, where none is given)."""
+    if wire is Wire.OPENAI_CHAT:
+        return body, True
+    if wire is Wire.OPENAI_COMPLETION:
+        return body, False
     if wire is Wire.OPENAI_RESPONSES:
-        # Input items ({"role", "content"}) count as messages; a string as a prompt.
         given = body.get("input")
-        limit = body.get("max_output_tokens")
-        responses: dict[str, object] = {"messages" if isinstance(given, list) else "prompt": given}
-        if isinstance(limit, int):
-            responses["max_tokens"] = limit
-        return responses
+        messages = given if isinstance(given, list) else [{"role": "user", "content": given}]
+        return {"messages": messages, "max_tokens": body.get("max_output_tokens")}, True
     params = body.get("sampling_params")
     limit = params.get("max_tokens") if isinstance(params, dict) else None
-    view: dict[str, object] = {"max_tokens": limit if isinstance(limit, int) else 4096}
+    view: dict[str, object] = {"max_tokens": 4096 if limit is None else limit}
     if wire is Wire.LLAMA_STACK_CHAT:
         view["messages"] = body.get("messages")
-    else:
-        view["prompt"] = body.get("content")
-    return view
+        return view, True
+    view["prompt"] = body.get("content")
+    return view, False
 
 
 # -- the end of an answer ---------------------------------------------------------------------
