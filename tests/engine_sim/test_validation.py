@@ -103,7 +103,7 @@ def test_the_model_field_defaults_to_the_served_model(serve):
 @pytest.mark.parametrize("written", ["3", " +3 ", 3.0, "3.00", "0_3"])
 def test_numbers_are_read_as_vllm_reads_them(serve, written):
     # vLLM's pydantic models read integers leniently: "3" and 3.0 ask for three tokens.
-    sim, server = serve()
+    _sim, server = serve()
     body = {"model": MODEL, "prompt": "x", "max_tokens": written}
     resp = httpx2.post(server.url + "/v1/completions", json=body)
     assert resp.status_code == 200, resp.text
@@ -111,6 +111,6 @@ def test_numbers_are_read_as_vllm_reads_them(serve, written):
 
 
 def test_a_completion_without_max_tokens_gets_vllms_default_of_16(serve):
-    sim, server = serve()
+    _sim, server = serve()
     resp = httpx2.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": "x"})
     assert resp.json()["usage"]["completion_tokens"] == 16
