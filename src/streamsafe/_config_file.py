@@ -77,6 +77,8 @@ def _value(action: argparse.Action, key: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ConfigError(f"{key}: expected a count, got {value!r}")
         return value
+    if action.nargs == "?" and value is True:
+        return action.const  # the bare flag (``--collapse-identical`` is ``all``)
     if isinstance(action, argparse._AppendAction):
         items = value if isinstance(value, list) else [value]
         return [_scalar(action, key, item) for item in items]

@@ -36,6 +36,7 @@ __all__ = [
     "MAX_REQUEST_COST",
     "Cost",
     "InvalidField",
+    "is_deterministic",
     "read_cost",
     "read_int",
 ]
@@ -149,3 +150,27 @@ def read_cost(body: Mapping[str, Any], *, chat: bool) -> Cost:
         raise InvalidField("n", f"n must be at least 1, got {n}.")
     prompts = 1 if chat else len(completion_prompts(body.get("prompt")))
     return Cost(estimate_prompt_tokens(body), prompts, limit, 1 if n is None else n)
+
+
+#: vLLM samples greedily below this temperature (its ``_SAMPLING_EPS``).
+_GREEDY_BELOW = 1e-5
+
+
+def is_deterministic(body: Mapping[str, Any]) -> bool:
+    """Whether an OpenAI-shaped body has one answer: greedy (``temperature`` 0, read as vLLM
+    reads a float: ``"0"`` too) or seeded (a ``seed``, which makes vLLM's sampling of one request
+    reproducible). A body that says neither is sampled with the engine's default temperature:
+    two calls may rightly want two samples. Unreadable values read as not deterministic (the
+    engine refuses them anyway)."""
+    try:
+        if read_int(body, "seed") is not None:
+            return True
+    except InvalidField:
+        return False
+    temperature = body.get("temperature")
+    if isinstance(temperature, str):
+        temperature = temperature.strip(_SPACE)
+    try:
+        return temperature is not None and abs(float(temperature)) < _GREEDY_BELOW
+    except (TypeError, ValueError):
+        return False

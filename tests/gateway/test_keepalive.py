@@ -170,7 +170,7 @@ def test_a_subscriber_its_own_loop_serves_gets_heartbeats_mid_stream_too() -> No
     id of its own, so its own loop serves it instead of the fan-out. Both read through a 3 s
     pause with a 1 s read timeout."""
     sim = fast_sim(faults=(Fault.parse("pause:3:3:1"),))
-    with make_stack(sim, heartbeat=5.0, collapse_identical=True) as s:
+    with make_stack(sim, heartbeat=5.0, collapse_identical="all") as s:
         body = chat_body("collapsed", max_tokens=8)
         with ThreadPoolExecutor(2) as pool:
             results = list(pool.map(lambda _: _read_with_timeout(s.url, body, 1.0), range(2)))

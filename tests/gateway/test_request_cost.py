@@ -18,6 +18,7 @@ from streamsafe.request_cost import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
     MAX_REQUEST_COST,
     InvalidField,
+    is_deterministic,
     read_cost,
     read_int,
 )
@@ -112,6 +113,28 @@ def test_values_vllm_refuses_are_invalid(field: str, value: object) -> None:
     with pytest.raises(InvalidField) as caught:
         read_cost({"messages": [], field: value}, chat=True)
     assert caught.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("sampling", "determined"),
+    [
+        ({}, False),
+        ({"temperature": 0}, True),
+        ({"temperature": 0.0}, True),
+        ({"temperature": " 0 "}, True),
+        ({"temperature": 0.7}, False),
+        ({"temperature": "hot"}, False),
+        ({"temperature": None}, False),
+        ({"seed": 7}, True),
+        ({"seed": "7", "temperature": 1.0}, True),
+        ({"seed": None, "temperature": 1}, False),
+        ({"seed": "x"}, False),
+    ],
+)
+def test_a_request_is_deterministic_where_greedy_or_seeded(
+    sampling: dict[str, object], determined: bool
+) -> None:
+    assert is_deterministic({"messages": [], **sampling}) is determined
 
 
 # -- through the gateway, in front of an engine that reads numbers as vLLM does -----------------

@@ -9,7 +9,9 @@ import threading
 import httpx2
 import openai
 import orjson
+import pytest
 from gateway_helpers import (
+    Stack,
     chat_body,
     content_of,
     fast_sim,
@@ -28,6 +30,42 @@ def _post_json(url: str, body: dict[str, object], out: list[httpx2.Response]) ->
         out.append(client.post(url + "/v1/chat/completions", json=body))
 
 
+def _while_the_first_runs(s: Stack, body: dict[str, object]) -> list[httpx2.Response]:
+    """``body`` posted twice without a marker, the second while the first copy runs."""
+    out: list[httpx2.Response] = []
+    first = threading.Thread(target=_post_json, args=(s.url, body, out))
+    first.start()
+    wait_for(lambda: s.sim.stats()["active"] == 1, what="the first copy runs")
+    _post_json(s.url, body, out)
+    first.join(20)
+    return out
+
+
+@pytest.mark.parametrize(
+    "determined", [{"temperature": 0}, {"temperature": "0.0"}, {"seed": 7}, {"seed": "7"}]
+)
+def test_identical_deterministic_requests_share_one_generation_by_default(
+    determined: dict[str, object],
+) -> None:
+    # Behind a server a client's retry arrives unmarked; a greedy or seeded request has one
+    # answer, so sharing it is always safe.
+    with make_stack(fast_sim(itl_ms=10.0)) as s:
+        body = {**chat_body("same prompt", max_tokens=30, stream=False), **determined}
+        out = _while_the_first_runs(s, body)
+        assert [r.status_code for r in out] == [200, 200]
+        texts = [r.json()["choices"][0]["message"]["content"] for r in out]
+        assert texts[0] == texts[1]
+        assert s.sim.stats()["generations_started"] == 1
+        assert s.gw.stats()["attached"] == 1
+
+
+def test_collapse_identical_off_keeps_even_deterministic_requests_apart() -> None:
+    with make_stack(fast_sim(itl_ms=10.0), collapse_identical="off") as s:
+        body = {**chat_body("same prompt", max_tokens=30, stream=False), "temperature": 0}
+        _while_the_first_runs(s, body)
+        assert s.sim.stats()["generations_started"] == 2
+
+
 def test_identical_unmarked_requests_stay_apart_by_default() -> None:
     with make_stack(fast_sim(itl_ms=10.0)) as s:
         body = chat_body("same prompt", max_tokens=30, stream=False)
@@ -42,7 +80,7 @@ def test_identical_unmarked_requests_stay_apart_by_default() -> None:
 
 
 def test_collapse_identical_attaches_a_fresh_call_to_the_running_copy() -> None:
-    with make_stack(fast_sim(itl_ms=10.0), collapse_identical=True, grace=0.0) as s:
+    with make_stack(fast_sim(itl_ms=10.0), collapse_identical="all", grace=0.0) as s:
         body = chat_body("same prompt", max_tokens=30, stream=False)
         out: list[httpx2.Response] = []
         first = threading.Thread(target=_post_json, args=(s.url, body, out))
@@ -65,7 +103,7 @@ def test_collapse_identical_attaches_a_fresh_call_to_the_running_copy() -> None:
 
 
 def test_collapsed_identical_streams_each_carry_one_completion_id_of_their_own() -> None:
-    with make_stack(fast_sim(itl_ms=10.0), collapse_identical=True) as s:
+    with make_stack(fast_sim(itl_ms=10.0), collapse_identical="all") as s:
         body = chat_body("same stream", max_tokens=20)
         out: list[httpx2.Response] = []
         first = threading.Thread(target=lambda: out.append(post_stream(s.url, body)))

@@ -108,7 +108,7 @@ def gateway_for(load: TierLoad, position: Position, **overrides: Any) -> Gateway
         base["upstream_kind"] = "llama-stack"
     else:
         base["upstream_kind"] = "vllm"
-        base["collapse_identical"] = True
+        base["collapse_identical"] = "all"
     base.update(overrides)
     return GatewayConfig(**base)
 

@@ -79,10 +79,15 @@ def add_upstreams(group: Options) -> None:
     _add_engine_failures(group)
     group.add_argument(
         "--collapse-identical",
-        action="store_true",
-        help="attach an identical request to a running generation, or one finished within "
-        "--grace, even without a retry marker (behind Llama Stack; identical sampled prompts "
-        "then share one sample)",
+        nargs="?",
+        const="all",
+        default="deterministic",
+        choices=("deterministic", "all", "off"),
+        help="attach an identical request of one tenant to a running generation, or one "
+        "finished within --grace, even without a retry marker (behind a server a client's retry "
+        "comes as a fresh call): deterministic (default) for greedy or seeded requests, whose "
+        "answer sharing changes nothing; all (the bare flag) sampled ones too, which then share "
+        "one sample; off",
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-__all__ = ["CommitMode", "GatewayConfig", "UpstreamKindSetting"]
+__all__ = ["CollapseSetting", "CommitMode", "GatewayConfig", "UpstreamKindSetting"]
 
 #: What the upstream is (see :mod:`streamsafe.gateway.upstream.kinds`); ``auto`` asks it.
 UpstreamKindSetting = Literal["auto", "vllm", "ogx", "llama-stack", "openai"]
@@ -14,6 +14,11 @@ UpstreamKindSetting = Literal["auto", "vllm", "ogx", "llama-stack", "openai"]
 #: keep the connection warm with ``: keep-alive`` comments; ``first-token``: hold the headers until
 #: the first event, so a failure before it keeps its real status.
 CommitMode = Literal["early", "first-token"]
+
+#: Which identical requests (same tenant, same body, no retry marker) share one generation
+#: (``GatewayConfig.collapse_identical``): ``deterministic`` (default) those with one answer,
+#: greedy or seeded; ``all`` sampled ones too; ``off`` none.
+CollapseSetting = Literal["deterministic", "all", "off"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -36,12 +41,16 @@ class GatewayConfig:
     #: start (and again while it has not answered) which routes it serves, and log what was
     #: found and what the gateway protects.
     upstream_kind: UpstreamKindSetting = "auto"
-    #: Attach a request to a generation with a byte-identical body even when it carries no
-    #: retry marker, while that generation runs or up to ``grace`` seconds after it finished
-    #: (default off). Behind Llama Stack a client's retry arrives as a fresh call with no marker;
-    #: this makes it one generation. The price: two users who send the same sampled prompt
-    #: within that window get the same sample.
-    collapse_identical: bool = False
+    #: Attach a request to a generation of the same tenant with a byte-identical body even when
+    #: it carries no retry marker, while that generation runs or up to ``grace`` seconds after
+    #: it finished. Behind a server (OGX, Llama Stack) a client's retry arrives as a fresh call
+    #: with no marker; this makes it one generation. Default ``deterministic``: only requests
+    #: whose answer is determined (greedy, ``temperature`` 0, or seeded), where sharing changes
+    #: no answer, so it is always safe; sampled requests stay independent (two calls may want two
+    #: samples) and admission alone protects the engine from their copies. ``all``: sampled ones
+    #: too, at the price that two users who send the same sampled prompt within that window get
+    #: the same sample. ``off``: none.
+    collapse_identical: CollapseSetting = "deterministic"
     #: Seconds a generation keeps running after its last subscriber left (default 5: long enough
     #: for a client to reconnect and resume, short enough that abandoned work is freed). 0 aborts
     #: at once.
@@ -206,6 +215,11 @@ class GatewayConfig:
     orphan_ttl: float = 3600.0
 
     def __post_init__(self) -> None:
+        if self.collapse_identical not in ("deterministic", "all", "off"):
+            raise ValueError(
+                "collapse_identical must be 'deterministic', 'all' or 'off', "
+                f"not {self.collapse_identical!r}"
+            )
         if self.commit not in ("early", "first-token"):
             raise ValueError(f"commit must be 'early' or 'first-token', not {self.commit!r}")
         if self.upstream_kind not in ("auto", "vllm", "ogx", "llama-stack", "openai"):

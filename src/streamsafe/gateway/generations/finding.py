@@ -103,7 +103,8 @@ class Finding:
 
     async def by_body(self, req: GenerationRequest, reach: Reach) -> Generation | None:
         """For a request without a key: the generation an unkeyed retry or a resume continues,
-        or (``collapse_identical``) the one an identical request joins; ``None`` for none."""
+        or (``collapse_identical``: a deterministic one by default) the one an identical request
+        joins; ``None`` for none."""
         resume = req.last_event_id is not None
         if req.retry or resume:
             found = self._generations.by_body(req.tenant, req.fingerprint)
@@ -116,7 +117,8 @@ class Finding:
             if found is not None and (resume or found.live or found.state is State.DONE):
                 return found
             return None
-        if self._config.collapse_identical:
+        collapse = self._config.collapse_identical
+        if collapse == "all" or (collapse == "deterministic" and req.deterministic):
             return self._identical(req)
         return None
 

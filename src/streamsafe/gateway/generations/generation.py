@@ -76,6 +76,9 @@ class GenerationRequest:
     #: Client headers sent upstream with it, as header lines (Llama Stack's
     #: ``X-LlamaStack-Provider-Data``: a provider's per-request keys); part of the fingerprint.
     forward: bytes = b""
+    #: The body has one answer (greedy or seeded: :func:`streamsafe.request_cost.
+    #: is_deterministic`), so an identical request may share it (``collapse_identical``).
+    deterministic: bool = False
     #: Read from a Redis record that left its ``forward`` out (no ``--redis-secret``): another
     #: replica cannot continue it under the credentials it came with.
     withheld: bool = False

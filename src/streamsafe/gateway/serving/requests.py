@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -20,7 +21,7 @@ from streamsafe.gateway.generations.generation import GenerationRequest
 from streamsafe.gateway.relay.continuation import with_token_ids
 from streamsafe.gateway.serving.body_work import MAX_JSON_CONTAINERS, exceeds_containers
 from streamsafe.gateway.upstream.kinds import CompletionRoute, Wire, cost_view
-from streamsafe.request_cost import InvalidField
+from streamsafe.request_cost import InvalidField, is_deterministic
 
 __all__ = [
     "FORWARDED_HEADERS",
@@ -101,6 +102,7 @@ def completion_request(
         digest_size=16,
     ).digest()
     stream = body.get("stream") is True
+    view, chat = cost_view(route.wire, body)
     # A stream asks vLLM for its token ids, so a broken one is continued exactly (the fingerprint
     # above is the caller's body: retries still find it).
     upstream_body = (with_token_ids(body) if stream and route.token_ids else None) or raw
@@ -109,7 +111,8 @@ def completion_request(
         path=upstream_path,
         body=upstream_body,
         fingerprint=fingerprint,
-        cost=_cost(route.wire, body, default_max_tokens),
+        cost=_cost(view, chat, route.wire, default_max_tokens),
+        deterministic=is_deterministic(view),
         stream=stream,
         idempotency_key=key.decode("ascii") if key is not None else None,
         retry=_retry_count(scope) >= 1,
@@ -120,10 +123,9 @@ def completion_request(
     )
 
 
-def _cost(wire: Wire, body: dict[str, Any], default_max_tokens: int) -> int:
-    """The engine memory the request may take; a number the engine would refuse is the
-    caller's 400 here, before it costs a place in the queue."""
-    view, chat = cost_view(wire, body)
+def _cost(view: Mapping[str, object], chat: bool, wire: Wire, default_max_tokens: int) -> int:
+    """The engine memory the request (read as ``view``, see ``cost_view``) may take; a number
+    the engine would refuse is the caller's 400 here, before it costs a place in the queue."""
     try:
         return request_cost(view, default_max_tokens, chat=chat)
     except InvalidField as exc:

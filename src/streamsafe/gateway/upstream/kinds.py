@@ -262,11 +262,12 @@ KINDS: Mapping[KindName, UpstreamKind] = {
 
 def cost_view(wire: Wire, body: Mapping[str, object]) -> tuple[Mapping[str, object], bool]:
     """``body`` as the OpenAI request it stands for, and whether that is a chat, for reading
-    its engine memory (:func:`streamsafe.request_cost.read_cost`, which reads the numbers as
-    vLLM and Llama Stack do: leniently). Responses' ``input`` and ``max_output_tokens`` read as
-    a chat's messages and limit; Llama Stack's native requests name their prompt ``content`` and
-    their limit ``sampling_params.max_tokens`` (Llama Stack sends its provider's
-    ``max_tokens``, 4096 by default, where none is given)."""
+    its engine memory and whether its answer is determined
+    (:mod:`streamsafe.request_cost`, which reads the numbers as vLLM and Llama Stack do:
+    leniently). Responses' ``input`` and ``max_output_tokens`` read as a chat's messages and
+    limit; Llama Stack's native requests name their prompt ``content``, their limit
+    ``sampling_params.max_tokens`` (Llama Stack sends its provider's ``max_tokens``, 4096 by
+    default, where none is given) and greedy sampling ``sampling_params.strategy``."""
     if wire is Wire.OPENAI_CHAT:
         return body, True
     if wire is Wire.OPENAI_COMPLETION:
@@ -274,10 +275,19 @@ def cost_view(wire: Wire, body: Mapping[str, object]) -> tuple[Mapping[str, obje
     if wire is Wire.OPENAI_RESPONSES:
         given = body.get("input")
         messages = given if isinstance(given, list) else [{"role": "user", "content": given}]
-        return {"messages": messages, "max_tokens": body.get("max_output_tokens")}, True
+        view: dict[str, object] = {
+            "messages": messages,
+            "max_tokens": body.get("max_output_tokens"),
+        }
+        view.update((k, body[k]) for k in ("temperature", "seed") if k in body)
+        return view, True
     params = body.get("sampling_params")
-    limit = params.get("max_tokens") if isinstance(params, dict) else None
-    view: dict[str, object] = {"max_tokens": 4096 if limit is None else limit}
+    params = params if isinstance(params, dict) else {}
+    limit = params.get("max_tokens")
+    view = {"max_tokens": 4096 if limit is None else limit}
+    strategy = params.get("strategy")
+    if isinstance(strategy, dict) and strategy.get("type") == "greedy":
+        view["temperature"] = 0
     if wire is Wire.LLAMA_STACK_CHAT:
         view["messages"] = body.get("messages")
         return view, True
