@@ -1,5 +1,7 @@
-"""The real vLLM with a full KV cache behind the gateway: it preempts requests and computes
-them again (no error, no crash), and every stream still ends whole."""
+"""The real vLLM's KV cache behind the gateway: by default the gateway learns what it holds from
+its /metrics and never sends more at once (a request larger than the cache is a 400 that never
+reaches it); where the operator lets more through (``memory=`` on ``--upstream``) vLLM preempts
+requests and computes them again (no error, no crash), and every stream still ends whole."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 import httpx2
 import orjson
 import pytest
-from vllm_helpers import chat_body, gateway, sse_events
+from vllm_helpers import chat_body, gateway, sse_events, wait_until
 
 from streamsafe.bench.vllm_engine import VLLMEngine
 
@@ -35,7 +37,8 @@ def test_many_long_streams_on_a_small_kv_cache_all_complete(vllm_engine: VLLMEng
         except Exception as exc:  # reported by the test
             results[i] = exc
 
-    with gateway(vllm_engine) as gw:
+    # The operator's memory= lets four times the cache through, so the cache fills.
+    with gateway(vllm_engine, upstream=f"{vllm_engine.url} memory=8192") as gw:
         threads = [threading.Thread(target=stream, args=(i, gw.url)) for i in range(STREAMS)]
         for t in threads:
             t.start()
@@ -51,3 +54,22 @@ def test_many_long_streams_on_a_small_kv_cache_all_complete(vllm_engine: VLLMEng
     assert len(vllm_engine.requests_received(seed=5001)) == STREAMS
     assert vllm_engine.preemptions() > preempted
     assert httpx2.get(vllm_engine.url + "/health", timeout=5.0).status_code == 200
+
+
+def test_the_default_gateway_learns_the_kv_capacity_and_keeps_what_cannot_fit_out(
+    vllm_engine: VLLMEngine,
+) -> None:
+    with gateway(vllm_engine) as gw:
+        # The session server's cache: 16 blocks of 128 tokens.
+        wait_until(
+            lambda: gw.gw.stats()["engines"][0]["memory_limit_tokens"] == 2048,
+            what="the KV capacity learned",
+        )
+        body = chat_body(vllm_engine, "too long", 3000, seed=5002, stream=True)
+        r = httpx2.post(gw.url + "/v1/chat/completions", json=body, timeout=30.0)
+        assert r.status_code == 400
+        assert "more than any engine" in r.json()["error"]["message"]
+        ok = chat_body(vllm_engine, "fits", 8, seed=5002, stream=False)
+        r = httpx2.post(gw.url + "/v1/chat/completions", json=ok, timeout=60.0)
+        assert r.status_code == 200
+    assert len(vllm_engine.requests_received(seed=5002)) == 1

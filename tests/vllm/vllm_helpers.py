@@ -33,7 +33,7 @@ class GatewayRun:
 def gateway(vllm: VLLMEngine, **config: Any) -> Iterator[GatewayRun]:
     """The gateway in front of ``vllm`` (default flags unless given), on its own loopback server;
     stopped in the background when the block ends."""
-    gw = Gateway(GatewayConfig(upstream=vllm.url, **config))
+    gw = Gateway(GatewayConfig(**{"upstream": vllm.url, **config}))
     server = ServerThread(gw).start()
     try:
         yield GatewayRun(gw, server)

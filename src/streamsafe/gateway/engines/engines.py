@@ -11,16 +11,28 @@ health probe) per engine and the pool's decisions; each generation gets an
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+import httpx2
+
 from streamsafe.gateway.engines.answers import Refused, made_refusal
-from streamsafe.gateway.engines.pool import Counts, EngineSpec, Pool
+from streamsafe.gateway.engines.pool import Counts, Engine, EngineSpec, Pool
+from streamsafe.gateway.upstream.capacity import learn_kv_capacity
 from streamsafe.gateway.upstream.connection import Upstream
 from streamsafe.retry import RetryBudget
 
 __all__ = ["Engines"]
+
+log = logging.getLogger("streamsafe.gateway")
+
+#: Seconds one ask of an engine's ``/metrics`` may take.
+_LEARN_TIMEOUT = 5.0
+#: Most seconds between asks of an engine that has not said its KV capacity yet.
+_LEARN_EVERY_MAX = 30.0
 
 
 class Engines:
@@ -93,6 +105,7 @@ class Engines:
         self.failovers = 0
         #: Continuations sent to another engine after a stream was cut.
         self.migrations = 0
+        self._learning: list[asyncio.Task[None]] = []
 
     @property
     def first(self) -> Upstream:
@@ -131,7 +144,7 @@ class Engines:
     def can_ever_fit(self, model: str, cost: int) -> bool:
         """False if ``cost`` exceeds the memory of every engine of ``model`` (waiting would
         never help)."""
-        caps = [e.spec.memory for e in self.pool.serving(model)]
+        caps = [e.memory for e in self.pool.serving(model)]
         return any(cap is None or cost <= cap for cap in caps)
 
     async def wait_for_room(self, model: str, cost: int, started: float) -> Refused | None:
@@ -173,11 +186,50 @@ class Engines:
                 fut.set_result(None)
 
     async def start(self) -> None:
-        """Create every engine's connection pool (and probe its kind where ``auto``)."""
+        """Create every engine's connection pool (and probe its kind where ``auto``); learn the
+        KV capacity of each vLLM engine given no ``memory=``, in the background."""
         await asyncio.gather(*(upstream.start() for upstream in self.upstreams))
+        loop = asyncio.get_running_loop()
+        self._learning = [
+            loop.create_task(self._learn_capacity(engine, upstream))
+            for engine, upstream in zip(self.pool.engines, self.upstreams, strict=True)
+            if engine.spec.memory is None
+        ]
+
+    async def _learn_capacity(self, engine: Engine, upstream: Upstream) -> None:
+        """Ask a vLLM engine what its KV cache holds until it says (an engine that is still
+        starting answers later), backing off to :data:`_LEARN_EVERY_MAX` seconds between tries;
+        other kinds publish no such figure and keep no bound of their own."""
+        wait = max(0.5, upstream.probe_interval)
+        while True:
+            kind = await upstream.resolve_kind()
+            if upstream.kind_known and kind.name != "vllm":
+                return
+            if kind.name == "vllm":
+                with contextlib.suppress(httpx2.HTTPError, TimeoutError):
+                    async with asyncio.timeout(_LEARN_TIMEOUT):
+                        found = await learn_kv_capacity(upstream.client)
+                    if found is not None:
+                        engine.learned_memory = found.tokens
+                        log.info(
+                            "engine %s holds %d tokens in its KV cache (its /metrics: %s): "
+                            "generations sent to it hold at most that at once (memory= on "
+                            "--upstream sets another bound)",
+                            engine.spec.url,
+                            found.tokens,
+                            found.source,
+                        )
+                        self.room_made()
+                        return
+            await self.sleep(wait)
+            wait = min(_LEARN_EVERY_MAX, wait * 2)
 
     async def close(self) -> None:
-        """Close every engine's connections."""
+        """Stop learning and close every engine's connections."""
+        for task in self._learning:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         for upstream in self.upstreams:
             await upstream.close()
 
@@ -190,6 +242,7 @@ class Engines:
                 "models": sorted(e.spec.models),
                 "weight": e.spec.weight,
                 "memory_tokens": e.load.memory,
+                "memory_limit_tokens": e.memory,
                 "breaker": e.breaker.state.value,
                 "held_down": e.breaker.held,
                 "retry_after_s": round(e.breaker.retry_after(now), 3),

@@ -167,6 +167,15 @@ class Engine:
     #: ``Retry-After``): picked only where no other engine has room. Full is not failing: its
     #: breaker stays closed.
     full_until: float = 0.0
+    #: The engine's KV capacity in tokens, learned from it where ``spec.memory`` is not given
+    #: (vLLM's ``/metrics``; see upstream/capacity.py). ``None``: not known.
+    learned_memory: int | None = None
+
+    @property
+    def memory(self) -> int | None:
+        """Tokens generations sent to it may hold at once: the operator's ``memory=``, else
+        what the engine said it holds; ``None`` for no bound."""
+        return self.spec.memory if self.spec.memory is not None else self.learned_memory
 
     def said_full(self, now: float, retry_after: float | None) -> None:
         """It shed a request: passed over for new work for ``retry_after`` seconds (a second
@@ -175,7 +184,7 @@ class Engine:
 
     def has_room(self, cost: int) -> bool:
         """True if a generation of ``cost`` tokens fits the engine's memory now."""
-        cap = self.spec.memory
+        cap = self.memory
         return cap is None or self.load.memory + cost <= cap
 
     def score(self, now: float) -> tuple[bool, float, float, int]:
