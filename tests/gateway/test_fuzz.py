@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from path_helpers import BODY, COMPLETION_ROUTES, PREFIX, PathStack, lenient, path_stack
 
+from streamsafe.bench.responses_upstream import ResponsesUpstream
 from streamsafe.engine_sim import Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.engines.pool import parse_engine, parse_fallback
@@ -30,6 +31,7 @@ from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.replicas.generation_record import record_of, request_of
 from streamsafe.gateway.replicas.record_seal import RecordSeal, Unreadable
 from streamsafe.serving import ServerThread
+from streamsafe.sse import SSEDecoder
 
 #: Seconds one fuzzed request may take before its client "leaves" (every call is bounded).
 _CLIENT_PATIENCE = 2.0
@@ -66,12 +68,24 @@ class _Harness:
         self.loop.close()
 
     def request(
-        self, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes, split: int
+        self,
+        method: str,
+        path: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        split: int,
+        query: bytes = b"",
     ) -> _Result:
-        return self.run(self._request(method, path, headers, body, split))  # type: ignore[no-any-return]
+        return self.run(self._request(method, path, headers, body, split, query))  # type: ignore[no-any-return]
 
     async def _request(
-        self, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes, split: int
+        self,
+        method: str,
+        path: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        split: int,
+        query: bytes,
     ) -> _Result:
         result = _Result()
         done = asyncio.Event()
@@ -109,7 +123,7 @@ class _Harness:
             "scheme": "http",
             "path": path,
             "raw_path": path.encode("utf-8", "surrogateescape"),
-            "query_string": b"",
+            "query_string": query,
             "root_path": "",
             "headers": headers,
             "client": ("127.0.0.1", 50000),
@@ -414,6 +428,103 @@ def test_the_gateway_still_serves_after_the_fuzzing(harness: _Harness) -> None:
         return False
 
     assert harness.run(settled())
+
+
+# -- Responses ids -------------------------------------------------------------------------------
+
+_TENANTS = {"mine": b"sk-fuzz", "theirs": b"sk-other"}
+
+
+@dataclass
+class _ResponsesHarness:
+    harness: _Harness
+    #: The response id of a finished stream of each tenant (kept).
+    ids: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def responses() -> Iterator[_ResponsesHarness]:
+    with ServerThread(ResponsesUpstream()) as upstream:
+        config = GatewayConfig(
+            upstream=upstream.url,
+            upstream_kind="ogx",
+            api_keys=tuple(k.decode() for k in _TENANTS.values()),
+        )
+        h = _Harness(Gateway(config))
+        try:
+            ids = {}
+            for name, key in _TENANTS.items():
+                body = orjson.dumps({"model": MODEL, "input": "fuzz", "stream": True})
+                auth = [
+                    (b"authorization", b"Bearer " + key),
+                    (b"content-type", b"application/json"),
+                ]
+                result = h.request("POST", "/v1/responses", auth, body, 0)
+                assert result.status == 200 and result.complete, result.body[:300]
+                first = SSEDecoder().feed(result.body)[0]
+                ids[name] = orjson.loads(first.data)["response"]["id"]
+            yield _ResponsesHarness(h, ids)
+        finally:
+            h.close()
+
+
+_odd_ids = st.one_of(
+    st.text(max_size=40),
+    st.text(alphabet="%/?#.;~\\\x00\r\n ", max_size=12),
+    st.sampled_from(["resp_" + "x" * 10_000, "r" * 200_000, "..", "%2e%2e", "resp_%00"]),
+)
+_starting_after = st.one_of(
+    st.none(),
+    st.integers(min_value=-3, max_value=40).map(str),
+    st.sampled_from(["", "x", "1.5", "-1", str(2**70), "9" * 5000]),
+)
+
+
+@_SETTINGS
+@given(
+    asked=st.one_of(
+        st.sampled_from(["mine", "theirs"]).map(lambda w: (w, "")), _odd_ids.map(lambda i: ("", i))
+    ),
+    suffix=st.sampled_from(["", "", "x", "/", "/cancel"]),
+    cancel=st.booleans(),
+    stream=st.sampled_from([b"stream=true", b"stream=true", b"stream=1", b"stream=false", b""]),
+    after=_starting_after,
+    who=st.sampled_from(["mine", "mine", "theirs", None]),
+)
+def test_any_responses_id_gets_a_clear_json_answer_and_no_other_tenant_s_stream(
+    responses: _ResponsesHarness,
+    asked: tuple[str, str],
+    suffix: str,
+    cancel: bool,
+    stream: bytes,
+    after: str | None,
+    who: str | None,
+) -> None:
+    owner, odd = asked
+    response_id = (responses.ids[owner] if owner else odd) + suffix
+    headers = [] if who is None else [(b"authorization", b"Bearer " + _TENANTS[who])]
+    query = stream + (b"" if after is None else b"&starting_after=" + after.encode())
+    if cancel:
+        result = responses.harness.request(
+            "POST", f"/v1/responses/{response_id}/cancel", headers, b"", 0
+        )
+    else:
+        result = responses.harness.request(
+            "GET", f"/v1/responses/{response_id}", headers, b"", 0, query
+        )
+    _check(result)
+    assert result.status is not None and result.complete
+    if result.status == 200:
+        # Served from the gateway's log: a stream of the caller's own, never another's.
+        assert owner and owner == who and not suffix and not cancel, (result.body[:200], who)
+    else:
+        assert result.status in (400, 401, 403), result.body[:300]  # no pass-through with keys
+
+
+def test_the_responses_fuzzing_left_every_stream_as_it_was(responses: _ResponsesHarness) -> None:
+    held = responses.harness.gw.registry.generations
+    states = sorted(g.state.value for g in held)
+    assert states == ["done", "done"]  # nobody cancelled or ended either stream
 
 
 # -- pass-through paths, over a real socket -------------------------------------------------------

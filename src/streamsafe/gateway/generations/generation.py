@@ -129,6 +129,7 @@ class Generation:
         "log",
         "multiline",
         "request",
+        "response_id",
         "state",
         "stream",
         "subscribers",
@@ -201,6 +202,10 @@ class Generation:
         self.multiline = False
         #: Its place in admission, from when it asks for one until it gives it back.
         self.waiter: Waiter | None = None
+        #: A Responses stream: the response id its first event names, noted as that event is
+        #: appended (how a resume or cancel by that id finds it, see
+        #: :mod:`streamsafe.gateway.generations.response_ids`).
+        self.response_id: str | None = None
 
     @property
     def finished(self) -> bool:

@@ -14,6 +14,7 @@ from streamsafe.gateway.engines.attempts import Attempts
 from streamsafe.gateway.engines.failover import refusal_status
 from streamsafe.gateway.errors import ERROR_PREFIXES
 from streamsafe.gateway.generations.generation import Generation, State
+from streamsafe.gateway.generations.response_ids import note_first_event
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.attempt_watch import AttemptWatch
 from streamsafe.gateway.relay.continuation import is_role_chunk, whole_usage
@@ -247,6 +248,8 @@ class StreamSink:
         gen = self.gen
         n = len(payloads)
         self._counters.events_relayed += n
+        if gen.length == n:  # the log's first events: a Responses stream's id is in them
+            note_first_event(gen, payloads)
         gen.publish(payloads, gen.length - n)
         watch = self._watch
         if not watch.flowing and gen.length > self._preamble:

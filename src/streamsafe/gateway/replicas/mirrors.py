@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from streamsafe.gateway.errors import Failure, error_body
 from streamsafe.gateway.generations.fleet import OnEnd, OnTakeover
 from streamsafe.gateway.generations.generation import Generation, State
+from streamsafe.gateway.generations.response_ids import note_first_event
 from streamsafe.gateway.replicas.generation_record import request_of
 from streamsafe.gateway.replicas.record_seal import Unreadable, Unsealable
 from streamsafe.gateway.replicas.redis_log import ReplicatedLog
@@ -97,7 +98,7 @@ class Mirrors:
         log_.on_detach = self._failed
         stored_key = record.get("key", b"").decode() or None
         gen = Generation(gen_id, request, log_, key or stored_key, created_at)
-        await log_.pull()
+        note_first_event(gen, await log_.pull())
         gen.length = log_.length
         ended = _apply(gen, record, log_)
         if ended is not None:
@@ -151,6 +152,8 @@ class Mirrors:
             try:
                 new = await log_.pull()
                 if new:
+                    if log_.length == len(new):  # its first events: a response's id is there
+                        note_first_event(gen, new)
                     gen.length = log_.length
                     gen.upstream_status = 200
                     if any(b"\n" in p for p in new):

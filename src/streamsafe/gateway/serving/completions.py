@@ -7,7 +7,6 @@ The registry is seen through :class:`GenerationSource`: serving imports no assem
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Protocol
 
 from streamsafe._asgi import Receive, Scope, Send, body_writer, reset_connection, respond
@@ -24,6 +23,7 @@ from streamsafe.gateway.errors import (
     shutting_down,
 )
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest
+from streamsafe.gateway.generations.generation_index import GenerationIndex
 from streamsafe.gateway.generations.refusals import EngineRefused
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.serving.access import Access
@@ -60,8 +60,8 @@ class GenerationSource(Protocol):
     counters: Counters
 
     @property
-    def generations(self) -> Iterable[Generation]:
-        """The generations this process holds."""
+    def generations(self) -> GenerationIndex:
+        """The generations this process holds (a Responses stream found by its response id)."""
         ...
 
     async def open(self, req: GenerationRequest) -> tuple[Generation, int]:
@@ -214,11 +214,10 @@ class Completions:
     ) -> bool:
         """Serve ``GET /v1/responses/{id}?stream=true&starting_after=N`` from the log of the
         stream held here; False where none is (the server answers instead)."""
-        found = await find_response(self._registry.generations, tenant, response_id)
-        if found is None:
+        gen = find_response(self._registry.generations, tenant, response_id)
+        if gen is None:
             return False
-        gen, payloads = found
-        start = start_after(payloads, after)
+        start = await start_after(gen.log, after)
         if start is None:
             msg = f"response {response_id} has no event numbered {after} (yet)"
             raise BadRequest(400, msg, param="starting_after")
@@ -234,11 +233,11 @@ class Completions:
     async def _cancel_response(self, send: Send, tenant: str, response_id: str) -> bool:
         """``POST /v1/responses/{id}/cancel`` of a stream this process runs: end it for every
         subscriber and close its upstream request; False where none is (passed through)."""
-        found = await find_response(self._registry.generations, tenant, response_id)
-        if found is None or not found[0].live or found[0].task is None:
+        gen = find_response(self._registry.generations, tenant, response_id)
+        if gen is None or not gen.live or gen.task is None:
             return False
         why = error_body(f"response {response_id} was cancelled", "cancelled", 409)
-        await self._registry.end(found[0], why, 409)
+        await self._registry.end(gen, why, 409)
         await respond(send, 200, cancelled(response_id))
         return True
 

@@ -4,7 +4,9 @@ A client that lost a streamed response asks ``GET /v1/responses/{id}?stream=true
 for the events numbered after ``N`` (each event carries its ``sequence_number``). No engine
 behind a Llama Stack server offers that for a live stream; the gateway holds the stream's events,
 so it answers from them: the response is found by the id its first event
-(``response.created``) names, among the streams of the same tenant this process holds, and the
+(``response.created``) names, among the streams of the same tenant this process holds (by the
+generation index, noted as that event passed: see
+:mod:`streamsafe.gateway.generations.response_ids`; no log is read to find it), and the
 subscriber starts at the event after the one numbered ``N``, then follows the live stream. A
 response the gateway does not hold is the server's to answer (passed through).
 
@@ -18,14 +20,14 @@ Parsing here is per resume request, never per chunk.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from urllib.parse import parse_qs
 
 import orjson
 
 from streamsafe.gateway.errors import BadRequest
 from streamsafe.gateway.generations.generation import Generation
-from streamsafe.gateway.upstream.kinds import Wire
+from streamsafe.gateway.generations.generation_index import GenerationIndex
+from streamsafe.gateway.generations.store import EventLog
 
 __all__ = ["cancel_request", "cancelled", "find_response", "resume_request", "start_after"]
 
@@ -69,48 +71,35 @@ def cancelled(response_id: str) -> bytes:
     return orjson.dumps({"id": response_id, "object": "response", "status": "cancelled"})
 
 
-def _response_id(first: bytes) -> str | None:
+def find_response(generations: GenerationIndex, tenant: str, response_id: str) -> Generation | None:
+    """The Responses-API stream of ``tenant`` whose first event names ``response_id``; ``None``
+    where this process holds none. Found by the index, so no log is read to tell (an id nobody
+    holds costs one dictionary look-up, not a decoding of every kept log)."""
+    return generations.by_response(tenant, response_id)
+
+
+def _sequence_number(payload: bytes) -> object:
     try:
-        doc = orjson.loads(first)
+        doc = orjson.loads(payload)
     except orjson.JSONDecodeError:
         return None
-    response = doc.get("response") if isinstance(doc, dict) else None
-    found = response.get("id") if isinstance(response, dict) else None
-    return found if isinstance(found, str) else None
+    return doc.get("sequence_number") if isinstance(doc, dict) else None
 
 
-async def find_response(
-    generations: Iterable[Generation], tenant: str, response_id: str
-) -> tuple[Generation, list[bytes]] | None:
-    """The Responses-API stream of ``tenant`` whose first event names ``response_id``, with the
-    events its log holds now; ``None`` where this process holds none."""
-    for gen in generations:
-        route = gen.request.route
-        if (
-            gen.tenant != tenant
-            or not gen.stream
-            or route is None
-            or route.wire is not Wire.OPENAI_RESPONSES
-            or gen.length == 0
-        ):
-            continue
-        payloads = await gen.log.read(0)
-        if payloads and _response_id(payloads[0]) == response_id:
-            return gen, payloads
-    return None
-
-
-def start_after(payloads: Sequence[bytes], sequence_number: int | None) -> int | None:
+async def start_after(log: EventLog, sequence_number: int | None) -> int | None:
     """The log offset a subscriber starts at to get the events after the one numbered
     ``sequence_number`` (0 for ``None`` or -1: the whole stream); ``None`` where no event of
-    ``payloads`` carries that number."""
+    ``log`` carries that number (yet)."""
     if sequence_number is None or sequence_number == -1:
         return 0
-    for i, payload in enumerate(payloads):
-        try:
-            doc = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(doc, dict) and doc.get("sequence_number") == sequence_number:
+    # The server numbers its events from 0 and the log holds every one in order, so event N is
+    # at offset N: read from there first (the rest of the stream, which the caller gets
+    # anyway), not the whole log.
+    if sequence_number < log.length:
+        at = await log.read(sequence_number)
+        if at and _sequence_number(at[0]) == sequence_number:
+            return sequence_number + 1
+    for i, payload in enumerate(await log.read(0)):
+        if _sequence_number(payload) == sequence_number:
             return i + 1
     return None
