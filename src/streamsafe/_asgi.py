@@ -13,6 +13,7 @@ from typing import Any
 __all__ = [
     "BODY_WRITER_EXTENSION",
     "DISCONNECT_EXTENSION",
+    "INTERIM_EXTENSION",
     "RESET_EXTENSION",
     "BodyTooLarge",
     "BodyWriter",
@@ -23,6 +24,7 @@ __all__ = [
     "Send",
     "body_writer",
     "header",
+    "interim_writer",
     "read_body",
     "reset_connection",
     "respond",
@@ -64,11 +66,28 @@ DISCONNECT_EXTENSION = "streamsafe.on_disconnect"
 OnDisconnect = Callable[[Callable[[], None] | None], None]
 
 
+#: ``scope["extensions"]`` key of a no-argument callable ``interim() -> bool`` that writes a
+#: ``102 Processing`` interim response before the answer (``False``, nothing written, where the
+#: answer started, the client left or speaks HTTP/1.0): offered by :mod:`streamsafe.serving`'s
+#: servers, so a non-streaming call that waits long keeps its client's read timeout from firing
+#: while its status stays open (an error is still an error status). httpx-based clients (every
+#: Stainless SDK) read past interim responses, each read starting their read timeout afresh.
+INTERIM_EXTENSION = "streamsafe.interim"
+
+#: See :data:`INTERIM_EXTENSION`.
+InterimWriter = Callable[[], bool]
+
+
 def _callable_extension(scope: Scope, name: str) -> Any:
     """The callable the server offers as extension ``name`` for this request, else ``None``."""
     extensions = scope.get("extensions")
     found = extensions.get(name) if isinstance(extensions, dict) else None
     return found if callable(found) else None
+
+
+def interim_writer(scope: Scope) -> InterimWriter | None:
+    """The server's interim-response writer for this request, where it offers one."""
+    return _callable_extension(scope, INTERIM_EXTENSION)  # type: ignore[no-any-return]
 
 
 def body_writer(scope: Scope) -> BodyWriter | None:

@@ -47,6 +47,7 @@ _STATUS_LINES = {code: _status_line(code) for code in range(100, 600)}
 _BAD_NAME = re.compile(rb"[^!#$%&\'*+\-.^_`|~0-9A-Za-z]")
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_PROCESSING = b"HTTP/1.1 102 Processing\r\n\r\n"
 _LAST_CHUNK = b"0\r\n\r\n"
 _NO_BODY_STATUS = frozenset((204, 304))
 
@@ -236,6 +237,15 @@ class RequestCycle:
             raise RuntimeError(f"expected ASGI message 'http.response.body', got {kind!r}")
         else:
             self._send_body(message.get("body", b""), message.get("more_body", False))
+
+    def write_interim(self) -> bool:
+        """The interim-response writer: ``102 Processing``, written now, before the response
+        started; ``False`` (nothing written) where it cannot be: the response started, the
+        client left, or it speaks HTTP/1.0, which has no interim responses (RFC 9110, 15.2)."""
+        if self.started or self.disconnected or not self.http_11 or self.transport.is_closing():
+            return False
+        self.transport.write(_PROCESSING)
+        return True
 
     def write_chunk(self, body: bytes) -> bool:
         """The direct body writer: one piece of a started chunked response, written now, or

@@ -7,9 +7,12 @@ facing the network needs (:class:`~streamsafe._http_limits.ServerLimits`, each r
 error, as is the 500 of an app that failed before answering) and for its cost per request (about
 0.13 ms of CPU less than uvicorn's here: see docs/gateway.md, Cost).
 
-It offers the app two ASGI extensions: :data:`streamsafe._asgi.RESET_EXTENSION` (reset the
-connection: TCP RST, no response) and :data:`streamsafe._asgi.BODY_WRITER_EXTENSION` (write a
-piece of a started streaming response without a coroutine: the gateway's per-chunk path).
+It offers the app these ASGI extensions: :data:`streamsafe._asgi.RESET_EXTENSION` (reset the
+connection: TCP RST, no response), :data:`streamsafe._asgi.BODY_WRITER_EXTENSION` (write a
+piece of a started streaming response without a coroutine: the gateway's per-chunk path),
+:data:`streamsafe._asgi.DISCONNECT_EXTENSION` (learn of a disconnect) and
+:data:`streamsafe._asgi.INTERIM_EXTENSION` (a ``102 Processing`` interim response before the
+answer: a waiting plain call kept alive with its status still open).
 Pipelined requests are answered in order, and an error in one of them (a 400, a 431) only
 after the answers before it, never inside them. An ``Upgrade`` request is answered as plain
 HTTP, but one with a body is refused (400): llhttp would take its body for the new protocol's
@@ -28,7 +31,12 @@ from typing import Any
 
 import httptools
 
-from streamsafe._asgi import BODY_WRITER_EXTENSION, DISCONNECT_EXTENSION, RESET_EXTENSION
+from streamsafe._asgi import (
+    BODY_WRITER_EXTENSION,
+    DISCONNECT_EXTENSION,
+    INTERIM_EXTENSION,
+    RESET_EXTENSION,
+)
 from streamsafe._http_cycle import RequestCycle
 from streamsafe._http_flow import HIGH_WATER, FlowControl, reset
 from streamsafe._http_limits import LINGER_BYTES, LINGER_S, ServerLimits, error_response
@@ -229,6 +237,7 @@ class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
             RESET_EXTENSION: self._reset,
             BODY_WRITER_EXTENSION: cycle.write_chunk,
             DISCONNECT_EXTENSION: cycle.on_disconnect,
+            INTERIM_EXTENSION: cycle.write_interim,
         }
         self.parsing = cycle
         if self.current is None:

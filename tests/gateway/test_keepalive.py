@@ -8,6 +8,7 @@ import itertools
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx2
+import orjson
 import pytest
 from gateway_helpers import MODEL, chat_body, content_of, fast_sim, make_stack
 from hypothesis import given
@@ -177,3 +178,78 @@ def test_a_subscriber_its_own_loop_serves_gets_heartbeats_mid_stream_too() -> No
         assert [text for text, _ in results] == [expected_text(body, 8)] * 2
         assert all(beats >= 2 for _, beats in results)  # every 0.5 s through 3 s of silence
         assert s.sim.stats()["requests_received"] == 1
+
+
+# -- plain calls: 102 Processing for clients that state their read timeout ------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_plain_call_that_outlasts_the_openai_read_timeout_is_answered_once() -> None:
+    """Issue 28, row 5: a non-streamed answer of about 3 s, an unmodified openai client with a
+    1 s read timeout and its 2 retries, default flags: kept alive by interim 102 responses, it
+    gets the answer from one engine request."""
+    import openai
+
+    with make_stack(fast_sim(itl_ms=250.0), heartbeat=GatewayConfig("x").heartbeat) as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", timeout=1.0, max_retries=2)
+        messages = [{"role": "user", "content": "slow plain"}]
+        answer = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12)  # type: ignore[arg-type]
+        body = {"model": MODEL, "messages": messages, "max_tokens": 12}
+        assert answer.choices[0].message.content == expected_text(body, 12)
+        assert s.sim.stats()["requests_received"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_plain_call_that_outlasts_the_llama_stack_client_read_timeout_is_answered_once() -> None:
+    from llama_stack_client import LlamaStackClient
+
+    with make_stack(fast_sim(itl_ms=250.0)) as s:
+        client = LlamaStackClient(base_url=s.url, timeout=1.0, max_retries=2)
+        messages = [{"role": "user", "content": "slow plain too"}]
+        answer = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12)  # type: ignore[arg-type]
+        body = {"model": MODEL, "messages": messages, "max_tokens": 12}
+        assert answer.choices[0].message.content == expected_text(body, 12)  # type: ignore[union-attr]
+        assert s.sim.stats()["requests_received"] == 1
+
+
+def test_a_failure_after_interim_responses_keeps_its_own_status() -> None:
+    # The engine runs out of memory 7 tokens in, past two 102s: the call is answered with an
+    # error status (a client may retry it as it would any), never a 200.
+    sim = fast_sim(itl_ms=200.0, memory_tokens=14)
+    with make_stack(sim, heartbeat=0.2) as s:
+        got = _raw_post(s.url, chat_body("dies", max_tokens=12, stream=False), read_timeout=0.5)
+        assert got.startswith(b"HTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 102 Processing\r\n\r\n")
+        head, body = got.rsplit(b"\r\n\r\n", 1)
+        status = int(head.rsplit(b"HTTP/1.1 ", 1)[1][:3])
+        assert status >= 500, got
+        assert b"content-type: application/json" in head.lower()
+        assert "error" in orjson.loads(body)
+
+
+def _raw_post(url: str, body: dict[str, object], read_timeout: float | None) -> bytes:
+    """Everything the gateway writes for one POST on its own connection (``Connection:
+    close``), the read timeout stated as Stainless clients state it where given."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    raw = orjson.dumps(body)
+    stated = b"" if read_timeout is None else b"x-stainless-read-timeout: %g\r\n" % read_timeout
+    with socket.create_connection((host, int(port)), timeout=20) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+            b"\r\nconnection: close\r\n%bcontent-length: %d\r\n\r\n%b" % (stated, len(raw), raw)
+        )
+        got = b""
+        while chunk := sock.recv(65536):
+            got += chunk
+    return got
+
+
+def test_interim_responses_go_only_to_a_client_that_states_its_read_timeout() -> None:
+    with make_stack(fast_sim(itl_ms=150.0), heartbeat=0.2) as s:
+        body = chat_body("raw", max_tokens=8, stream=False)
+        stated = _raw_post(s.url, body, read_timeout=0.5)
+        assert stated.startswith(b"HTTP/1.1 102 Processing\r\n\r\n")
+        assert b"HTTP/1.1 200 OK" in stated
+        silent = _raw_post(s.url, body, read_timeout=None)
+        assert silent.startswith(b"HTTP/1.1 200 OK")

@@ -20,6 +20,7 @@ from streamsafe.gateway.serving.pacing import (
     MIN_CLIENT_HEARTBEAT,
     SHED,
     STEP_BACK,
+    UNSTATED_READ_TIMEOUT,
     WAIT,
     Pacing,
     StreamRules,
@@ -106,7 +107,7 @@ def test_first_token_commit_never_commits_before_an_event() -> None:
 
 def test_heartbeats_follow_commit_until_events_flow() -> None:
     gen = _generation(created_at=0.0)
-    pacing = Pacing(_rules(heartbeat=2.0), flowing=False)
+    pacing = Pacing(_rules(heartbeat=2.0), flowing=False, patience=10.0)
     assert pacing.step(gen, 1.0) == (COMMIT, None)
     assert pacing.step(gen, 2.0) == (WAIT, 1.0)
     assert pacing.step(gen, 3.0) == (HEARTBEAT, 2.0)
@@ -149,14 +150,22 @@ def test_heartbeats_come_twice_within_a_stated_read_timeout_but_never_spin(
 ) -> None:
     beat = heartbeat_within(heartbeat, patience)
     assert 0 < beat <= heartbeat
-    if patience is None or patience <= 0:
-        assert beat == heartbeat
-    else:
-        # Twice within the read timeout where that is a quarter second or more apart; a client
-        # stating less (x-stainless-read-timeout: 0.0001 made the gateway write 56,000
-        # heartbeats in 3 s) gets one every quarter second, or the operator's shorter interval.
-        assert beat <= patience / 2 or beat == min(heartbeat, MIN_CLIENT_HEARTBEAT)
-        assert beat >= min(heartbeat, MIN_CLIENT_HEARTBEAT)
+    # A client that states nothing is taken to wait 3 s (ogx-client, curl with -m 3).
+    stated = patience if patience is not None and patience > 0 else UNSTATED_READ_TIMEOUT
+    # Twice within the read timeout where that is a quarter second or more apart; a client
+    # stating less (x-stainless-read-timeout: 0.0001 made the gateway write 56,000 heartbeats
+    # in 3 s) gets one every quarter second, or the operator's shorter interval.
+    assert beat <= stated / 2 or beat == min(heartbeat, MIN_CLIENT_HEARTBEAT)
+    assert beat >= min(heartbeat, MIN_CLIENT_HEARTBEAT)
+
+
+def test_a_client_that_states_no_read_timeout_hears_from_the_stream_within_3_s() -> None:
+    # ogx-client states none and was not kept alive under about 5 s (first heartbeat at 6.1 s).
+    gen = _generation(created_at=0.0)
+    pacing = Pacing(_rules(heartbeat=5.0), flowing=False)
+    assert pacing.step(gen, 1.0) == (COMMIT, None)
+    assert pacing.step(gen, 2.5) == (HEARTBEAT, 1.5)
+    assert pacing.step(gen, 4.0) == (HEARTBEAT, 1.5)
 
 
 def test_no_heartbeat_when_heartbeats_are_off() -> None:
@@ -181,7 +190,8 @@ def test_heartbeats_are_never_closer_than_the_interval_and_no_wait_is_negative(
         if step == HEARTBEAT:
             beats.append(now)
         assert timeout is None or timeout >= 0
-    assert all(b - a >= heartbeat for a, b in itertools.pairwise(beats))
+    beat = heartbeat_within(heartbeat, None)
+    assert all(b - a >= beat for a, b in itertools.pairwise(beats))
 
 
 @pytest.mark.parametrize("timeout", [0.0, -1.0, 0.01])

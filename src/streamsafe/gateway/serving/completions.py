@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from streamsafe._asgi import Receive, Scope, Send, body_writer, reset_connection, respond
+from streamsafe._asgi import (
+    Receive,
+    Scope,
+    Send,
+    body_writer,
+    interim_writer,
+    reset_connection,
+    respond,
+)
 from streamsafe.gateway.admission.admission import Admission, Shed
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.errors import (
@@ -273,7 +281,7 @@ class Completions:
                 )
                 await serve_stream(sub, start, send, terms)
             else:
-                await serve_json(sub, send, self._rules, self._admission)
+                await serve_json(sub, send, self._rules, self._admission, interim_writer(scope))
         finally:
             await sub.unlisten()
             if sub.hold:  # told to come back: refused for now, by admission

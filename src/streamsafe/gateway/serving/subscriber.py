@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 from streamsafe._asgi import (
+    InterimWriter,
     Message,
     OnDisconnect,
     Receive,
@@ -129,22 +130,34 @@ async def serve_json(
     send: Send,
     rules: StreamRules | None = None,
     admission: Admission | None = None,
+    interim: InterimWriter | None = None,
 ) -> None:
     """Answer a non-streaming request once its generation finished.
 
-    With ``rules.json_keepalive`` (and a heartbeat), a call still waiting after ``commit_wait``
-    is answered 200 at once and sent one space every heartbeat until its answer follows (JSON
-    allows whitespace before a value), so a slow but healthy call never trips a client's read
-    timeout. A client that states its read timeout (``x-stainless-read-timeout``) gets the
-    first space and the next ones at least twice within it. The price: a failure after that
-    arrives as a 200 whose body is the error object. ``admission`` is told of that commit, so a
-    queued generation is not shed after it.
+    A client that states its read timeout (``x-stainless-read-timeout``: every Stainless SDK,
+    all of them httpx-based) is kept alive by default with ``interim``, the server's
+    ``102 Processing`` writer: one at least twice within its timeout while the answer is not
+    there, so a slow but healthy call never trips it and is never retried, and the answer,
+    an error too, still comes with its own status (docs/design.md, Commit).
+
+    With ``rules.json_keepalive`` (and a heartbeat), for any client, a call still waiting after
+    ``commit_wait`` is answered 200 at once and sent one space every heartbeat until its answer
+    follows (JSON allows whitespace before a value). The price: a failure after that arrives as
+    a 200 whose body is the error object. ``admission`` is told of that commit, so a queued
+    generation is not shed after it.
     """
     gen = sub.gen
     keepalive = rules is not None and rules.json_keepalive and rules.heartbeat > 0
+    processing = (
+        not keepalive
+        and interim is not None
+        and rules is not None
+        and rules.heartbeat > 0
+        and sub.patience is not None
+    )
     committed = False
     beat = heartbeat_within(rules.heartbeat, sub.patience) if rules is not None else 0.0
-    first = min(rules.commit_wait, beat) if rules is not None else 0.0
+    first = min(rules.commit_wait, beat) if keepalive and rules is not None else beat
     next_beat = time.monotonic() + first
     generation_header = (b"x-streamsafe-generation", gen.id.encode())
     while not sub.gone:
@@ -152,12 +165,16 @@ async def serve_json(
         if gen.finished:
             await _send_answer(sub, send, committed, generation_header)
             return
-        if not keepalive:
+        if not keepalive and not processing:
             await gen.next_change()
             continue
         assert rules is not None
         now = time.monotonic()
-        if now >= next_beat:
+        if now >= next_beat and processing:
+            assert interim is not None
+            processing = interim()  # False: the client left, nothing more to keep alive
+            next_beat = now + beat
+        elif now >= next_beat:
             if not committed:
                 headers = [(b"content-type", b"application/json"), generation_header]
                 await send({"type": "http.response.start", "status": 200, "headers": headers})
