@@ -58,6 +58,12 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "http.response.body", "body": body})
     elif path == "/raise":
         raise ValueError("a bug in the app")
+    elif path == "/where":  # the Host, path and query the app was given
+        host = [value.decode() for name, value in scope["headers"] if name == b"host"]
+        query = scope["query_string"].decode()
+        body = orjson.dumps({"host": host, "path": path, "query": query})
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
     elif path == "/nothing":
         return
     elif path == "/raise-after-start":
@@ -418,6 +424,102 @@ def test_an_http_1_0_request_may_omit_host(loop: str) -> None:
     with _server(loop) as server, _connect(server) as sock:
         sock.sendall(b"POST /echo HTTP/1.0\r\ncontent-length: 2\r\n\r\nok")
         assert _Reader(sock).response()[:3:2] == (200, b"ok")
+
+
+def _where(server: ServerThread, request_line: bytes, host: bytes | None) -> Any:
+    """The status of ``request_line`` sent with ``host`` (none if ``None``), and the server's
+    error message, or what the app answered (``/where``: what it saw)."""
+    with _connect(server) as sock:
+        head = request_line + b"\r\n" + (b"host: " + host + b"\r\n" if host is not None else b"")
+        sock.sendall(head + b"\r\n")
+        status, _, body = _Reader(sock).response()
+    answer = orjson.loads(body)
+    return status, answer["error"]["message"] if "error" in answer else answer
+
+
+_GOOD_HOSTS = [
+    b"x",
+    b"x:8000",
+    b"api.example.com",
+    b"a_b-c.local:1",
+    b"127.0.0.1:65535",
+    b"[::1]",
+    b"[::1]:8000",
+    b"[2001:db8::ffff:1.2.3.4]",
+    b"[v1.fe80::a+en1]",
+    b"caf%C3%A9.example",
+]
+_BAD_HOSTS = [b"a/b?c", b"x:", b"a b", b"user@x", b"x:99999", b"x:1:2", b"x:port", b"[::1",
+              b"::1", b"[zz::1]", b"[::1]x", b"x%zz", b"", b"x#y", b"x\\y"]  # fmt: skip
+_HOST_REFUSED = "the Host header must be a host name or an IP address, and a port"
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_host_that_is_not_a_host_and_port_is_refused_with_400(loop: str) -> None:
+    # Each bad one was served (200) with the Host as it came; RFC 9112 (3.2) asks 400 of a Host
+    # with an invalid value.
+    with _server(loop) as server:
+        for host in _GOOD_HOSTS:
+            status, seen = _where(server, b"GET /where HTTP/1.1", host)
+            assert (status, seen["host"]) == (200, [host.decode()]), host
+        for host in _BAD_HOSTS:
+            status, message = _where(server, b"GET /where HTTP/1.1", host)
+            assert (status, message) == (400, _HOST_REFUSED), host
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize(
+    ("target", "version", "host"),
+    [
+        (b"http://api.example.com:8080/where?a=1", b"1.1", b"other"),
+        (b"HTTPS://API.example.com:8080/where?a=1", b"1.1", b"other"),
+        (b"http://api.example.com:8080/where?a=1", b"1.0", None),  # 1.0 may omit the Host
+    ],
+)
+def test_an_absolute_form_target_is_served_as_its_path_with_its_authority_as_host(
+    loop: str, target: bytes, version: bytes, host: bytes | None
+) -> None:
+    # RFC 9112 3.2.2: a server MUST accept the absolute form, and MUST ignore the Host received
+    # for the target's authority. The app was given the Host as it came ("other"): two
+    # authorities that disagreed, and the app trusted the wrong one.
+    with _server(loop) as server:
+        status, seen = _where(server, b"GET " + target + b" HTTP/" + version, host)
+    assert status == 200
+    assert seen == {"host": [target.split(b"/")[2].decode()], "path": "/where", "query": "a=1"}
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize(
+    ("request_line", "words"),
+    [
+        (b"GET ftp://x/where HTTP/1.1", "an http or https URL"),
+        (b"GET http:///where HTTP/1.1", "host"),
+        (b"GET http://a/b@c/where HTTP/1.1", None),  # an @ in the path is no user information
+        (b"GET http://user:secret@x/where HTTP/1.1", "user information"),
+        (b"GET http://x:99999/where HTTP/1.1", "host"),
+        (b"GET http://a/b?c/where HTTP/1.1", None),  # the authority is "a": served
+        (b"GET /where#top HTTP/1.1", "fragment"),
+        (b"GET http://x/where#top HTTP/1.1", "fragment"),
+        (b"GET * HTTP/1.1", "* for OPTIONS"),
+        (b"CONNECT x:443 HTTP/1.1", "an http or https URL"),
+    ],
+)
+def test_a_request_target_of_no_form_a_server_serves_is_refused_with_400(
+    loop: str, request_line: bytes, words: str | None
+) -> None:
+    with _server(loop) as server:
+        status, answer = _where(server, request_line, b"x")
+    if words is None:
+        assert status == 404 and "seen" in answer  # served: the app answered its unknown path
+    else:
+        assert status == 400 and words in answer, answer
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_options_asterisk_reaches_the_app(loop: str) -> None:
+    with _server(loop) as server, _connect(server) as sock:
+        sock.sendall(b"OPTIONS * HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert _Reader(sock).response()[0] == 404  # the app's answer to a path it lacks
 
 
 @pytest.mark.parametrize("loop", LOOPS)

@@ -15,9 +15,11 @@ import orjson
 import pytest
 
 from server_stops import stop_later
+from streamsafe._http_unfinished import UnfinishedRequests, client_key
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.serving import ServerLimits, ServerThread
+from waiting import wait_until
 
 _BODY = orjson.dumps(
     {"model": "sim-llama-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -239,6 +241,124 @@ def test_clients_without_a_key_trickling_bodies_cannot_hold_every_connection() -
                 sock.close()
 
 
+def _connect_from(server: ServerThread, source: str) -> socket.socket:
+    """A connection from ``source``, another loopback address than the test's own."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.bind((source, 0))
+    sock.connect((server.host, server.port))
+    return sock
+
+
+def test_a_body_below_the_minimum_rate_gets_408_and_one_above_it_is_served() -> None:
+    # Two bodies, each sent over three times the body timeout without a pause as long as it:
+    # one at 20 bytes a second, one at 4000. The slow one was read for as long as its bytes came
+    # (a connection held at will); now its deadline, moved on a second per 100 bytes, passes.
+    limits = ServerLimits(body_timeout=0.5, min_body_rate=100)
+    padded = _BODY + b" " * 6000  # JSON may end in whitespace
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+        b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(padded)
+    )
+    with _gateway(limits) as server, _connect(server) as slow, _connect(server) as quick:
+        slow.sendall(head)
+        quick.sendall(head)
+        sent = 0
+        start = time.monotonic()
+        while sent < len(padded) and time.monotonic() - start < 10:
+            time.sleep(0.05)  # the pace of both bodies
+            quick.sendall(padded[sent : sent + 200])
+            sent += 200
+            if not _answered(slow):
+                slow.sendall(b" ")
+        status, _, body = _read_response(quick)
+        assert status == 200 and orjson.loads(body)["choices"]
+        status, headers, body = _read_response(slow)
+        assert status == 408
+        assert "slower than 100 bytes a second" in _json_error(headers, body)["message"]
+
+
+def test_an_address_owing_its_share_of_requests_is_refused_more_and_others_are_not() -> None:
+    # Ten connections of 127.0.0.2 with requests begun and unfinished hold its share of a cap of
+    # 40 (a quarter). Another one beginning a request, a kept-alive one beginning its next, or
+    # one that sends nothing for FIRST_BYTE_S is refused with 503; a client of another address
+    # is served; once one of the ten sends its request whole, the address may begin another.
+    # Before, each was held or served: one address could take every place.
+    limits = ServerLimits(max_connections=40, keep_alive_timeout=60)
+    get = b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
+    begun = b"GET /health HTTP/1.1\r\n"
+    with _gateway(limits) as server:
+        # A burst of connections, each sending a whole request at once: never counted as owed.
+        burst = [_connect_from(server, "127.0.0.2") for _ in range(20)]
+        for sock in burst:
+            sock.sendall(get)
+        assert [_read_response(sock)[0] for sock in burst] == [200] * 20
+        kept, *others = burst  # kept alive, owing nothing
+        for sock in others:
+            sock.close()
+        owing = [_connect_from(server, "127.0.0.2") for _ in range(10)]
+        try:
+            for sock in owing:
+                sock.sendall(begun)
+            for late in (_connect_from(server, "127.0.0.2"), kept):
+                late.sendall(begun)
+                status, headers, body = _read_response(late)
+                assert (status, headers["retry-after"], headers["connection"]) == (
+                    503,
+                    "1",
+                    "close",
+                )
+                message = _json_error(headers, body)["message"]
+                assert "10 connections with requests still arriving" in message
+                late.close()
+            with _connect_from(server, "127.0.0.2") as silent:
+                assert _read_response(silent)[0] == 503  # after FIRST_BYTE_S
+            assert httpx2.get(server.url + "/health", timeout=5).status_code == 200
+            owing[0].sendall(b"host: x\r\n\r\n")
+            assert _read_response(owing[0])[0] == 200
+            with _connect_from(server, "127.0.0.2") as another:
+                another.sendall(get)
+                assert _read_response(another)[0] == 200
+        finally:
+            for sock in owing:
+                sock.close()
+        # Every connection let go of its place, refused ones included: none is owed forever.
+        unfinished = server._server.config.http.unfinished  # the server's protocol class's
+        wait_until(lambda: not unfinished.by_address, timeout=10, what="no request owed")
+
+
+def test_the_count_per_address_is_bounded_and_keeps_only_addresses_that_owe() -> None:
+    count = UnfinishedRequests(bound=2)
+    assert count.begin("a") and count.begin("a") and not count.begin("a")
+    assert count.begin("b")
+    count.end("a")
+    assert count.begin("a")
+    for address in ("a", "a", "b"):
+        count.end(address)
+    assert count.by_address == {}
+
+
+@pytest.mark.parametrize(
+    ("host", "key"),
+    [
+        ("127.0.0.2", "127.0.0.2"),
+        ("::ffff:10.1.2.3", "10.1.2.3"),
+        ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"),
+        ("2001:db8:1:2:bbbb::9", "2001:db8:1:2::/64"),  # the same host's network
+        ("fe80::1%eth0", "fe80::/64"),
+    ],
+)
+def test_an_ipv6_client_is_counted_by_its_64_network(host: str, key: str) -> None:
+    assert client_key(host) == key
+
+
+def test_the_share_of_the_cap_per_address() -> None:
+    assert ServerLimits(max_connections=30).max_unfinished_per_client == 7
+    assert ServerLimits(max_connections=2).max_unfinished_per_client == 1
+    assert ServerLimits(max_connections=30, unfinished_share=1).max_unfinished_per_client is None
+    assert ServerLimits(max_connections=None).max_unfinished_per_client is None
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -246,6 +366,9 @@ def test_clients_without_a_key_trickling_bodies_cannot_hold_every_connection() -
         {"header_timeout": 0},
         {"body_timeout": -1},
         {"max_connections": 0},
+        {"min_body_rate": -1},
+        {"unfinished_share": 0},
+        {"unfinished_share": 1.5},
     ],
 )
 def test_limits_are_validated(bad: dict[str, float]) -> None:

@@ -12,7 +12,7 @@ import dataclasses
 
 import orjson
 
-__all__ = ["LINGER_BYTES", "LINGER_S", "ServerLimits", "error_response"]
+__all__ = ["FIRST_BYTE_S", "LINGER_BYTES", "LINGER_S", "ServerLimits", "error_response"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -40,6 +40,14 @@ class ServerLimits:
     #: ``client_body_timeout`` is 60). Not counted while the app holds the body back. Past it:
     #: 408.
     body_timeout: float = 30.0
+    #: Bytes per second a request body must keep up once its first ``body_timeout`` seconds
+    #: are past (default 1024; 0: none): the body's deadline is ``body_timeout`` after its
+    #: head, moved on one second for every ``min_body_rate`` bytes that arrive (Apache's
+    #: ``RequestReadTimeout body=...,MinRate=``). A client that keeps sending a byte now and
+    #: then within ``body_timeout`` would otherwise hold its connection for as long as it
+    #: likes; a 4 MiB body at 1 KiB/s still gets over an hour. Not counted while the app holds
+    #: the body back. Past it: 408.
+    min_body_rate: float = 1024.0
     #: Seconds a response may wait for the client to take what was written before (its socket
     #: backed up: the client stopped reading) before the connection is aborted (default 30;
     #: nginx's ``send_timeout`` is 60). A client reading a stream never waits that long: the
@@ -54,6 +62,15 @@ class ServerLimits:
     #: Open connections at once (default 4096). The one past it gets 503 and is closed. ``None``
     #: for no cap.
     max_connections: int | None = 4096
+    #: Share of ``max_connections`` one client address (an IPv6 client's /64) may hold with a
+    #: request still arriving (default 0.25; 1: no bound under the cap): a connection counts
+    #: from its request's first byte (or from ``FIRST_BYTE_S`` after its accept where it sent
+    #: none) until that request's last byte (headers and body). Past it the connection is
+    #: answered 503 with ``Retry-After``, so that a few addresses trickling requests cannot take
+    #: every connection; a well-behaved client elsewhere still gets in. Behind a proxy that
+    #: connects from one address for every client, set it to 1 (or let the proxy bound its
+    #: clients).
+    unfinished_share: float = 0.25
 
     def __post_init__(self) -> None:
         for name in ("max_header_line_bytes", "max_header_bytes", "max_headers"):
@@ -66,6 +83,19 @@ class ServerLimits:
             )
         if self.max_connections is not None and self.max_connections < 1:
             raise ValueError("max_connections must be >= 1 or None")
+        if self.min_body_rate < 0:
+            raise ValueError("min_body_rate must be >= 0")
+        if not 0 < self.unfinished_share <= 1:
+            raise ValueError("unfinished_share must be > 0 and <= 1")
+
+    @property
+    def max_unfinished_per_client(self) -> int | None:
+        """Connections one client address may hold with a request still arriving
+        (``unfinished_share`` of ``max_connections``, at least 1); ``None``: no bound."""
+        cap = self.max_connections
+        if cap is None or self.unfinished_share >= 1:
+            return None
+        return max(1, int(cap * self.unfinished_share))
 
 
 _REASONS = {
@@ -83,6 +113,12 @@ _TYPES = {500: "internal_error", 503: "service_unavailable"}
 #: reset that destroys the answer. nginx's ``lingering_time`` is 30 s; a client that has not
 #: read an answer within 2 s is not waiting for it.
 LINGER_S = 2.0
+#: Seconds a new connection may send nothing before it counts among its client address's requests
+#: still arriving (``ServerLimits.unfinished_share``). A client sends its request as soon as it has
+#: connected, so it is counted from that request's first byte: a burst of connections from one
+#: client, each sending a whole request at once, never counts as many requests owed. One silent
+#: for a second holds a place for nothing yet, and counts.
+FIRST_BYTE_S = 1.0
 #: Bytes dropped while lingering before the close comes at once (a client sending a 16 MiB body
 #: whole before it reads an answer is not one to wait for).
 LINGER_BYTES = 16 * 1024 * 1024

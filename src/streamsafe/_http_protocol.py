@@ -18,7 +18,9 @@ after the answers before it, never inside them. An ``Upgrade`` request is answer
 HTTP, but one with a body is refused (400): llhttp would take its body for the new protocol's
 bytes, and what the body holds must never be parsed as a request. Trailer fields are bounded
 like a header section and never merged into the headers the app sees. A kept-alive connection
-idle for ``ServerLimits.keep_alive_timeout`` is closed.
+idle for ``ServerLimits.keep_alive_timeout`` is closed. The connections of one client address
+with a request still arriving are bounded (:mod:`streamsafe._http_unfinished`), and a request
+body must keep up ``ServerLimits.min_body_rate``.
 """
 
 from __future__ import annotations
@@ -39,13 +41,21 @@ from streamsafe._asgi import (
 )
 from streamsafe._http_cycle import RequestCycle
 from streamsafe._http_flow import HIGH_WATER, FlowControl, reset
-from streamsafe._http_limits import LINGER_BYTES, LINGER_S, ServerLimits, error_response
+from streamsafe._http_limits import (
+    FIRST_BYTE_S,
+    LINGER_BYTES,
+    LINGER_S,
+    ServerLimits,
+    error_response,
+)
 from streamsafe._http_request import (
     RequestHead,
     framing_refusal,
     request_scope,
+    target_refusal,
     upgrade_with_body,
 )
+from streamsafe._http_unfinished import UnfinishedRequests, client_key
 from streamsafe._uvicorn_link import UvicornLink
 
 __all__ = ["HttpProtocol", "ServerLimits", "limited_protocol"]
@@ -57,9 +67,11 @@ _SPENT = httptools.HttpRequestParser(object())
 class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
     """One HTTP/1.1 connection (see the module docstring), built by uvicorn's ``Server`` for each
     accepted one (what they share: :class:`~streamsafe._uvicorn_link.UvicornLink`); ``limits`` is
-    set on the subclass :func:`limited_protocol` makes."""
+    set on the subclass :func:`limited_protocol` makes, with ``unfinished``, the server's count
+    of connections owing a request."""
 
     limits = ServerLimits()
+    unfinished = UnfinishedRequests(limits.max_unfinished_per_client)
 
     def __init__(
         self,
@@ -94,6 +106,12 @@ class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
         self._unparsed = 0  # bytes fed past a head with no body or end parsed (a trailer)
         self._timer: asyncio.TimerHandle | None = None
         self._idle = False  # the timer is the kept-alive connection's idle timeout
+        self._owing = False  # counted in ``unfinished``: a request is still arriving
+        self._client_key = ""  # the address it is counted under there
+        # The body being read: when its head was parsed (its rate counts from there), the bytes
+        # that came since, the last read (loop times).
+        self._body_began = self._body_read = 0.0
+        self._body_bytes = 0
 
     # -- connection ------------------------------------------------------------------------------
 
@@ -102,16 +120,18 @@ class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
         self.transport = transport
         self.server = transport.get_extra_info("sockname")
         self.client = transport.get_extra_info("peername")
+        self._client_key = client_key(self.client[0]) if self.client else ""
         # TCP_NODELAY comes from the listening socket (serving.bind_socket).
         cap = self.limits.max_connections
         if cap is not None and open_now > cap:
             self.closed()
             self._reject(503, f"the server holds {cap} connections, its limit", retry_after=1)
             return
-        self._arm(self.limits.header_timeout, self._header_deadline)
+        self._arm(min(FIRST_BYTE_S, self.limits.header_timeout), self._first_byte_deadline)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed()
+        self._settle()
         self._disarm()
         for cycle in (self.current, self.parsing, *self.pipeline):
             if cycle is not None:
@@ -180,7 +200,8 @@ class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
             limit = self.limits.max_header_bytes
             self._reject(431, f"request trailers are over the limit of {limit} bytes")
         elif self.parsing is not None and self.parsing.more_body:
-            self._arm(self.limits.body_timeout, self._body_idle)
+            self._body_read = now = self.loop.time()
+            self._arm_body_deadline(now)
 
     # -- parser callbacks --------------------------------------------------------------------------
 
@@ -189,6 +210,8 @@ class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
         self._in_headers = True
         self._got_bytes = True
         self._raw_header_bytes = 0
+        if not self._owe() and self._too_large is None:
+            self._too_large = (503, self._unfinished_message())
 
     def on_url(self, url: bytes) -> None:
         if self._too_large is None:
@@ -212,7 +235,7 @@ class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
         if self._too_large is not None:
             return  # answered by data_received once the parser returns
         parser, head = self.parser, self._head
-        refusal = framing_refusal(parser, head.headers)
+        refusal = framing_refusal(parser, head.headers) or target_refusal(parser, head)
         if refusal is not None:
             self._too_large = refusal
             return
@@ -232,6 +255,8 @@ class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
         version = scope["http_version"]
         keep_alive = version != "1.0" and parser.should_keep_alive()
         cycle = RequestCycle(self, scope, keep_alive, head.expect_100)
+        self._body_began = self._body_read = self.loop.time()
+        self._body_bytes = 0
         # ASGI types extensions as dicts; these are callables, as the apps expect.
         scope["extensions"] = {
             RESET_EXTENSION: self._reset,
@@ -248,6 +273,7 @@ class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self._unparsed = 0
+        self._body_bytes += len(body)
         cycle = self.parsing
         held = 0 if self._too_large or cycle is None or cycle.complete else cycle.feed(body)
         if held > HIGH_WATER:
@@ -255,6 +281,7 @@ class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._disarm()
+        self._settle()
         self._unparsed = 0
         self._completed += 1
         # What comes next on this connection is another request's header section.
@@ -318,6 +345,21 @@ class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
         if self.current is None and not self._got_bytes:
             self.transport.close()
 
+    def _first_byte_deadline(self) -> None:
+        """A new connection that sent nothing in its first ``FIRST_BYTE_S`` holds a place with no
+        request: it counts as owing one from now on, and past its address's share it is refused.
+        Then the header deadline runs on, counted from the accept."""
+        self._timer = None
+        if not self._got_bytes and not self._owe():
+            self.closed()
+            self._reject(503, self._unfinished_message())
+            return
+        left = self.limits.header_timeout - FIRST_BYTE_S
+        if left > 0:
+            self._arm(left, self._header_deadline)
+        else:
+            self._header_deadline()
+
     def _header_deadline(self) -> None:
         self._timer = None
         if self._in_headers and self._got_bytes:
@@ -326,20 +368,69 @@ class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
             # A connection that never sent a byte: close it as a kept-alive one is closed.
             self.transport.close()
 
-    def _body_idle(self) -> None:
+    def _body_due(self) -> float:
+        """When the body being read must be whole: ``body_timeout`` after its head, moved on a
+        second for every ``min_body_rate`` bytes that came."""
+        limits = self.limits
+        if not limits.min_body_rate:
+            return float("inf")
+        return self._body_began + limits.body_timeout + self._body_bytes / limits.min_body_rate
+
+    def _arm_body_deadline(self, now: float) -> None:
+        """Arm the body's timer: the next read is due within ``body_timeout``, the whole body
+        by :meth:`_body_due`."""
+        idle_left = self._body_read + self.limits.body_timeout - now
+        self._arm(max(0.0, min(idle_left, self._body_due() - now)), self._body_deadline)
+
+    def _body_deadline(self) -> None:
         self._timer = None
         cycle = self.parsing
         if cycle is None or not cycle.more_body or self.transport.is_closing():
             return
-        if self.read_paused:  # the app is not reading: not the client's delay
-            self._arm(self.limits.body_timeout, self._body_idle)
+        now = self.loop.time()
+        if self.read_paused:
+            # The app is not reading: not the client's delay. The body's time starts again.
+            self._body_began = self._body_read = now
+            self._body_bytes = 0
+            self._arm_body_deadline(now)
+            return
+        if now >= self._body_read + self.limits.body_timeout:
+            message = "the request body stopped arriving"
+        elif now >= self._body_due():
+            rate = self.limits.min_body_rate
+            message = f"the request body arrived slower than {rate:g} bytes a second"
+        else:  # the timer fired a little early
+            self._arm_body_deadline(now)
             return
         if cycle.started:
             cycle.lost()
             self.transport.close()
         else:
             cycle.lost()
-            self._reject(408, "the request body stopped arriving")
+            self._reject(408, message)
+
+    # -- requests still arriving, per client address ----------------------------------------------
+
+    def _owe(self) -> bool:
+        """This connection owes a request (one began, or it sent nothing in its first second):
+        counted for its address; ``False`` where the address already holds its share of the
+        cap."""
+        if not self._owing:
+            self._owing = self.unfinished.begin(self._client_key)
+        return self._owing
+
+    def _settle(self) -> None:
+        """This connection no longer owes a request: it is whole, answered, or gone."""
+        if self._owing:
+            self._owing = False
+            self.unfinished.end(self._client_key)
+
+    def _unfinished_message(self) -> str:
+        held = self.limits.max_unfinished_per_client
+        return (
+            f"this client address holds {held} connections with requests still arriving, its "
+            "limit: finish them or open fewer connections at once"
+        )
 
     def _reset(self) -> None:
         """Reset the connection: SO_LINGER 0 makes the close a TCP RST."""
@@ -351,8 +442,12 @@ class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
     def _reject(self, status: int, message: str, retry_after: int | None = None) -> None:
         """Answer ``status`` and close. The close lingers (as nginx's ``lingering_close``): what
         the client still sends is read and dropped for a moment, so its kernel does not turn our
-        close into a reset that destroys the answer before the client reads it."""
+        close into a reset that destroys the answer before the client reads it. A 503 is
+        the server's load of the moment: it says ``Retry-After`` (1 s) unless told otherwise."""
         self._disarm()
+        self._settle()
+        if status == 503 and retry_after is None:
+            retry_after = 1
         parsing, current = self.parsing, self.current
         if parsing is not None and parsing.more_body:  # its body broke off: it is not served
             parsing.lost()
@@ -384,6 +479,7 @@ class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
             return
         self._lingering = True
         self._disarm()
+        self._settle()
         if not transport.can_write_eof():
             transport.close()
             return
@@ -393,5 +489,8 @@ class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
 
 
 def limited_protocol(limits: ServerLimits) -> type[asyncio.Protocol]:
-    """The protocol class to hand uvicorn (``Config(http=...)``) for a server with ``limits``."""
-    return type("LimitedHttpProtocol", (HttpProtocol,), {"limits": limits})
+    """The protocol class to hand uvicorn (``Config(http=...)``) for a server with ``limits``:
+    one per server, as it holds the server's count of connections owing a request."""
+    unfinished = UnfinishedRequests(limits.max_unfinished_per_client)
+    attributes = {"limits": limits, "unfinished": unfinished}
+    return type("LimitedHttpProtocol", (HttpProtocol,), attributes)

@@ -100,9 +100,11 @@ def build_limits(args: argparse.Namespace) -> Any:
         max_header_line_bytes=args.max_header_line_kb * 1024,
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
+        min_body_rate=args.min_body_rate,
         send_timeout=args.send_timeout,
         keep_alive_timeout=args.keep_alive_timeout,
         max_connections=args.max_connections or None,
+        unfinished_share=args.unfinished_share,
     )
 
 

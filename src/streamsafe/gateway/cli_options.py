@@ -50,6 +50,14 @@ def add_listening(group: Options) -> None:
         help="open connections at once; past it 503 (default 4096; 0: no cap)",
     )
     group.add_argument(
+        "--unfinished-share",
+        type=float,
+        default=0.25,
+        help="share of --max-connections one client address may hold with requests still "
+        "arriving (headers or body); past it 503 (default 0.25; 1: no bound under the cap; "
+        "behind a proxy that connects from one address for all its clients, 1)",
+    )
+    group.add_argument(
         "--max-header-kb",
         type=int,
         default=64,
@@ -304,6 +312,14 @@ def add_timeouts(group: Options) -> None:
         type=float,
         default=30.0,
         help="seconds between reads of an unfinished body; past it 408 (default 30)",
+    )
+    group.add_argument(
+        "--min-body-rate",
+        type=float,
+        default=1024.0,
+        help="bytes a second a request body must keep up after its first --body-timeout "
+        "seconds (its deadline moves on 1 s per this many bytes); past it 408 (default 1024; "
+        "0: none)",
     )
     group.add_argument(
         "--send-timeout",
