@@ -32,7 +32,10 @@ def test_streams_on_a_frozen_vllm_end_with_a_clear_error_and_the_next_call_is_an
     ended: list[Any] = [None] * STREAMS
     ended_at: list[float] = [0.0] * STREAMS
 
-    with gateway(vllm_engine) as gw:
+    # Four streams of 900 tokens are more than the session server's cache (2,048 tokens), which
+    # the gateway learns and would not exceed: memory= lets them all in at once, so all four are
+    # open when the engine freezes (the point here, not admission).
+    with gateway(vllm_engine, upstream=f"{vllm_engine.url} memory=8192") as gw:
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", timeout=90.0, max_retries=0)
 
         def read(i: int) -> None:

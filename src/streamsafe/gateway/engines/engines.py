@@ -142,10 +142,10 @@ class Engines:
         return any(await asyncio.gather(*checks))
 
     def can_ever_fit(self, model: str, cost: int) -> bool:
-        """False if ``cost`` exceeds the memory of every engine of ``model`` (waiting would
-        never help)."""
-        caps = [e.memory for e in self.pool.serving(model)]
-        return any(cap is None or cost <= cap for cap in caps)
+        """False if ``cost`` exceeds the memory of every engine of ``model`` and of its
+        fallbacks (waiting would never help)."""
+        chain = self.pool.chain(model)
+        return any(e.could_hold(cost) for m in chain for e in self.pool.serving(m))
 
     async def wait_for_room(self, model: str, cost: int, started: float) -> Refused | None:
         """Every engine of ``model`` is full: wait for room until ``queue_timeout`` after
@@ -153,7 +153,7 @@ class Engines:
         if not self.can_ever_fit(model, cost):
             msg = (
                 f"request needs about {cost} tokens of engine memory, more than "
-                f"any engine of {model!r} holds; lower max_tokens"
+                f"any engine of {model!r} (or its fallback) holds; lower max_tokens"
             )
             return made_refusal(400, msg, "invalid_request_error")
         if not await self.room_freed(started + self.queue_timeout):

@@ -182,6 +182,11 @@ class Engine:
         where it said none, at most :data:`MAX_FULL_FOR`)."""
         self.full_until = now + min(MAX_FULL_FOR, 1.0 if retry_after is None else retry_after)
 
+    def could_hold(self, cost: int) -> bool:
+        """True if a generation of ``cost`` tokens fits the engine's memory when it is empty."""
+        cap = self.memory
+        return cap is None or cost <= cap
+
     def has_room(self, cost: int) -> bool:
         """True if a generation of ``cost`` tokens fits the engine's memory now."""
         cap = self.memory
@@ -288,6 +293,7 @@ class Pool:
         chain = self.chain(model) if fallback else [model]
         known = any(self.serving(m) for m in chain)
         wait = math.inf
+        too_large = False
         # First the engines whose breakers let traffic through, along the fallback chain; then,
         # where none does, "panic" (as Envoy calls it): every candidate is cooling down after
         # failures, and turning all traffic away would fail every caller for the breakers'
@@ -302,7 +308,13 @@ class Pool:
                     for e in candidates:
                         wait = min(wait, e.breaker.retry_after(now))
                 if usable:
-                    roomy = [e for e in usable if e.has_room(cost)]
+                    holding = [e for e in usable if e.could_hold(cost)]
+                    if not holding:
+                        # Larger than any of this model's engines holds (a context or a KV cache
+                        # too small): its fallback may hold it, as for vLLM's context 400.
+                        too_large = True
+                        continue
+                    roomy = [e for e in holding if e.has_room(cost)]
                     if not roomy:
                         return Full()
                     best = min(roomy, key=lambda e: e.score(now))
@@ -310,6 +322,8 @@ class Pool:
                     best.last_pick = self._picks
                     self._picks += 1
                     return Pick(best, current, model)
+        if too_large:
+            return Full()  # the caller finds it can never fit (Engines.can_ever_fit): 400
         if math.isinf(wait):
             wait = min((e.breaker.retry_after(now) for e in self.engines), default=1.0)
         return Unavailable(max(wait, 0.0), known)
