@@ -145,7 +145,17 @@ class RedisStore:
         given (a lease of ``lease`` seconds); the append that creates the log lets it lapse
         ``keep`` seconds later unless renewed (``None``: it stays)."""
         key, lease_key = self.log_key(gen_id), self.lease_key(gen_id)
-        return RedisEventLog(self.redis, self._scripts, key, lease_key, lease_holder, lease, keep)
+        return RedisEventLog(
+            self.redis,
+            self._scripts,
+            key,
+            lease_key,
+            lease_holder,
+            lease,
+            keep,
+            state_key=self.state_key(gen_id),
+            meta_key=self.meta_key(gen_id),
+        )
 
     def replicated_log(
         self, gen_id: str, *, writer: bool, lease: float = 3.0, keep: float | None = None
