@@ -16,7 +16,7 @@ from streamsafe.gateway.generations.generation import Generation, GenerationRequ
 from streamsafe.gateway.generations.store import LeaseLost
 from streamsafe.gateway.replicas.redis_log import LogConflict, LogLost
 from streamsafe.gateway.replicas.replicas import Replicas
-from streamsafe.gateway.replicas.store_redis import RedisStore
+from streamsafe.gateway.replicas.store_redis import RedisStore, StateLost
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -378,7 +378,9 @@ async def test_redis_restart_surfaces_errors_then_recovers(own_redis: RedisProce
 
         await eventually(back, within=20)
         assert await store.owner("k") is None  # a restarted Redis without persistence is empty
-        assert await store.claim("k", "gen-2") is None
+        with pytest.raises(StateLost):  # not taken for free: a replica may still hold it
+            await store.claim("k", "gen-2")
+        assert await store.claim("k", "gen-2") is None  # told once; the new fleet marker then
         writer = RedisStore(own_redis.url, prefix="r:")
         try:
             waiting = asyncio.create_task(store.wait("gen-2", 0, 0, max_wait=10))

@@ -167,9 +167,17 @@ class Registry:
         self, req: GenerationRequest, key: str | None, new_id: str, store: Store
     ) -> None:
         """Raise where no generation may start for ``req``, after letting go of the ``key`` it
-        claimed for ``new_id``: the engine refuses it still, there is nothing to resume, the
-        gateway drains, or the request bodies waiting here are over their budget."""
+        claimed for ``new_id``: the fleet cannot tell whether it would run twice, the engine
+        refuses it still, there is nothing to resume, the gateway drains, or the request bodies
+        waiting here are over their budget."""
         resume = req.last_event_id is not None
+        unsafe = self.fleet.refusal() if resume or req.retry or key is not None else None
+        if unsafe is not None:
+            # It may be a generation the fleet holds but cannot find now: started again, it
+            # would run twice.
+            if key is not None:
+                await store.release(key, new_id)
+            raise unsafe
         if not resume and (req.retry or key is not None):
             refused = self.refusals.answer(req.tenant, req.fingerprint, self._clock())
             if refused is not None:  # the engine refuses still: it is not asked again

@@ -12,12 +12,49 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-__all__ = ["APPEND", "EXPIRE", "RELEASE", "SET_STATE", "Scripts", "entry_offset", "ms", "text"]
+__all__ = [
+    "APPEND",
+    "CLAIM",
+    "EXPIRE",
+    "FLEET",
+    "RELEASE",
+    "SET_STATE",
+    "Scripts",
+    "entry_offset",
+    "ms",
+    "text",
+]
 
 # KEYS[1] key; ARGV[1] expected value. Compare-and-delete: a replica releases only its own claim.
 RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
+"""
+# KEYS[1] claim, KEYS[2] the fleet's marker; ARGV[1] generation id, ARGV[2] ttl in ms (0: none),
+# ARGV[3] the fleet epoch the replica knows. {1} where the claim is the replica's now, {0, owner}
+# where another generation holds it, {-1, epoch now ('' for none)} where the marker is not the
+# one the replica knows: Redis lost the fleet's state (flushed, restarted empty), and a key free
+# now may be one a replica still holds (nothing is claimed then).
+CLAIM = """
+local epoch = redis.call('HGET', KEYS[2], 'epoch')
+if epoch ~= ARGV[3] then return {-1, epoch or ''} end
+local set
+if ARGV[2] == '0' then
+  set = redis.call('SET', KEYS[1], ARGV[1], 'NX')
+else
+  set = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+end
+if set then return {1} end
+return {0, redis.call('GET', KEYS[1])}
+"""
+# KEYS[1] the fleet's marker; ARGV[1] a new epoch, ARGV[2] this replica's secret check, ARGV[3]
+# ttl in ms. Writes the marker where there is none, renews its lifetime; returns {epoch, check}.
+FLEET = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'check', ARGV[2])
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return redis.call('HMGET', KEYS[1], 'epoch', 'check')
 """
 # KEYS[1] key; ARGV[1] expected value, ARGV[2] ttl in ms. Compare-and-expire (lease renewal).
 EXPIRE = """
@@ -112,6 +149,16 @@ class Scripts:
         self._expire = redis.register_script(EXPIRE)
         self._append = redis.register_script(APPEND)
         self._set_state = redis.register_script(SET_STATE)
+        self._claim = redis.register_script(CLAIM)
+        self._fleet = redis.register_script(FLEET)
+
+    async def claim(self, key: str, marker: str, gen_id: str, ttl_ms: int, epoch: str) -> Any:
+        """:data:`CLAIM`: ``[1]``, ``[0, owner]`` or ``[-1, epoch now]``."""
+        return await self._claim(keys=[key, marker], args=[gen_id, ttl_ms, epoch])
+
+    async def fleet(self, marker: str, epoch: str, check: bytes, ttl: float) -> Any:
+        """:data:`FLEET`: ``[epoch, check]`` of the marker, written where there was none."""
+        return await self._fleet(keys=[marker], args=[epoch, check, ms(ttl)])
 
     async def release(self, key: str, value: str) -> int:
         """Delete ``key`` if it holds ``value``; 1 if it did."""
