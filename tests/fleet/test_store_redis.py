@@ -16,7 +16,7 @@ from streamsafe.gateway.generations.generation import Generation, GenerationRequ
 from streamsafe.gateway.generations.store import LeaseLost
 from streamsafe.gateway.replicas.redis_log import LogConflict, LogLost
 from streamsafe.gateway.replicas.replicas import Replicas
-from streamsafe.gateway.replicas.store_redis import RedisStore
+from streamsafe.gateway.replicas.store_redis import RedisStore, StateLost
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -220,6 +220,34 @@ async def test_generation_record_and_state_changes(make_store: MakeStore) -> Non
     assert await b.state_changes("gen-1") == 2
 
 
+@pytest.mark.parametrize(
+    ("batches", "state"),
+    [
+        ([[b'{"a":1}', b"[DONE]"]], b"done"),
+        ([[b'{"a":1}'], [b"[DONE]"]], b"done"),
+        ([[b'{"a":1}', b'{"error":{"code":502}}', b"[DONE]"]], b"failed"),
+        ([[b'{"a":1}', b'{"error":{"code":502}}'], [b"[DONE]"]], b"failed"),
+    ],
+)
+async def test_the_append_that_ends_a_log_records_the_end_with_it(
+    make_store: MakeStore, batches: list[list[bytes]], state: bytes
+) -> None:
+    """[DONE] never reaches Redis (nor so a subscriber) before the end is on the record: a
+    replica that dies right after it leaves a finished generation, not a running one."""
+    a, b = make_store(), make_store()
+    await a.put_generation("gen-1", {"state": "running"}, ttl=30)
+    assert await a.take_lease("gen-1", ttl=30)
+    log = a.log("gen-1", lease_holder=a.replica_id)
+    for batch in batches[:-1]:
+        await log.append(batch)
+    assert (await b.generation("gen-1") or {})["state"] == b"running"
+    changes = await b.state_changes("gen-1")
+    await log.append(batches[-1])
+    assert (await b.generation("gen-1") or {})["state"] == state
+    assert await b.state_changes("gen-1") == changes + 1  # followers are woken
+    assert 0 < await a.redis.pttl(a.state_key("gen-1")) <= 30_000  # lapses with its record
+
+
 async def test_finished_generation_lapses_after_its_ttl(make_store: MakeStore) -> None:
     a = make_store()
     await a.put_generation("gen-1", {"state": "running"}, ttl=30)
@@ -350,7 +378,9 @@ async def test_redis_restart_surfaces_errors_then_recovers(own_redis: RedisProce
 
         await eventually(back, within=20)
         assert await store.owner("k") is None  # a restarted Redis without persistence is empty
-        assert await store.claim("k", "gen-2") is None
+        with pytest.raises(StateLost):  # not taken for free: a replica may still hold it
+            await store.claim("k", "gen-2")
+        assert await store.claim("k", "gen-2") is None  # told once; the new fleet marker then
         writer = RedisStore(own_redis.url, prefix="r:")
         try:
             waiting = asyncio.create_task(store.wait("gen-2", 0, 0, max_wait=10))

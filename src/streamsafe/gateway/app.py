@@ -241,7 +241,7 @@ class Gateway:
             await respond(send, 200, body)
         elif path == "/ready":
             _allow(method, path, "GET")
-            await answer_ready(send, self.engines, self.draining)
+            await answer_ready(send, self.engines, self.draining, self.fleet.trouble)
         elif path == "/metrics":
             _allow(method, path, "GET")
             self._api_keys.check_admin(scope)

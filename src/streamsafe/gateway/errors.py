@@ -19,6 +19,7 @@ __all__ = [
     "BadRequest",
     "Draining",
     "Failure",
+    "FleetUnsafe",
     "KeyReused",
     "LiveDuplicate",
     "NotResumable",
@@ -130,6 +131,17 @@ class KeyReused(Exception):
 
 class Draining(Exception):
     """The gateway is draining (shutting down): it starts no new generation (503)."""
+
+
+class FleetUnsafe(Exception):
+    """The replicas cannot tell now whether this request would run a generation a second time
+    (Redis lost their state, or this replica cannot read another's record): 503 with
+    ``retry_after``, never a silent second generation."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
 
 
 class LiveDuplicate(Exception):

@@ -39,6 +39,7 @@ from streamsafe.gateway.generations.generation import (
     new_generation_id,
 )
 from streamsafe.gateway.generations.generation_index import GenerationIndex
+from streamsafe.gateway.generations.logged_end import logged_end
 from streamsafe.gateway.generations.refusals import EngineRefusals, EngineRefused
 from streamsafe.gateway.generations.store import LeaseLost, Store
 from streamsafe.gateway.keeping import Keeping
@@ -166,9 +167,17 @@ class Registry:
         self, req: GenerationRequest, key: str | None, new_id: str, store: Store
     ) -> None:
         """Raise where no generation may start for ``req``, after letting go of the ``key`` it
-        claimed for ``new_id``: the engine refuses it still, there is nothing to resume, the
-        gateway drains, or the request bodies waiting here are over their budget."""
+        claimed for ``new_id``: the fleet cannot tell whether it would run twice, the engine
+        refuses it still, there is nothing to resume, the gateway drains, or the request bodies
+        waiting here are over their budget."""
         resume = req.last_event_id is not None
+        unsafe = self.fleet.refusal() if resume or req.retry or key is not None else None
+        if unsafe is not None:
+            # It may be a generation the fleet holds but cannot find now: started again, it
+            # would run twice.
+            if key is not None:
+                await store.release(key, new_id)
+            raise unsafe
         if not resume and (req.retry or key is not None):
             refused = self.refusals.answer(req.tenant, req.fingerprint, self._clock())
             if refused is not None:  # the engine refuses still: it is not asked again
@@ -212,8 +221,11 @@ class Registry:
             self.refusals.note(gen.tenant, gen.fingerprint, gen.failure, self._clock())
 
     async def _run(self, gen: Generation, cut: str | None = None) -> None:
-        """The reader task of a generation this replica runs."""
+        """The reader task of a generation this replica runs (``cut``: why one taken over from
+        another replica is run again)."""
         try:
+            if cut is not None and await self._ended_in_log(gen):
+                return
             await self._relay.run(gen, cut)
         except LeaseLost:
             # Another replica took it over (this one paused past its lease): follow it.
@@ -258,6 +270,24 @@ class Registry:
         gen.task = asyncio.get_running_loop().create_task(
             self._run(gen, "the replica that ran it is gone"), name=gen.id
         )
+
+    async def _ended_in_log(self, gen: Generation) -> bool:
+        """End ``gen``, taken over from a dead owner, where its log already holds its whole
+        answer (see :mod:`~streamsafe.gateway.generations.logged_end`): the owner died after the
+        end went out, before its record said so. True where it was ended."""
+        ended = logged_end(gen, await gen.log.read(max(0, gen.length - 2)))
+        if ended is None:
+            return False
+        log.info(
+            "%s: taken over with its answer whole in the log; ended %s, not run again",
+            gen.id,
+            ended.state.value,
+            extra={"fields": {"event": "takeover_whole", "generation": gen.id}},
+        )
+        if ended.owed:
+            gen.length = await gen.log.append(ended.owed)
+        self._finish(gen, ended.state)
+        return True
 
     def _join(self, gen: Generation) -> None:
         gen.subscribers += 1

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from streamsafe.gateway.errors import FleetUnsafe
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.store import EventLog, Store
 
@@ -126,8 +127,20 @@ class Fleet(Reach, Protocol):
         """Bytes the shared store used, as last seen."""
         ...
 
+    @property
+    def trouble(self) -> str | None:
+        """Why this process is not ready to share generations (``/ready`` answers 503 saying
+        so), ``None`` where it is."""
+        ...
+
     def failed(self, exc: BaseException) -> None:
         """The shared store failed under an operation (one of :attr:`errors`)."""
+        ...
+
+    def refusal(self) -> FleetUnsafe | None:
+        """Why a generation that may duplicate one the fleet holds (under a key, a retry, a
+        resume) must not start now (the shared store lost what the replicas hold); ``None``
+        where it may."""
         ...
 
     def start(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from streamsafe.gateway.errors import FleetUnsafe
 from streamsafe.gateway.generations.fleet import OnEnd, OnTakeover, ReplicaCounters
 from streamsafe.gateway.generations.generation import Generation
 from streamsafe.gateway.generations.store import EventLog, Store
@@ -75,6 +76,8 @@ class Solo(Alone):
     lease = 0.0
     fleet_replicas = 0
     redis_used_memory = 0
+    #: Nothing shared to lose or misread: always ready as far as the fleet goes.
+    trouble = None
 
     def __init__(self, store: Store) -> None:
         super().__init__(store, new_log=store.log, own=_runs_here)
@@ -90,6 +93,10 @@ class Solo(Alone):
 
     def failed(self, exc: BaseException) -> None:
         """Never called: nothing fails (:attr:`errors` is empty)."""
+
+    def refusal(self) -> FleetUnsafe | None:
+        """None: every generation this process may duplicate is in its own index."""
+        return None
 
     def start(self) -> None:
         """Nothing runs in the background."""

@@ -18,18 +18,18 @@ from streamsafe.gateway.generations.fleet import OnEnd, OnTakeover
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.response_ids import note_first_event
 from streamsafe.gateway.replicas.generation_record import request_of
-from streamsafe.gateway.replicas.record_seal import Unreadable, Unsealable
 from streamsafe.gateway.replicas.redis_log import ReplicatedLog
 from streamsafe.gateway.replicas.store_redis import REDIS_ERRORS, RedisStore
 from streamsafe.sse import DONE
 
-__all__ = ["Mirrors"]
+__all__ = ["WRITE_BACK_WAIT", "Mirrors"]
 
 log = logging.getLogger("streamsafe.gateway")
 
 #: Least seconds a mirror waits for a generation that vanished from Redis to be written back by
-#: its owner (Redis restarted empty) before it ends it with an error.
-_WRITE_BACK_WAIT = 5.0
+#: its owner (Redis restarted empty) before it ends it with an error; and that a replica which
+#: found Redis lost the fleet's state starts no generation a retry may duplicate.
+WRITE_BACK_WAIT = 5.0
 
 
 class Mirrors:
@@ -73,9 +73,12 @@ class Mirrors:
     ) -> Generation | None:
         """A mirror of another replica's generation ``gen_id`` (not yet followed), or ``None``
         where Redis does not hold it, after waiting up to ``wait`` seconds for its record (a
-        little longer between each look). A replica claims a key before it writes the record of
-        the generation it claimed it for, one round trip later: the loser of a claim waits, as
-        taking the key over at once would start the same request a second time."""
+        little longer between each look);
+        :class:`~streamsafe.gateway.replicas.record_seal.Unreadable` where this replica cannot
+        read the record (sealed with another secret). A replica claims a key before it writes
+        the record of the generation it claimed it for, one round trip later: the loser of a
+        claim waits, as taking the key over at once would start the same request a second
+        time."""
         delay, waited = 0.005, 0.0
         while True:
             record = await self.store.generation(gen_id)
@@ -86,14 +89,9 @@ class Mirrors:
             await asyncio.sleep(delay)
             waited += delay
             delay = min(delay * 2, 0.1)
-        try:
-            request = request_of(record, gen_id, self.store.seal)
-        except Unsealable as exc:
-            log.error("%s; every replica needs the same --redis-secret", exc)
-            return None
-        except Unreadable as exc:
-            log.error("%s", exc)
-            return None
+        # Unreadable (another secret, or none) propagates: the generation is there, so taking
+        # its key over would run it a second time.
+        request = request_of(record, gen_id, self.store.seal)
         log_ = self.store.replicated_log(gen_id, writer=False, lease=self.lease)
         log_.on_detach = self._failed
         stored_key = record.get("key", b"").decode() or None
@@ -168,7 +166,7 @@ class Mirrors:
                         # empty Redis) before calling it lost.
                         now = self._clock()
                         missing_since = missing_since or now
-                        if now - missing_since > max(_WRITE_BACK_WAIT, 2 * self.lease):
+                        if now - missing_since > max(WRITE_BACK_WAIT, 2 * self.lease):
                             on_end(gen, _lost(gen, log_))
                             return
                         await asyncio.sleep(self.lease / 4)

@@ -49,9 +49,11 @@ class RedisEventLog:
         "_key",
         "_lease_key",
         "_length",
+        "_meta_key",
         "_nbytes",
         "_redis",
         "_scripts",
+        "_state_key",
         "keep_ms",
         "lease_holder",
         "lease_ms",
@@ -71,11 +73,17 @@ class RedisEventLog:
         lease_holder: str = "",
         lease: float = 3.0,
         keep: float | None = None,
+        *,
+        state_key: str,
+        meta_key: str,
     ) -> None:
         self._redis = redis
         self._scripts = scripts
         self._key = key
         self._lease_key = lease_key
+        # Where an append that ends the log records the end (see redis_scripts.APPEND).
+        self._state_key = state_key
+        self._meta_key = meta_key
         self._length = 0
         self._nbytes = 0
         #: Appends are fenced by this lease value ('' for none): see the module.
@@ -86,7 +94,8 @@ class RedisEventLog:
         self.keep_ms = 0 if keep is None else ms(keep)
 
     async def append(self, payloads: Sequence[bytes]) -> int:
-        """Append payloads at the offset this writer last saw; return the new length. Raises
+        """Append payloads at the offset this writer last saw; return the new length (payloads
+        that end with ``[DONE]`` record the generation's end with them). Raises
         :class:`LeaseLost` if another replica holds the lease, :class:`LogLost` if Redis lost
         (part of) the log, and :class:`LogConflict` if the log moved under the writer."""
         if not payloads:
@@ -94,6 +103,8 @@ class RedisEventLog:
         n = await self._scripts.append(
             self._key,
             self._lease_key,
+            self._state_key,
+            self._meta_key,
             self._length,
             self.lease_holder,
             self.lease_ms,

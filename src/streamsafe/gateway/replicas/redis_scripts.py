@@ -12,24 +12,67 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-__all__ = ["APPEND", "EXPIRE", "RELEASE", "SET_STATE", "Scripts", "entry_offset", "ms", "text"]
+__all__ = [
+    "APPEND",
+    "CLAIM",
+    "EXPIRE",
+    "FLEET",
+    "RELEASE",
+    "SET_STATE",
+    "Scripts",
+    "entry_offset",
+    "ms",
+    "text",
+]
 
 # KEYS[1] key; ARGV[1] expected value. Compare-and-delete: a replica releases only its own claim.
 RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+# KEYS[1] claim, KEYS[2] the fleet's marker; ARGV[1] generation id, ARGV[2] ttl in ms (0: none),
+# ARGV[3] the fleet epoch the replica knows. {1} where the claim is the replica's now, {0, owner}
+# where another generation holds it, {-1, epoch now ('' for none)} where the marker is not the
+# one the replica knows: Redis lost the fleet's state (flushed, restarted empty), and a key free
+# now may be one a replica still holds (nothing is claimed then).
+CLAIM = """
+local epoch = redis.call('HGET', KEYS[2], 'epoch')
+if epoch ~= ARGV[3] then return {-1, epoch or ''} end
+local set
+if ARGV[2] == '0' then
+  set = redis.call('SET', KEYS[1], ARGV[1], 'NX')
+else
+  set = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+end
+if set then return {1} end
+return {0, redis.call('GET', KEYS[1])}
+"""
+# KEYS[1] the fleet's marker; ARGV[1] a new epoch, ARGV[2] this replica's secret check, ARGV[3]
+# ttl in ms. Writes the marker where there is none, renews its lifetime; returns {epoch, check}.
+FLEET = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'check', ARGV[2])
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return redis.call('HMGET', KEYS[1], 'epoch', 'check')
+"""
 # KEYS[1] key; ARGV[1] expected value, ARGV[2] ttl in ms. Compare-and-expire (lease renewal).
 EXPIRE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
 """
-# KEYS[1] log stream, KEYS[2] lease; ARGV[1] expected length, ARGV[2] lease holder ('' for an
-# unleased log), ARGV[3] lease ms, ARGV[4] ms the log lives unless its writer renews it (0: for
-# ever), ARGV[5..] payloads. Returns the new length; -1 if another replica holds the lease; -2 if
-# nobody does and the log is not where the writer left it (Redis lost it); -100 - length if the
-# log is not at the expected offset. A lease that lapsed with nobody taking it over is taken back
-# (the writer was only slow). The append that creates the log sets its lifetime.
+# KEYS[1] log stream, KEYS[2] lease, KEYS[3] state stream, KEYS[4] meta hash; ARGV[1] expected
+# length, ARGV[2] lease holder ('' for an unleased log), ARGV[3] lease ms, ARGV[4] ms the log
+# lives unless its writer renews it (0: for ever), ARGV[5..] payloads. Returns the new length; -1
+# if another replica holds the lease; -2 if nobody does and the log is not where the writer left
+# it (Redis lost it); -100 - length if the log is not at the expected offset. A lease that lapsed
+# with nobody taking it over is taken back (the writer was only slow). The append that creates
+# the log sets its lifetime.
+# An append that ends the log with [DONE] records the end in the same step (state 'failed' where
+# an error event comes just before it, else 'done', announced on the state stream): a [DONE] a
+# subscriber may have been sent is never in Redis without the end on the record, so a replica
+# whose owner died right after it never takes the finished answer for a broken one. Only on a
+# record that exists (a log Redis lost the record of gets no record without a lifetime).
 APPEND = """
 local n = redis.call('XLEN', KEYS[1])
 if ARGV[2] ~= '' then
@@ -47,6 +90,24 @@ for i = 5, #ARGV do
   redis.call('XADD', KEYS[1], '0-' .. n, 'd', ARGV[i])
 end
 if created and ARGV[4] ~= '0' then redis.call('PEXPIRE', KEYS[1], ARGV[4]) end
+if ARGV[#ARGV] == '[DONE]' and redis.call('EXISTS', KEYS[4]) == 1 then
+  local before = ''
+  if #ARGV >= 6 then
+    before = ARGV[#ARGV - 1]
+  elseif n >= 2 then
+    local id = '0-' .. (n - 1)
+    local entry = redis.call('XRANGE', KEYS[1], id, id)[1]
+    if entry then before = entry[2][2] end
+  end
+  local state = 'done'
+  if string.sub(before, 1, 8) == '{"error"' or string.sub(before, 1, 9) == '{ "error"' then
+    state = 'failed'
+  end
+  redis.call('HSET', KEYS[4], 'state', state)
+  redis.call('XADD', KEYS[3], '0-' .. (redis.call('XLEN', KEYS[3]) + 1), 'state', state)
+  local ttl = redis.call('PTTL', KEYS[4])
+  if ttl > 0 then redis.call('PEXPIRE', KEYS[3], ttl) end
+end
 return n
 """
 # KEYS[1] state stream, KEYS[2] meta hash; ARGV[1] state, ARGV[2..] field, value pairs for the
@@ -88,6 +149,16 @@ class Scripts:
         self._expire = redis.register_script(EXPIRE)
         self._append = redis.register_script(APPEND)
         self._set_state = redis.register_script(SET_STATE)
+        self._claim = redis.register_script(CLAIM)
+        self._fleet = redis.register_script(FLEET)
+
+    async def claim(self, key: str, marker: str, gen_id: str, ttl_ms: int, epoch: str) -> Any:
+        """:data:`CLAIM`: ``[1]``, ``[0, owner]`` or ``[-1, epoch now]``."""
+        return await self._claim(keys=[key, marker], args=[gen_id, ttl_ms, epoch])
+
+    async def fleet(self, marker: str, epoch: str, check: bytes, ttl: float) -> Any:
+        """:data:`FLEET`: ``[epoch, check]`` of the marker, written where there was none."""
+        return await self._fleet(keys=[marker], args=[epoch, check, ms(ttl)])
 
     async def release(self, key: str, value: str) -> int:
         """Delete ``key`` if it holds ``value``; 1 if it did."""
@@ -102,6 +173,8 @@ class Scripts:
         self,
         log_key: str,
         lease_key: str,
+        state_key: str,
+        meta_key: str,
         expected: int,
         lease_holder: str,
         lease_ms: int,
@@ -110,7 +183,8 @@ class Scripts:
     ) -> int:
         """:data:`APPEND`: the new length, or the negative code it returns."""
         args: list[bytes | str | int] = [expected, lease_holder, lease_ms, keep_ms, *payloads]
-        return int(await self._append(keys=[log_key, lease_key], args=args))
+        keys = [log_key, lease_key, state_key, meta_key]
+        return int(await self._append(keys=keys, args=args))
 
     async def set_state(
         self, state_key: str, meta_key: str, state: str, fields: Mapping[str, bytes | str | int]

@@ -31,18 +31,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
 
+from streamsafe.gateway.errors import FleetUnsafe
 from streamsafe.gateway.generations.fleet import OnEnd, OnTakeover, ReplicaCounters
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.solo import Alone
 from streamsafe.gateway.generations.store import MemoryStore
-from streamsafe.gateway.replicas.mirrors import Mirrors
+from streamsafe.gateway.replicas.mirrors import WRITE_BACK_WAIT, Mirrors
 from streamsafe.gateway.replicas.owned_keys import OwnedKeys
+from streamsafe.gateway.replicas.record_seal import Unreadable, Unsealable
 from streamsafe.gateway.replicas.redis_log import ReplicatedLog
-from streamsafe.gateway.replicas.store_redis import REDIS_ERRORS, RedisStore
+from streamsafe.gateway.replicas.store_redis import REDIS_ERRORS, RedisStore, StateLost
 
 __all__ = ["RedisRestarted", "Replicas"]
 
@@ -60,8 +63,9 @@ class Replicas:
     seconds (default 3: a dead owner's generations move within about 3 s, and a renewal every
     second survives a slow Redis round trip)."""
 
-    #: The failures of Redis, which leave this replica with per-replica state (:meth:`failed`).
-    errors: tuple[type[BaseException], ...] = REDIS_ERRORS
+    #: The failures of Redis, which leave this replica with per-replica state (:meth:`failed`),
+    #: a Redis that lost the fleet's state among them.
+    errors: tuple[type[BaseException], ...] = (*REDIS_ERRORS, StateLost)
     #: A replica that stops gives up its leases: another continues what it ran.
     hands_over = True
 
@@ -79,8 +83,16 @@ class Replicas:
         if orphan_ttl < 3 * lease:
             raise ValueError("orphan_ttl must be at least three leases")
         self.store = store
+        store.marker_ttl = orphan_ttl  # the fleet's marker lapses as its other keys do
         self.lease = lease
         self.keep_finished = keep_finished
+        self._clock = clock
+        #: Until when (``clock``) no generation a retry may duplicate starts here: Redis lost
+        #: the fleet's state, and the replicas write back what they hold meanwhile.
+        self._lost_until: float | None = None
+        #: Why this replica cannot read the records the others write (another
+        #: ``--redis-secret``, or none where theirs are sealed); ``None`` where it can.
+        self._unreadable: str | None = None
         #: Seconds every key of a running generation outlives this replica's last renewal of it
         #: (see :mod:`~streamsafe.gateway.replicas.owned_keys`).
         self.orphan_ttl = orphan_ttl
@@ -123,7 +135,9 @@ class Replicas:
 
     def failed(self, exc: BaseException) -> None:
         """Redis failed under an operation: count it, go on with per-replica state, and probe
-        until it answers again."""
+        until it answers again (where Redis lost the fleet's state, :meth:`_state_lost` too)."""
+        if isinstance(exc, StateLost):
+            self._state_lost(exc)
         self.counters.redis_errors += 1
         if not self.degraded:
             log.warning(
@@ -134,6 +148,50 @@ class Replicas:
             self.degraded = True
         if self._probe is None or self._probe.done():
             self._probe = asyncio.get_running_loop().create_task(self._probe_until_back())
+
+    def _state_lost(self, exc: StateLost) -> None:
+        """Redis lost the fleet's state (flushed, restarted empty): every claim, record and log
+        is gone, so a key found free may be one a replica still holds. This replica writes back
+        what it holds (as after an outage), and for :data:`WRITE_BACK_WAIT` (two leases at
+        least) the others have done so too, which they do within a third of a lease of seeing
+        it: until then no generation a retry may duplicate starts here (:meth:`refusal`). A
+        replica alone in the fleet (as its last heartbeat saw it) waits for nobody: what it
+        holds, a retry here finds in its own index."""
+        self._resync_held()
+        wait = max(WRITE_BACK_WAIT, 2 * self.lease) if self.fleet_replicas > 1 else 0.0
+        if wait:
+            self._lost_until = self._clock() + wait
+        log.error(
+            "%s: the replicas write back what they hold; new generations wait %g s",
+            exc,
+            wait,
+            extra={"fields": {"event": "redis_state_lost"}},
+        )
+
+    def refusal(self) -> FleetUnsafe | None:
+        """Why a generation that may duplicate one the fleet holds (under a key, a retry, a
+        resume) must not start now; ``None`` where it may."""
+        if self._lost_until is None:
+            return None
+        left = self._lost_until - self._clock()
+        if left <= 0:
+            self._lost_until = None
+            return None
+        msg = (
+            "redis lost the gateway replicas' shared state (flushed or restarted empty); they"
+            " are writing back what they hold, and no new generation starts until then, so that"
+            f" none runs twice; retry in {math.ceil(left)} s"
+        )
+        return FleetUnsafe(msg, math.ceil(left))
+
+    @property
+    def trouble(self) -> str | None:
+        """Why this replica is not ready to share generations (``/ready`` answers 503): it
+        cannot read the others' records, or Redis lost the fleet's state moments ago."""
+        if self._unreadable is not None:
+            return self._unreadable
+        refused = self.refusal()
+        return None if refused is None else refused.message
 
     async def _probe_until_back(self) -> None:
         delay = 0.05
@@ -287,25 +345,31 @@ class Replicas:
         :meth:`close`."""
         period = self.lease / 3
         while True:
+            if not self.degraded:
+                try:
+                    await self._renew_once()
+                except REDIS_ERRORS as exc:
+                    self.failed(exc)
             await asyncio.sleep(period)
-            if self.degraded:
-                continue
-            try:
-                lost = await self.store.renew_leases(list(self._owned), self.lease)
-                await self.store.set_presence(self.mirrors.followed(), self.lease * 2)
-                self.fleet_replicas = await self.store.heartbeat(self.lease * 2)
-                self.redis_used_memory = await self.store.used_memory() or 0
-                if self._restarted(await self.store.run_id()):
-                    continue
-                if self.keys.keep_due():
-                    await self._keep_owned()
-            except REDIS_ERRORS as exc:
-                self.failed(exc)
-                continue
-            for gen_id in lost:
-                if gen_id in self._owned:
-                    self.counters.leases_lost += 1
-                    log.warning("%s: lease lost to another replica", gen_id)
+
+    async def _renew_once(self) -> None:
+        """One round of :meth:`_renew` (the first as this replica starts: it reads the fleet's
+        marker before it serves for long)."""
+        # The marker first: who waits after Redis lost the fleet's state depends on the fleet
+        # as the last heartbeat saw it (a flush took the heartbeats with it).
+        state_lost = await self._check_fleet()
+        lost = await self.store.renew_leases(list(self._owned), self.lease)
+        await self.store.set_presence(self.mirrors.followed(), self.lease * 2)
+        self.fleet_replicas = await self.store.heartbeat(self.lease * 2)
+        self.redis_used_memory = await self.store.used_memory() or 0
+        if self._restarted(await self.store.run_id()) or state_lost:
+            return
+        if self.keys.keep_due():
+            await self._keep_owned()
+        for gen_id in lost:
+            if gen_id in self._owned:
+                self.counters.leases_lost += 1
+                log.warning("%s: lease lost to another replica", gen_id)
 
     def _restarted(self, run_id: str | None) -> bool:
         """Whether Redis restarted since it was last seen (its run id changed). It may have come
@@ -316,6 +380,13 @@ class Replicas:
         last, self._redis_run = self._redis_run, run_id or self._redis_run
         if last is None or run_id is None or run_id == last:
             return False
+        self._resync_held()
+        self.failed(RedisRestarted(f"redis restarted (run id {last[:8]} -> {run_id[:8]})"))
+        return True
+
+    def _resync_held(self) -> None:
+        """Have the finished generations this replica ran and keeps for replay written back
+        with the rest (:meth:`_write_back`): their ends are recorded again with their keys."""
         for gen in self.held():
             log_ = gen.log
             if (
@@ -325,7 +396,28 @@ class Replicas:
                 and log_.remote.lease_holder == self.replica_id
             ):
                 self._unsynced[gen.id] = gen  # its end is recorded again with its keys
-        self.failed(RedisRestarted(f"redis restarted (run id {last[:8]} -> {run_id[:8]})"))
+
+    async def _check_fleet(self) -> bool:
+        """Read the fleet's marker (written where there is none): True where it is not the one
+        this replica knew (Redis lost the fleet's state, :meth:`failed` told). A check this
+        replica's secret cannot open says it cannot read the others' records: ``/ready``
+        answers 503 (:attr:`trouble`) until it can."""
+        store = self.store
+        epoch, check = await store.fleet_marker()
+        known, store.epoch = store.epoch, epoch
+        if store.opens(check):
+            if self._unreadable is not None:
+                log.info("this replica reads the fleet's records again")
+            self._unreadable = None
+        elif self._unreadable is None:
+            self._unreadable = (
+                "this replica cannot read the records the other gateway replicas write in redis:"
+                " its --redis-secret is not theirs (every replica needs the same one, or none)"
+            )
+            log.error("%s", self._unreadable, extra={"fields": {"event": "redis_secret_mismatch"}})
+        if known is None or epoch == known:
+            return False
+        self.failed(StateLost(f"redis lost the fleet's state (its marker is new: {epoch})"))
         return True
 
     async def _keep_owned(self) -> None:
@@ -339,8 +431,18 @@ class Replicas:
         self, gen_id: str, key: str | None, created_at: float, wait: float = 0.0
     ) -> Generation | None:
         """A mirror of another replica's generation ``gen_id`` (not yet followed), or ``None``
-        where Redis does not hold it (see :meth:`Mirrors.find`)."""
-        return await self.mirrors.find(gen_id, key, created_at, wait)
+        where Redis does not hold it (see :meth:`Mirrors.find`). Raises
+        :class:`~streamsafe.gateway.errors.FleetUnsafe` where this replica cannot read its
+        record: it runs elsewhere, so taking its key over would run it twice."""
+        try:
+            return await self.mirrors.find(gen_id, key, created_at, wait)
+        except Unreadable as exc:
+            why = str(exc)
+            if isinstance(exc, Unsealable):
+                why += "; every gateway replica needs the same --redis-secret"
+            log.error("%s", why, extra={"fields": {"event": "redis_record_unreadable"}})
+            msg = f"this gateway replica cannot read the generation this request belongs to: {why}"
+            raise FleetUnsafe(msg) from None
 
     async def find_fingerprint(self, tenant: str, fingerprint: bytes) -> str | None:
         """The newest generation with this body for ``tenant``, on any replica."""

@@ -14,7 +14,13 @@ slot and one Lua script may touch them together):
   next to a hash ``<prefix>{gen}:meta`` holding the latest state and what a takeover needs;
 - ``<prefix>{gen}:lease``: which replica runs the generation, renewed by that replica;
 - ``<prefix>fp:<tenant>:<fingerprint>``: the newest live generation with that body, for unkeyed
-  retries.
+  retries;
+- ``<prefix>fleet``: the fleet's marker, a hash of an ``epoch`` (random, written by the first
+  replica that finds none) and a ``check`` sealed with the replicas' secret (empty without one).
+  A claim and a look-up by body check the epoch in the same round trip: a Redis that lost the
+  marker (flushed, restarted empty) lost every claim with it, and a key found free then may be
+  one a replica still holds (:class:`StateLost`). Every replica renews its lifetime, so it lapses
+  ``orphan_ttl`` after the last one, as every other key does.
 
 A replica that has subscribers of a generation another replica writes waits for it with
 :meth:`RedisStore.wait`: one ``XREAD BLOCK`` loop per store
@@ -33,18 +39,28 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from streamsafe.gateway.replicas.record_seal import RecordSeal
+from streamsafe.gateway.replicas.record_seal import RecordSeal, Unreadable
 from streamsafe.gateway.replicas.redis_client import CancelSafeRedis
 from streamsafe.gateway.replicas.redis_log import RedisEventLog, ReplicatedLog
 from streamsafe.gateway.replicas.redis_scripts import Scripts, ms, text
 from streamsafe.gateway.replicas.redis_tail import RedisTail
 
-__all__ = ["REDIS_ERRORS", "RedisStore"]
+__all__ = ["REDIS_ERRORS", "RedisStore", "StateLost"]
 
 #: What a lost Redis raises (connection errors are RedisError; a closed socket may be OSError).
 REDIS_ERRORS = (RedisError, OSError)
 #: Default key prefix: one Redis may serve several fleets under different prefixes.
 DEFAULT_PREFIX = "ss:"
+
+
+class StateLost(Exception):
+    """Redis no longer holds the fleet's marker this replica knew (flushed, or restarted empty):
+    it lost the claims, records and logs of the generations the replicas hold, so nothing it
+    says is free may be taken as free until they wrote them back."""
+
+
+#: What the fleet's check seals (see :meth:`RedisStore.fleet_check`).
+_CHECK = b"streamsafe fleet check"
 
 
 class RedisStore:
@@ -79,6 +95,11 @@ class RedisStore:
         )
         self._scripts = Scripts(self.redis)
         self._tail = RedisTail(self.redis, url, f"{prefix}nudge:{self.replica_id}")
+        #: The fleet epoch this replica knows (``None`` until it first read the marker, and
+        #: after it found it gone).
+        self.epoch: str | None = None
+        #: Seconds the fleet's marker outlives its last renewal (the replicas' ``orphan_ttl``).
+        self.marker_ttl = 3600.0
 
     # -- key names ------------------------------------------------------------------------------
 
@@ -107,6 +128,10 @@ class RedisStore:
         scored by when each presence lapses)."""
         return f"{self.prefix}{{{gen_id}}}:subs"
 
+    def fleet_key(self) -> str:
+        """Redis key of the fleet's marker."""
+        return f"{self.prefix}fleet"
+
     def fingerprint_key(self, tenant: str, fingerprint: bytes) -> str:
         """Redis key of the unkeyed-retry index entry of ``(tenant, fingerprint)``."""
         return f"{self.prefix}fp:{tenant}:{fingerprint.hex()}"
@@ -114,15 +139,15 @@ class RedisStore:
     # -- claims (Store) -------------------------------------------------------------------------
 
     async def claim(self, key: str, gen_id: str, ttl: float | None = None) -> str | None:
-        """``SET key gen_id NX [PX ttl]``; the current owner if the key was taken."""
-        name = self.claim_key(key)
-        while True:
-            if await self.redis.set(name, gen_id, nx=True, px=None if ttl is None else ms(ttl)):
-                return None
-            current = text(await self.redis.get(name))
-            if current is not None:
-                return current
-            # The owner's key lapsed between the two commands: try again.
+        """``SET key gen_id NX [PX ttl]``; the current owner if the key was taken. Raises
+        :class:`StateLost` (and claims nothing) where the fleet's marker is not the one this
+        replica knew: Redis lost the claims."""
+        epoch = self.epoch or await self._known_epoch()
+        px = 0 if ttl is None else ms(ttl)
+        got = await self._scripts.claim(self.claim_key(key), self.fleet_key(), gen_id, px, epoch)
+        if got[0] == -1:
+            self._lost(epoch, got[1])
+        return None if got[0] == 1 else text(got[1])
 
     async def owner(self, key: str) -> str | None:
         """The generation that owns ``key``, if any."""
@@ -145,7 +170,17 @@ class RedisStore:
         given (a lease of ``lease`` seconds); the append that creates the log lets it lapse
         ``keep`` seconds later unless renewed (``None``: it stays)."""
         key, lease_key = self.log_key(gen_id), self.lease_key(gen_id)
-        return RedisEventLog(self.redis, self._scripts, key, lease_key, lease_holder, lease, keep)
+        return RedisEventLog(
+            self.redis,
+            self._scripts,
+            key,
+            lease_key,
+            lease_holder,
+            lease,
+            keep,
+            state_key=self.state_key(gen_id),
+            meta_key=self.meta_key(gen_id),
+        )
 
     def replicated_log(
         self, gen_id: str, *, writer: bool, lease: float = 3.0, keep: float | None = None
@@ -302,8 +337,17 @@ class RedisStore:
         await self.redis.set(self.fingerprint_key(tenant, fingerprint), gen_id, px=ms(ttl))
 
     async def find_fingerprint(self, tenant: str, fingerprint: bytes) -> str | None:
-        """The newest generation with this body for ``tenant``, if any."""
-        return text(await self.redis.get(self.fingerprint_key(tenant, fingerprint)))
+        """The newest generation with this body for ``tenant``, if any. Raises
+        :class:`StateLost` where the fleet's marker is not the one this replica knew (the index
+        was lost with it: none found says nothing)."""
+        epoch = self.epoch or await self._known_epoch()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(self.fingerprint_key(tenant, fingerprint))
+            pipe.hget(self.fleet_key(), "epoch")
+            found, now = await pipe.execute()
+        if text(now) != epoch:
+            self._lost(epoch, now)
+        return text(found)
 
     async def unindex_fingerprint(self, tenant: str, fingerprint: bytes, gen_id: str) -> None:
         """Drop the index entry if it still names ``gen_id`` (compare-and-delete)."""
@@ -323,6 +367,42 @@ class RedisStore:
         Spurious wake-ups are allowed (the caller re-reads)."""
         entries = ((self.log_key(gen_id), length), (self.state_key(gen_id), state_changes))
         return await self._tail.wait(entries, max_wait)
+
+    # -- the fleet's marker ---------------------------------------------------------------------
+
+    def fleet_check(self) -> bytes:
+        """What this replica writes as the fleet's check: a constant sealed with its secret
+        (empty without one). A replica whose secret cannot open the check, or that has none
+        where the check is sealed, cannot read the records the others write."""
+        return b"" if self.seal is None else self.seal.seal("fleet", "check", _CHECK)
+
+    def opens(self, check: bytes) -> bool:
+        """Whether this replica reads the records of a fleet whose check is ``check``."""
+        if self.seal is None or not check:
+            return self.seal is None and not check
+        try:
+            return self.seal.open("fleet", "check", check) == _CHECK
+        except Unreadable:
+            return False
+
+    async def fleet_marker(self) -> tuple[str, bytes]:
+        """The fleet's marker, ``(epoch, check)``, written with a new epoch and this replica's
+        check where Redis holds none; its lifetime renewed (``marker_ttl``)."""
+        epoch, check = await self._scripts.fleet(
+            self.fleet_key(), os.urandom(8).hex(), self.fleet_check(), self.marker_ttl
+        )
+        return text(epoch) or "", check or b""
+
+    async def _known_epoch(self) -> str:
+        """The fleet's epoch, read (or written) for a replica that knows none yet."""
+        self.epoch, _ = await self.fleet_marker()
+        return self.epoch
+
+    def _lost(self, known: str, now: Any) -> None:
+        self.epoch = None  # the next claim reads (or writes) the marker anew
+        found = text(now) or "none"
+        msg = f"redis lost the fleet's state (fleet marker {found}, this replica knew {known})"
+        raise StateLost(msg)
 
     # -- lifecycle ------------------------------------------------------------------------------
 

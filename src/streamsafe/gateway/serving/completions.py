@@ -23,6 +23,7 @@ from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.errors import (
     BadRequest,
     Draining,
+    FleetUnsafe,
     KeyReused,
     LiveDuplicate,
     NotResumable,
@@ -174,6 +175,9 @@ class Completions:
             raise BadRequest(400, exc.message, param="Last-Event-ID") from None
         except Draining:
             raise shutting_down() from None
+        except FleetUnsafe as exc:
+            ra = [(b"retry-after", b"%d" % exc.retry_after)]
+            raise BadRequest(503, exc.message, headers=ra) from None
         except EngineRefused as exc:
             failure = exc.failure
             ra = (

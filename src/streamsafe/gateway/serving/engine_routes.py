@@ -17,14 +17,18 @@ __all__ = ["MODEL_ROUTES", "answer_models", "answer_ready"]
 MODEL_ROUTES = ("/v1/models", "/v1/openai/v1/models")
 
 
-async def answer_ready(send: Send, engines: Engines, draining: bool) -> None:
+async def answer_ready(
+    send: Send, engines: Engines, draining: bool, fleet_trouble: str | None = None
+) -> None:
     """Readiness: 200 only while the gateway takes work and some engine can do it: not
-    ``draining``, and some engine not held down whose health route answered within the last
-    probe interval or answers now. (``/health`` is liveness: 200 while the process serves at
-    all, so a supervisor never restarts a gateway, and throws away its replay logs, for an
-    engine's outage.)"""
-    if draining:
-        body = error_body("the gateway is draining", "service_unavailable", 503)
+    ``draining``, no ``fleet_trouble`` (a replica that cannot read the others' records, or whose
+    Redis lost the fleet's state moments ago), and some engine not held down whose health route
+    answered within the last probe interval or answers now. (``/health`` is liveness: 200 while
+    the process serves at all, so a supervisor never restarts a gateway, and throws away its
+    replay logs, for an engine's outage.)"""
+    if draining or fleet_trouble is not None:
+        why = "the gateway is draining" if draining else fleet_trouble
+        body = error_body(why or "", "service_unavailable", 503)
         await respond(send, 503, body, headers=[(b"retry-after", b"1")])
         return
     if await engines.ready():
