@@ -215,7 +215,7 @@ def test_a_plain_call_that_outlasts_the_llama_stack_client_read_timeout_is_answe
 def test_a_failure_after_interim_responses_keeps_its_own_status() -> None:
     # The engine runs out of memory 7 tokens in, past two 102s: the call is answered with an
     # error status (a client may retry it as it would any), never a 200.
-    sim = fast_sim(itl_ms=200.0, memory_tokens=14)
+    sim = fast_sim(itl_ms=200.0, memory_tokens=14, publish_kv_cache=False)
     with make_stack(sim, heartbeat=0.2) as s:
         got = _raw_post(s.url, chat_body("dies", max_tokens=12, stream=False), read_timeout=0.5)
         assert got.startswith(b"HTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 102 Processing\r\n\r\n")

@@ -84,9 +84,27 @@ def test_overload_is_shed_with_retry_after_and_engine_memory_stays_bounded() -> 
         assert s.gw.stats()["shed"] == len(shed)
 
 
+def test_the_default_gateway_learns_the_engines_memory_and_the_same_load_cannot_kill_it() -> None:
+    # The simulator publishes its memory as vLLM publishes its KV cache (/metrics); the gateway,
+    # given no budget at all, learns it and keeps the engine within it.
+    sim = fast_sim(memory_tokens=400, max_num_seqs=64, itl_ms=5.0)
+    with make_stack(sim) as s:
+        wait_for(lambda: s.gw.stats()["engines"][0]["memory_limit_tokens"] == 400, what="learned")
+        threads = [
+            threading.Thread(target=post_stream, args=(s.url, chat_body(f"u{i}", max_tokens=40)))
+            for i in range(30)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        stats = s.sim.stats()
+        assert stats["crashes"] == 0 and stats["memory_peak_tokens"] <= 400
+
+
 def test_without_admission_the_same_load_kills_the_engine() -> None:
     # The control for the test above: proves the load really is above capacity.
-    sim = fast_sim(memory_tokens=400, max_num_seqs=64, itl_ms=5.0)
+    sim = fast_sim(memory_tokens=400, max_num_seqs=64, itl_ms=5.0, publish_kv_cache=False)
     with make_stack(sim, max_memory_tokens=None) as s:
         threads = [
             threading.Thread(target=post_stream, args=(s.url, chat_body(f"u{i}", max_tokens=40)))
@@ -107,7 +125,7 @@ def test_request_larger_than_the_memory_budget_is_400() -> None:
 
 
 def test_dead_engine_gives_fast_503_and_gateway_recovers_after_restart() -> None:
-    sim = fast_sim(memory_tokens=100, itl_ms=2.0)
+    sim = fast_sim(memory_tokens=100, itl_ms=2.0, publish_kv_cache=False)
     with make_stack(sim, probe_interval=0.05) as s:
         # Kill the engine: one request that outgrows its memory.
         r = post_stream(s.url, chat_body(max_tokens=200))
@@ -132,7 +150,7 @@ def test_dead_engine_gives_fast_503_and_gateway_recovers_after_restart() -> None
 
 
 def test_engine_death_as_500_before_commit_keeps_status_with_first_token_commit() -> None:
-    sim = fast_sim(memory_tokens=100, itl_ms=2.0)
+    sim = fast_sim(memory_tokens=100, itl_ms=2.0, publish_kv_cache=False)
     with make_stack(sim, commit="first-token", probe_interval=5.0) as s:
         post_stream(s.url, chat_body(max_tokens=200))  # kills the engine
         wait_for(lambda: s.sim.stats()["engine_dead"], what="engine dead")
@@ -174,7 +192,7 @@ def test_streaming_header_request_is_never_retried_upstream() -> None:
 def test_stats_and_metrics_answer_200_with_requests_asking_for_2_63_tokens_in_flight() -> None:
     # Without a memory budget two such requests summed past 64 bits: /stats was a 500
     # ("Integer exceeds 64-bit range").
-    with make_stack(fast_sim(itl_ms=20.0, memory_tokens=10**6)) as s:
+    with make_stack(fast_sim(itl_ms=20.0, memory_tokens=10**6, publish_kv_cache=False)) as s:
         readers = [
             threading.Thread(
                 target=_read_some_then_leave,

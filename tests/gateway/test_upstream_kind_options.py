@@ -164,7 +164,8 @@ def test_json_keepalive_spaces_come_within_the_read_timeout_the_client_states() 
 
 
 def test_json_keepalive_failure_after_commit_is_a_200_with_the_error_body() -> None:
-    sim = fast_sim(itl_ms=20.0, memory_tokens=40, default_max_tokens=200)
+    # An engine that does not say its memory (the gateway would keep this request off it).
+    sim = fast_sim(itl_ms=20.0, memory_tokens=40, default_max_tokens=200, publish_kv_cache=False)
     with make_stack(sim, json_keepalive=True, heartbeat=0.05) as s:
         body = chat_body("dies", max_tokens=200, stream=False)
         with httpx2.Client(timeout=20) as client:

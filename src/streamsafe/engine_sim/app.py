@@ -185,7 +185,9 @@ class Simulator:
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         from streamsafe.engine_sim.metrics import render_metrics
 
-        text = render_metrics(self.config.model, self.stats())
+        cfg = self.config
+        kv_tokens = cfg.memory_tokens if cfg.publish_kv_cache else None
+        text = render_metrics(cfg.model, self.stats(), kv_tokens)
         await respond(send, 200, text.encode(), content_type=_METRICS_TYPE)
 
     # -- completions -------------------------------------------------------------------------

@@ -70,6 +70,12 @@ def register(subparsers: Any) -> None:
         "ids) with 400 invalid_prefill",
     )
     p.add_argument(
+        "--hide-kv-cache",
+        action="store_true",
+        help="publish no KV cache configuration in /metrics (vLLM publishes it, and a gateway "
+        "learns the engine's memory from it): an engine that does not say what it holds",
+    )
+    p.add_argument(
         "--black-hole",
         action="store_true",
         help="accept connections and answer nothing, /health included (/stats still answers)",
@@ -108,6 +114,7 @@ def build_config(args: argparse.Namespace) -> Any:
         max_model_len=args.max_model_len,
         refuse_prefill=args.refuse_prefill,
         black_hole=args.black_hole,
+        publish_kv_cache=not args.hide_kv_cache,
         flap=Flap.parse(args.flap) if args.flap else None,
     )
 

@@ -301,6 +301,11 @@ class SimConfig:
     black_hole: bool = False
     #: Healthy and failing periods on a schedule (see :class:`Flap`); ``None``: always healthy.
     flap: Flap | None = None
+    #: Publish the KV memory in ``/metrics`` as vLLM publishes its cache configuration
+    #: (``vllm:cache_config_info``, ``kv_cache_size_tokens`` = ``memory_tokens``), from which a
+    #: gateway learns what the engine holds. False: an engine that does not say (an older vLLM,
+    #: another OpenAI-compatible server), whose memory only ``--max-memory-tokens`` bounds.
+    publish_kv_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.memory_tokens < 1 or self.max_num_seqs < 1 or self.default_max_tokens < 1:

@@ -54,10 +54,20 @@ def _label(model: str) -> str:
     return f'{{model_name="{escaped}"}}'
 
 
-def render_metrics(model: str, stats: Mapping[str, Any]) -> str:
-    """Prometheus exposition text (format 0.0.4) for a ``/stats`` snapshot."""
+def render_metrics(model: str, stats: Mapping[str, Any], kv_tokens: int | None = None) -> str:
+    """Prometheus exposition text (format 0.0.4) for a ``/stats`` snapshot; with
+    ``kv_tokens``, vLLM's cache configuration gauge saying the engine holds that many tokens
+    (one block of that size: the simulator has no paging)."""
     label = _label(model)
     lines: list[str] = []
+    if kv_tokens is not None:
+        name = "vllm:cache_config_info"
+        lines += [
+            f"# HELP {name} Information of the LLMEngine CacheConfig",
+            f"# TYPE {name} gauge",
+            f'{name}{{block_size="{kv_tokens}",engine="0",kv_cache_size_tokens="{kv_tokens}",'
+            f'num_gpu_blocks="1"}} 1.0',
+        ]
     for name, kind, help_text, key in _GAUGES:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
         lines.append(f"{name}{label} {float(stats[key])}")
