@@ -160,3 +160,22 @@ def test_the_caller_and_the_log_are_told_the_upstream_failed_tls(
     assert again.json()["error"]["message"].startswith(f"engine is down ({cause}")
     said = "\n".join(r.getMessage() for r in caplog.records)
     assert f"down ({cause}" in said and "refused" not in said
+
+
+@pytest.mark.parametrize(
+    ("write", "says"),
+    [(None, "cannot read it (No such file or directory)"), ("not a pem", "no PEM certificate")],
+)
+def test_a_ca_bundle_that_cannot_be_used_is_one_line_at_start(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], write: str | None, says: str
+) -> None:
+    from streamsafe.cli import main
+
+    bundle = tmp_path / "ca.pem"
+    if write is not None:
+        bundle.write_text(write)
+    argv = ["serve", "--upstream", "https://127.0.0.1:9", "--upstream-ca-bundle", str(bundle)]
+    assert main(argv) == 2
+    said = capsys.readouterr()
+    assert f"streamsafe serve: upstream CA bundle {bundle}: {says}" in said.out + said.err
+    assert "Traceback" not in said.out + said.err

@@ -75,13 +75,26 @@ def is_engine_death(body: bytes) -> bool:
 def upstream_ssl_context(ca_bundle: str | None = None) -> ssl.SSLContext:
     """The context that verifies an ``https`` upstream: the system's trusted CAs, or only those
     in ``ca_bundle`` (a PEM file: a private CA, or a server's self-signed certificate, as OGX
-    serves TLS by default). Raises ``OSError`` where the file cannot be read, ``ssl.SSLError``
-    where it holds no certificate."""
-    return ssl.create_default_context(cafile=ca_bundle)
+    serves TLS by default). Raises ``ValueError`` naming the file where it cannot be read or
+    holds no certificate (a setting to fix at start, not a traceback)."""
+    try:
+        return ssl.create_default_context(cafile=ca_bundle)
+    except ssl.SSLError as exc:
+        raise ValueError(
+            f"upstream CA bundle {ca_bundle}: no PEM certificate in it ({exc.reason or exc})"
+        ) from None
+    except OSError as exc:
+        raise ValueError(
+            f"upstream CA bundle {ca_bundle}: cannot read it ({exc.strerror or exc})"
+        ) from None
 
 
 class Upstream(EngineHealth):
-    """Pooled ``httpx2.AsyncClient`` to ``base_url`` plus the breaker and the retry budget."""
+    """Pooled ``httpx2.AsyncClient`` to ``base_url`` plus the breaker and the retry budget.
+
+    Credentials in ``base_url`` (``http://user:password@host``), or ``userinfo`` given apart,
+    go upstream as Basic authorization (``api_key``, where given, wins); :attr:`base_url`, the
+    engine's name in every log line, holds none (see :mod:`streamsafe._url_userinfo`)."""
 
     def __init__(
         self,
