@@ -67,3 +67,38 @@ def test_a_command_missing_an_extra_says_which_in_one_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert "needs openai" in err and "pip install 'streamsafe[peers]'" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["serve", "--idle-timeout", "nan"], "--idle-timeout: expected a finite number >= 0"),
+        (["serve", "--grace", "inf"], "--grace: expected a finite number >= 0, not 'inf'"),
+        (["serve", "--header-timeout=-inf"], "--header-timeout: expected a finite number > 0"),
+        (["serve", "--probe-interval", "0"], "--probe-interval: expected a finite number > 0"),
+        (["serve", "--max-kept-mb", "NaN"], "--max-kept-mb: expected a finite number >= 0"),
+        (["serve", "--drain-timeout=-1"], "--drain-timeout: expected a finite number >= 0"),
+        (["serve", "--port", "70000"], "--port: expected an integer from 0 to 65535"),
+        (["serve", "--max-continuations=-1"], "--max-continuations: expected an integer >= 0"),
+        (["simulate", "--itl-ms", "nan"], "--itl-ms: expected a finite number >= 0"),
+        (["chat", "--model", "m", "--timeout", "nan", "hi"], "--timeout: expected a finite"),
+    ],
+)
+def test_a_number_option_refuses_nan_infinity_and_out_of_range_at_start(
+    capsys: pytest.CaptureFixture[str], argv: list[str], says: str
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2  # argparse's usage error: nothing started
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+
+
+def test_the_gateway_config_refuses_a_number_that_is_not_finite() -> None:
+    from streamsafe.gateway.config import GatewayConfig
+
+    for name in ("idle_timeout", "grace", "queue_timeout", "lease", "heartbeat"):
+        with pytest.raises(ValueError, match=f"{name} must be a finite number, not nan"):
+            GatewayConfig(**{name: float("nan")})
+    with pytest.raises(ValueError, match="total_timeout must be a finite number, not inf"):
+        GatewayConfig(total_timeout=float("inf"))

@@ -58,8 +58,12 @@ def test_the_command_line_wins_over_the_file(tmp_path: pathlib.Path) -> None:
     [
         ("port = ", "not valid TOML"),
         ("prot = 8000", "unknown key 'prot' (did you mean 'port'?)"),
-        ('port = "eighty"', "port: expected an integer, got 'eighty'"),
-        ("max-inflight = 2.5", "max-inflight: expected an integer, got 2.5"),
+        ('port = "eighty"', "port: expected an integer from 0 to 65535, got 'eighty'"),
+        ("max-inflight = 2.5", "max-inflight: expected an integer >= 0, got 2.5"),
+        ("idle-timeout = nan", "idle-timeout: expected a finite number >= 0, got nan"),
+        ("grace = inf", "grace: expected a finite number >= 0, got inf"),
+        ("lease = 0", "lease: expected a finite number > 0, got 0"),
+        ("max-kept = -1", "max-kept: expected an integer >= 0, got -1"),
         ('commit = "late"', "commit: 'late' is not one of early, first-token"),
         ('json-keepalive = "yes"', "json-keepalive: expected true or false"),
         ("config = 'other.toml'", "unknown key 'config'"),
@@ -93,3 +97,47 @@ def test_serve_runs_with_a_config_file(tmp_path: pathlib.Path) -> None:
         assert "commit first-token, grace 2.5 s" in announced
     finally:
         server.stop()
+
+
+def test_a_file_that_is_not_utf8_is_one_clear_line(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b'port = 8000\nadmin-key = "caf\xe9-secret"\n')
+    assert main(["serve", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "not valid TOML: not UTF-8 at byte" in err and "secret" not in err
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "upstream-api-key = 31415926535",
+        'redis-secret = ["s3cr3t-31415926535"]',
+        "admin-key = { k = 's3cr3t-31415926535' }",
+        'api-key = ["ok", 31415926535]',
+        'json-keepalive = "s3cr3t-31415926535"',
+    ],
+)
+def test_an_error_never_repeats_a_secret_from_the_file(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    path = tmp_path / "secret.toml"
+    path.write_text(text)
+    assert main(["serve", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "31415926535" not in err and "expected" in err
+
+
+def test_a_bad_tenant_weight_never_repeats_the_tenant_key(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "weights.toml"
+    path.write_text('upstream = ["http://127.0.0.1:9"]\ntenant-weight = ["tenant-s3cr3t=nan"]\n')
+    assert main(["serve", "--config", str(path)]) == 2
+    out = capsys.readouterr()
+    said = out.out + out.err
+    assert "--tenant-weight wants KEY=WEIGHT" in said and "KEY='nan'" in said
+    assert "s3cr3t" not in said and "Traceback" not in said

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 from collections.abc import Iterator
 
 import orjson
@@ -67,6 +68,41 @@ def test_text_lines_carry_fields_as_key_value(restore_logging: None) -> None:
     line = out.getvalue().strip()
     assert " WARNING streamsafe.gateway engine down engine=http://a:1 " in line
     assert line.endswith('why="two words"')
+
+
+#: What a caller can put in a path or a header to forge a text line or drive a terminal: a
+#: newline, a carriage return, ESC (a CSI sequence), DEL, C1's one-character CSI and NEL, the
+#: Unicode line and paragraph separators.
+FORGERIES = (
+    "\n2026-01-01T00:00:00.000Z INFO streamsafe.access FAKE\r\x1b[2J\x7f\x9b\x85\u2028\u2029"
+)
+_RECORD_START = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z [A-Z]+ streamsafe")
+
+
+def test_a_text_line_escapes_what_could_forge_a_line_or_drive_a_terminal(
+    restore_logging: None,
+) -> None:
+    out = io.StringIO()
+    _logging.setup("info", 0, "text", stream=out)
+    log = logging.getLogger("streamsafe.access")
+    log.info("GET %s 404", "/v1/a" + FORGERIES, extra={"fields": {"path": FORGERIES, "x": "a b"}})
+    try:
+        raise ValueError("bad" + FORGERIES)
+    except ValueError:
+        log.exception("failed on %s", "/v1/b" + FORGERIES)
+    text = out.getvalue()
+    lines = text.splitlines()  # splits at every line break Python knows, U+2028 included
+    assert text.count("\n") == len(lines) and not re.search(
+        "[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]", text
+    )
+    records = [line for line in lines if not line.startswith("  ")]
+    assert len(records) == 2 and all(_RECORD_START.match(line) for line in records)
+    assert "/v1/a\\n2026-01-01T00:00:00.000Z INFO streamsafe.access FAKE\\r\\x1b[2J" in records[0]
+    assert "\\x7f\\x9b\\x85\\u2028\\u2029" in records[0] and 'x="a b"' in records[0]
+    # A traceback keeps its line breaks, each of its lines indented: no record starts there.
+    assert "  ValueError: bad" in lines and any(
+        line.startswith("  2026-01-01T00:00:00.000Z INFO") for line in lines
+    )
 
 
 def test_other_libraries_stay_at_warning_unless_asked(restore_logging: None) -> None:

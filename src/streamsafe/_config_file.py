@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from streamsafe._option_numbers import Number
+
 __all__ = ["ConfigError", "apply"]
 
 #: Options a file cannot set.
@@ -41,41 +43,60 @@ def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 def _scalar(action: argparse.Action, key: str, value: Any) -> Any:
     """``value`` as ``action`` takes one item: through its type and choices."""
     if isinstance(value, bool | dict | list):
-        raise ConfigError(f"{key}: expected {_kind(action)}, got {value!r}")
+        raise ConfigError(f"{key}: expected {_kind(action)}, got {_shown(action, value)}")
     convert: Any = action.type
     try:
         if convert is None:
             if not isinstance(value, str):
                 raise ValueError
             result = value
-        elif convert is int and isinstance(value, float):
+        elif _integer(convert) and isinstance(value, float):
             raise ValueError
         else:
             result = convert(
                 value if isinstance(value, str) or convert in (int, float) else str(value)
             )
     except (TypeError, ValueError, argparse.ArgumentTypeError):
-        raise ConfigError(f"{key}: expected {_kind(action)}, got {value!r}") from None
+        raise ConfigError(f"{key}: expected {_kind(action)}, got {_shown(action, value)}") from None
     if action.choices is not None and result not in action.choices:
         choices = ", ".join(str(c) for c in action.choices)
-        raise ConfigError(f"{key}: {value!r} is not one of {choices}")
+        raise ConfigError(f"{key}: {_shown(action, value)} is not one of {choices}")
     return result
 
 
+def _integer(convert: Any) -> bool:
+    return convert is int or (isinstance(convert, Number) and convert.integer)
+
+
 def _kind(action: argparse.Action) -> str:
+    if isinstance(action.type, Number):
+        return action.type.describe()
     names = {int: "an integer", float: "a number", None: "a string"}
     return names.get(action.type, "a value")  # type: ignore[arg-type]
+
+
+def _shown(action: argparse.Action, value: Any) -> str:
+    """``value`` as an error message shows it: itself where the option takes a number or one
+    of its choices, else only its kind. A string option may hold a secret (an API key, a
+    Redis secret, a URL's password), and a message must never repeat one."""
+    if (action.type in (int, float) or isinstance(action.type, Number) or action.choices) and (
+        isinstance(value, int | float | str) and not isinstance(value, bool)
+    ):
+        return repr(value)[:80]
+    kinds = {bool: "true or false", str: "a string", int: "an integer", float: "a number"}
+    kinds.update({list: "a list", dict: "a table"})
+    return next((name for t, name in kinds.items() if isinstance(value, t)), "a value")
 
 
 def _value(action: argparse.Action, key: str, value: Any) -> Any:
     """What ``args`` would hold had the command line given ``value`` for ``key``."""
     if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
         if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+            raise ConfigError(f"{key}: expected true or false, got {_shown(action, value)}")
         return value if isinstance(action, argparse._StoreTrueAction) else not value
     if isinstance(action, argparse._CountAction):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"{key}: expected a count, got {value!r}")
+            raise ConfigError(f"{key}: expected a count, got {_shown(action, value)}")
         return value
     if action.nargs == "?" and value is True:
         return action.const  # the bare flag (``--collapse-identical`` is ``all``)
@@ -93,6 +114,8 @@ def _load(path: str) -> dict[str, Any]:
         raise ConfigError(f"cannot read it: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8; the bytes are not shown (a secret?)
+        raise ConfigError(f"not valid TOML: not UTF-8 at byte {exc.start}") from None
 
 
 def apply(

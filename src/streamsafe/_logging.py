@@ -9,6 +9,12 @@ asks for everything.
 A record may carry ``fields`` (``logger.info(msg, extra={"fields": {...}})``): named values an
 operator filters on (``request_id``, ``engine``, ``event``). In ``json`` they become keys of the
 line's object, one object per line; in ``text`` they follow the message as ``key=value``.
+
+A text line holds what callers sent (a refused request's decoded path, a header): every control
+and line-separating character in it (C0, DEL, C1, U+2028, U+2029) is written as an escape
+(``\\n``, ``\\x1b``, ``\\u2028``), in one place (:func:`escape`), so no request can forge a line
+or move a terminal's cursor. A traceback keeps its line breaks, each of its lines indented, so
+only a record starts a line at its first column.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import logging
+import re
 import sys
 from typing import Any, TextIO
 
@@ -28,6 +35,7 @@ __all__ = [
     "TextFormatter",
     "add_options",
     "chosen",
+    "escape",
     "setup",
 ]
 
@@ -77,6 +85,26 @@ def chosen(args: argparse.Namespace, default_level: str) -> tuple[str, int, str]
     return found.get("log_level", default_level), verbose, found.get("log_format", "text")
 
 
+#: What a text line never holds raw: C0 controls (newline, escape), DEL, C1 controls (U+009B is
+#: a one-character CSI to a terminal, U+0085 a line break to some readers), the Unicode line and
+#: paragraph separators.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    return _SHORT.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def escape(text: str) -> str:
+    """``text`` with every control and line-separating character written as an escape
+    (``\\n``, ``\\x1b``, ``\\u2028``): safe to put on one line of a text log."""
+    # Every character escaped is one isprintable() refuses: the common line costs one C scan.
+    return text if text.isprintable() else _UNSAFE.sub(_escaped, text)
+
+
 def _utc(created: float) -> str:
     return (
         datetime.datetime.fromtimestamp(created, datetime.UTC).isoformat(timespec="milliseconds")[
@@ -111,7 +139,8 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """``TS LEVEL LOGGER message key=value ...`` (values with spaces quoted)."""
+    """``TS LEVEL LOGGER message key=value ...`` (values with spaces quoted), one line whatever
+    the message and the values hold (see :func:`escape`); a traceback follows, indented."""
 
     def format(self, record: logging.LogRecord) -> str:
         parts = [_utc(record.created), record.levelname, record.name, record.getMessage()]
@@ -122,9 +151,14 @@ class TextFormatter(logging.Formatter):
             if not text or " " in text or '"' in text:
                 text = orjson.dumps(text).decode()
             parts.append(f"{key}={text}")
-        line = " ".join(parts)
+        line = escape(" ".join(parts))
+        trace = None
         if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+            trace = self.formatException(record.exc_info)
+        elif record.exc_text:
+            trace = record.exc_text
+        if trace:
+            line += "".join("\n  " + escape(part) for part in trace.splitlines())
         return line
 
 

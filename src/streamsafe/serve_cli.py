@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from streamsafe._option_numbers import Number
+
 __all__ = ["register"]
 
 
@@ -27,7 +29,7 @@ def register(subparsers: Any) -> None:
     groups = add_arguments(p)
     groups["upstreams"].add_argument(
         "--sim-memory-tokens",
-        type=int,
+        type=Number(integer=True, least=1),
         default=32768,
         help="simulator KV memory when no --upstream (default 32768)",
     )

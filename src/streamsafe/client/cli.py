@@ -8,6 +8,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from streamsafe._option_numbers import Number
+
 __all__ = ["main", "register"]
 
 
@@ -18,10 +20,18 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=None, help="API key (default $OPENAI_API_KEY)")
     parser.add_argument("--model", required=True, help="model name")
     parser.add_argument("--no-stream", action="store_true", help="wait for the whole reply")
-    parser.add_argument("--max-tokens", type=int, default=None, help="most tokens to generate")
+    parser.add_argument(
+        "--max-tokens",
+        type=Number(integer=True, least=1),
+        default=None,
+        help="most tokens to generate",
+    )
     parser.add_argument("--system", default=None, help="a system message")
     parser.add_argument(
-        "--timeout", type=float, default=None, help="seconds per phase (default: client defaults)"
+        "--timeout",
+        type=Number(least=0, above=True),
+        default=None,
+        help="seconds per phase (default: client defaults)",
     )
     parser.add_argument("prompt", help="the user message")
 

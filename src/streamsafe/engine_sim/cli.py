@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from streamsafe._option_numbers import Number
+
 __all__ = ["build_config", "register"]
+
+# Refused at start (exit code 2): NaN and infinity included.
+_POSITIVE_COUNT = Number(integer=True, least=1)
+_NUMBER = Number(least=0)
 
 
 def register(subparsers: Any) -> None:
@@ -18,21 +24,33 @@ def register(subparsers: Any) -> None:
         "past capacity, abort on disconnect, injected faults, deterministic text.",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000, as vLLM)")
+    p.add_argument(
+        "--port",
+        type=Number(integer=True, least=0, most=65535),
+        default=8000,
+        help="port (default 8000, as vLLM)",
+    )
     p.add_argument(
         "--model", default="sim-llama-8b", help="the model served (default sim-llama-8b)"
     )
-    p.add_argument("--memory-tokens", type=int, default=32768, help="KV memory in tokens (32768)")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="most running requests (64)")
     p.add_argument(
-        "--prefill-ms-per-token", type=float, default=0.05, help="prefill per prompt token (0.05)"
-    )
-    p.add_argument("--itl-ms", type=float, default=10.0, help="base inter-token delay (10)")
-    p.add_argument(
-        "--itl-ms-per-seq", type=float, default=0.1, help="extra delay per running request (0.1)"
+        "--memory-tokens", type=_POSITIVE_COUNT, default=32768, help="KV memory in tokens (32768)"
     )
     p.add_argument(
-        "--default-max-tokens", type=int, default=256, help="max_tokens when none given (256)"
+        "--max-num-seqs", type=_POSITIVE_COUNT, default=64, help="most running requests (64)"
+    )
+    p.add_argument(
+        "--prefill-ms-per-token", type=_NUMBER, default=0.05, help="prefill per prompt token (0.05)"
+    )
+    p.add_argument("--itl-ms", type=_NUMBER, default=10.0, help="base inter-token delay (10)")
+    p.add_argument(
+        "--itl-ms-per-seq", type=_NUMBER, default=0.1, help="extra delay per running request (0.1)"
+    )
+    p.add_argument(
+        "--default-max-tokens",
+        type=_POSITIVE_COUNT,
+        default=256,
+        help="max_tokens when none given (256)",
     )
     p.add_argument(
         "--no-abort-on-disconnect",
@@ -57,7 +75,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--max-model-len",
-        type=int,
+        type=_POSITIVE_COUNT,
         default=None,
         metavar="TOKENS",
         help="vLLM's context length: prompt + max_tokens past it gets vLLM's 400 (default: "

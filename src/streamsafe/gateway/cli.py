@@ -9,6 +9,7 @@ simulator used when no ``--upstream`` is given; this module knows only the gatew
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from typing import Any
 
@@ -35,8 +36,13 @@ def _weight(spec: str) -> tuple[str, float]:
         value = float(weight)
     except ValueError:
         value = 0.0
-    if not sep or not key or not value > 0:
-        raise SystemExit(f"--tenant-weight wants KEY=WEIGHT with a weight > 0, not {spec!r}")
+    if not sep or not key or not (value > 0 and math.isfinite(value)):
+        # The key is a tenant's secret: the message names the weight only.
+        raise ValueError(
+            f"--tenant-weight wants KEY=WEIGHT with a finite weight > 0, not KEY={weight!r}"
+            if sep
+            else "--tenant-weight wants KEY=WEIGHT with a finite weight > 0"
+        )
     return key, value
 
 
@@ -111,15 +117,17 @@ def build_limits(args: argparse.Namespace) -> Any:
 def serve(args: argparse.Namespace, upstream: str) -> int:
     """Run the gateway the parsed arguments describe in front of ``upstream`` until interrupted
     (``args`` as ``streamsafe serve`` parses them); the exit code."""
+    from streamsafe._url_userinfo import redact
     from streamsafe.gateway.app import Gateway
     from streamsafe.gateway.engines.pool import parse_engine
     from streamsafe.serving import run_server
 
     try:
-        upstream = parse_engine(upstream).url  # the first of a pool may carry options
+        parse_engine(upstream)  # the first of a pool may carry options
     except ValueError as exc:
         print(f"streamsafe serve: {exc}")
         return 2
+    upstream = upstream.split()[0].rstrip("/")  # with its credentials, if any: they are used
     if args.otel:
         from streamsafe.gateway.tracing import TracingUnavailable, setup_otlp
 
@@ -135,8 +143,8 @@ def serve(args: argparse.Namespace, upstream: str) -> int:
         print(f"streamsafe serve: {exc}")
         return 2
     keys = len(gateway.config.api_keys)
-    pool = gateway.config.engines
-    target = f"{len(pool)} engines ({', '.join(pool)})" if pool else upstream
+    pool = [str(e.spec) for e in gateway.engines.pool.engines] if gateway.config.engines else []
+    target = f"{len(pool)} engines ({', '.join(pool)})" if pool else redact(upstream)
 
     def announce(url: str) -> None:
         print(

@@ -11,7 +11,16 @@ import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from streamsafe._option_numbers import Number
+
 __all__ = ["GROUPS", "Options", "add_general"]
+
+# What each number option takes; refused at start, before anything runs (exit code 2).
+_PORT = Number(integer=True, least=0, most=65535)
+_COUNT = Number(integer=True, least=0)
+_POSITIVE_COUNT = Number(integer=True, least=1)
+_NUMBER = Number(least=0)
+_POSITIVE = Number(least=0, above=True)
 
 
 class Options(Protocol):
@@ -42,10 +51,10 @@ def add_general(p: Options) -> None:
 def add_listening(group: Options) -> None:
     """Where the gateway listens and what one connection may cost; the admin key."""
     group.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    group.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    group.add_argument("--port", type=_PORT, default=8000, help="port (default 8000)")
     group.add_argument(
         "--max-connections",
-        type=int,
+        type=_COUNT,
         default=4096,
         help="open connections at once; past it 503 (default 4096; 0: no cap)",
     )
@@ -59,18 +68,21 @@ def add_listening(group: Options) -> None:
     )
     group.add_argument(
         "--max-header-kb",
-        type=int,
+        type=_POSITIVE_COUNT,
         default=64,
         help="largest request header section, KiB; past it 431 (default 64)",
     )
     group.add_argument(
         "--max-header-line-kb",
-        type=int,
+        type=_POSITIVE_COUNT,
         default=16,
         help="largest header line, KiB; past it 431 (default 16)",
     )
     group.add_argument(
-        "--max-body-kb", type=int, default=4096, help="largest request body, KiB (default 4096)"
+        "--max-body-kb",
+        type=_POSITIVE_COUNT,
+        default=4096,
+        help="largest request body, KiB (default 4096)",
     )
     group.add_argument(
         "--admin-key",
@@ -160,20 +172,20 @@ def _add_engine_failures(group: Options) -> None:
     )
     group.add_argument(
         "--failover-attempts",
-        type=int,
+        type=_POSITIVE_COUNT,
         default=3,
         help="with a pool: attempts of a request before its first token, across engines "
         "(default 3)",
     )
     group.add_argument(
         "--probe-interval",
-        type=float,
+        type=_POSITIVE,
         default=1.0,
         help="seconds between /health probes of a dead engine (default 1)",
     )
     group.add_argument(
         "--max-continuations",
-        type=int,
+        type=_COUNT,
         default=5,
         help="times a broken upstream attempt is made again: a chat stream continued, a "
         "request dropped before its answer asked again (default 5; 0: never)",
@@ -192,28 +204,31 @@ def _add_limits(group: Options) -> None:
     """What the engine is given at once, and the queue in front of it."""
     group.add_argument(
         "--max-inflight",
-        type=int,
+        type=_COUNT,
         default=256,
         help="generations upstream at once (default 256; 0 for no limit)",
     )
     group.add_argument(
         "--max-memory-tokens",
-        type=int,
+        type=_COUNT,
         default=0,
         help="engine memory budget in tokens, prompt + max_tokens (default 0: no limit)",
     )
     group.add_argument(
         "--default-max-tokens",
-        type=int,
+        type=_POSITIVE_COUNT,
         default=1024,
         help="max_tokens assumed when a request gives none (default 1024)",
     )
     group.add_argument(
-        "--queue-size", type=int, default=1024, help="requests waiting for admission (default 1024)"
+        "--queue-size",
+        type=_COUNT,
+        default=1024,
+        help="requests waiting for admission (default 1024)",
     )
     group.add_argument(
         "--queue-timeout",
-        type=float,
+        type=_NUMBER,
         default=20.0,
         help="seconds a request may wait for admission (default 20)",
     )
@@ -229,7 +244,7 @@ def _add_commit(group: Options) -> None:
     )
     group.add_argument(
         "--heartbeat",
-        type=float,
+        type=_NUMBER,
         default=5.0,
         help="seconds between keep-alive comments while a stream waits for its first token, "
         "and of silence after which one goes out mid-stream (default 5; 0 for none)",
@@ -247,25 +262,25 @@ def _add_keeping(group: Options) -> None:
     is kept for replay, a duplicate of live work."""
     group.add_argument(
         "--grace",
-        type=float,
+        type=_NUMBER,
         default=5.0,
         help="seconds before abandoned work is aborted (default 5; 0 allowed)",
     )
     group.add_argument(
         "--keep-finished",
-        type=float,
+        type=_NUMBER,
         default=300.0,
         help="seconds finished generations are kept for replay (default 300)",
     )
     group.add_argument(
         "--max-kept-mb",
-        type=float,
+        type=_NUMBER,
         default=64.0,
         help="memory for finished generations, MiB (default 64)",
     )
     group.add_argument(
         "--max-kept",
-        type=int,
+        type=_COUNT,
         default=20_000,
         help="finished generations kept for replay, at most (default 20000)",
     )
@@ -281,7 +296,7 @@ def add_timeouts(group: Options) -> None:
     """An upstream attempt's deadlines, a client connection's, the drain at shutdown."""
     group.add_argument(
         "--first-token-timeout",
-        type=float,
+        type=_NUMBER,
         default=60.0,
         help="seconds from sending upstream to a stream's first event before the attempt is "
         "closed and asked of another engine of the model (never of the same one again; with "
@@ -289,7 +304,7 @@ def add_timeouts(group: Options) -> None:
     )
     group.add_argument(
         "--idle-timeout",
-        type=float,
+        type=_NUMBER,
         default=35.0,
         help="seconds of upstream silence mid-stream before it is cut and continued, on another "
         "engine of the model where there is one (default 35: a 30 s stall is waited out; an "
@@ -297,19 +312,19 @@ def add_timeouts(group: Options) -> None:
     )
     group.add_argument(
         "--total-timeout",
-        type=float,
+        type=_NUMBER,
         default=600.0,
         help="seconds a generation may take upstream in all (default 600; 0: none)",
     )
     group.add_argument(
         "--header-timeout",
-        type=float,
+        type=_POSITIVE,
         default=10.0,
         help="seconds for a request's headers to arrive; past it 408 (default 10)",
     )
     group.add_argument(
         "--body-timeout",
-        type=float,
+        type=_POSITIVE,
         default=30.0,
         help="seconds between reads of an unfinished body; past it 408 (default 30)",
     )
@@ -323,21 +338,21 @@ def add_timeouts(group: Options) -> None:
     )
     group.add_argument(
         "--send-timeout",
-        type=float,
+        type=_POSITIVE,
         default=30.0,
         help="seconds a response may wait for a client that stopped reading; past it the "
         "connection is reset (default 30)",
     )
     group.add_argument(
         "--keep-alive-timeout",
-        type=float,
+        type=_POSITIVE,
         default=5.0,
         help="seconds a kept-alive connection may sit idle before it is closed; above a load "
         "balancer's own idle timeout, so that it, not the gateway, closes (default 5)",
     )
     group.add_argument(
         "--drain-timeout",
-        type=float,
+        type=_NUMBER,
         default=30.0,
         help="on SIGTERM or Ctrl-C, seconds running streams get to finish while new work is "
         "refused with 503; then they end with an error event (with --redis: handed to another "
@@ -363,14 +378,14 @@ def add_replicas(group: Options) -> None:
     )
     group.add_argument(
         "--lease",
-        type=float,
+        type=_POSITIVE,
         default=3.0,
         help="seconds a replica's lease on a generation lasts; a dead replica's generations are "
         "taken over after it (default 3)",
     )
     group.add_argument(
         "--orphan-ttl",
-        type=float,
+        type=_POSITIVE,
         default=3600.0,
         metavar="SECONDS",
         help="seconds the Redis keys of a running generation outlive their replica's last "

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Literal
+
+from streamsafe._url_userinfo import redact, split_userinfo
 
 __all__ = ["CollapseSetting", "CommitMode", "GatewayConfig", "UpstreamKindSetting"]
 
@@ -215,6 +218,12 @@ class GatewayConfig:
     orphan_ttl: float = 3600.0
 
     def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            # NaN passes every comparison below (nan < 0 is False) and then breaks a timer deep
+            # in the transport; infinity is no number of seconds either (None says "none").
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{field.name} must be a finite number, not {value}")
         if self.collapse_identical not in ("deterministic", "all", "off"):
             raise ValueError(
                 "collapse_identical must be 'deterministic', 'all' or 'off', "
@@ -236,6 +245,15 @@ class GatewayConfig:
                 "forward_authorization sends the caller's Authorization upstream; "
                 "upstream_api_key would send another: set one of them"
             )
+        if self.forward_authorization and any(
+            split_userinfo(url.split()[0])[1] is not None
+            for url in (*self.engines, self.upstream or "")
+            if url.strip()
+        ):
+            raise ValueError(
+                "forward_authorization sends the caller's Authorization upstream; an upstream "
+                "URL's user:password would send another: set one of them"
+            )
         if self.on_live_duplicate not in ("attach", "409"):
             raise ValueError("on_live_duplicate must be 'attach' or '409'")
         for name in ("grace", "heartbeat", "queue_timeout", "keep_finished", "connect_backoff"):
@@ -250,7 +268,7 @@ class GatewayConfig:
         if self.redis_url is not None and not self.redis_url.startswith(
             ("redis://", "rediss://", "unix://")
         ):
-            raise ValueError(f"redis_url must be redis://..., not {self.redis_url!r}")
+            raise ValueError(f"redis_url must be redis://..., not {redact(self.redis_url)!r}")
         for name in ("max_inflight", "max_memory_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -81,6 +81,7 @@ class Engines:
                 budget=self.budget,
                 kind=kind,  # each engine probed on its own where "auto"
                 ca_bundle=ca_bundle,
+                userinfo=spec.userinfo,
                 clock=clock,
             )
             for spec in specs
@@ -118,6 +119,11 @@ class Engines:
         can."""
         now = self.clock()
         return all(e.breaker.down(now) for e in self.pool.engines)
+
+    def why_down(self) -> str | None:
+        """Why the first engine held down is down (a refused connection, a TLS failure,
+        ``/health`` silent), where one is."""
+        return next((u.down_why for u in self.upstreams if u.breaker.held and u.down_why), None)
 
     def retry_after(self) -> int:
         """Seconds until the first engine takes traffic again, rounded up, at least 1."""

@@ -24,6 +24,7 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
+from streamsafe._url_userinfo import split_userinfo
 from streamsafe.gateway.upstream.breaker import EngineBreaker
 
 __all__ = [
@@ -66,8 +67,16 @@ class EngineSpec:
     #: max_tokens each; vLLM logs its KV capacity as "GPU KV cache size"). ``None`` (default):
     #: no bound of its own; a generation that fits no engine of its model waits for room.
     memory: int | None = None
+    #: ``user:password`` of a URL that carried them (``http://user:password@host``), sent as
+    #: Basic authorization and nowhere else: :attr:`url`, the engine's name in every log line,
+    #: ``/stats`` and ``/metrics``, is kept without them.
+    userinfo: str | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        url, userinfo = split_userinfo(self.url)
+        if userinfo is not None:
+            object.__setattr__(self, "url", url)
+            object.__setattr__(self, "userinfo", userinfo)
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"engine URL must be http(s)://..., not {self.url!r}")
         if not (self.weight > 0 and math.isfinite(self.weight)):

@@ -16,6 +16,7 @@ from streamsafe.gateway.errors import Failure, error_body, upstream_refusal
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.attempt_watch import UpstreamStalled
+from streamsafe.gateway.upstream.connect_failure import connect_failure
 from streamsafe.gateway.upstream.connection import is_engine_death
 from streamsafe.retry import REFUSAL_STATUSES, retry_after_seconds
 from streamsafe.sse import DONE
@@ -122,18 +123,20 @@ class Endings:
     async def unreachable(self, gen: Generation, exc: Exception) -> BrokenAttempt | None:
         """No connection to the engine: before any event the caller gets a 503 (retry after a
         second); a stream already under way may still be continued."""
-        msg = f"upstream unreachable: {type(exc).__name__}"
+        msg = f"upstream unreachable: {connect_failure(exc)}"
         failure = Failure(503, error_body(msg, "service_unavailable", 503), 1)
         if gen.length:
             return BrokenAttempt(msg, 503, failure=failure)
         await self.fail(gen, failure)
         return None
 
-    async def fail_dead(self, gen: Generation) -> None:
-        """The breaker is open: the engine is down."""
+    async def fail_dead(self, gen: Generation, why: str | None = None) -> None:
+        """The breaker is open: the engine is down (``why``, where known: a TLS failure is
+        no outage, and the caller is told so)."""
         self._counters.breaker_rejections += 1
         retry_after = self._down_for()
-        msg = f"engine is down; retry after {retry_after} s"
+        because = f" ({why})" if why else ""
+        msg = f"engine is down{because}; retry after {retry_after} s"
         await self.fail(gen, Failure(503, error_body(msg, "service_unavailable", 503), retry_after))
 
     async def fail(self, gen: Generation, failure: Failure) -> None:

@@ -131,7 +131,7 @@ class Relay:
         """Wait for ``gen``'s place (its subscribers plan their wait with it); ``None`` where it
         ended instead: every engine known down, shed, or a request admission refuses."""
         if self.engines.all_down():
-            await self._endings.fail_dead(gen)
+            await self._endings.fail_dead(gen, self.engines.why_down())
             return None
         admission = self.admission
         try:
@@ -153,7 +153,7 @@ class Relay:
             )
             return None
         if self.engines.all_down():
-            await self._endings.fail_dead(gen)
+            await self._endings.fail_dead(gen, self.engines.why_down())
             return None
         return waiter
 

@@ -4,11 +4,13 @@ pass-through, in a shape both OpenAI's and Llama Stack's clients read)."""
 
 from __future__ import annotations
 
+import httpx2
 import orjson
 
 from streamsafe._asgi import Send, respond
 from streamsafe.gateway.engines.engines import Engines
 from streamsafe.gateway.errors import BadRequest, error_body
+from streamsafe.gateway.upstream.connect_failure import connect_failure
 
 __all__ = ["MODEL_ROUTES", "answer_models", "answer_ready"]
 
@@ -56,7 +58,8 @@ async def answer_models(send: Send, engines: Engines) -> None:
         finally:
             await response.aclose()
     except Exception as exc:
-        msg = f"upstream unreachable: {type(exc).__name__}"
+        why = connect_failure(exc) if isinstance(exc, httpx2.ConnectError) else None
+        msg = f"upstream unreachable: {why or type(exc).__name__}"
         raise BadRequest(503, msg) from None
     if response.status_code == 200:
         body = _both_model_lists(body)

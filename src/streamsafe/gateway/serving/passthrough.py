@@ -22,6 +22,7 @@ import httpx2
 
 from streamsafe._asgi import Message, Receive, Scope, Send, respond
 from streamsafe.gateway.errors import error_body
+from streamsafe.gateway.upstream.connect_failure import connect_failure
 
 __all__ = ["UpstreamBroke", "pass_through", "shared_route"]
 
@@ -150,7 +151,8 @@ async def _relay(client: httpx2.AsyncClient, request: httpx2.Request, send: Send
     except _ClientGone:
         return 0
     except httpx2.HTTPError as exc:
-        msg = f"upstream unreachable: {type(exc).__name__}"
+        why = connect_failure(exc) if isinstance(exc, httpx2.ConnectError) else None
+        msg = f"upstream unreachable: {why or type(exc).__name__}"
         await respond(send, 502, error_body(msg, "upstream_error", 502))
         return 502
     try:

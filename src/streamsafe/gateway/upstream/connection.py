@@ -29,7 +29,9 @@ from typing import Any
 import httpx2
 import orjson
 
+from streamsafe._url_userinfo import basic_authorization, split_userinfo
 from streamsafe.gateway.upstream.asyncio_backend import pooled_transport
+from streamsafe.gateway.upstream.connect_failure import connect_failure, is_tls_failure
 from streamsafe.gateway.upstream.event_stream import EventStream, EventStreamPool, header_lines
 from streamsafe.gateway.upstream.health import EngineHealth
 from streamsafe.gateway.upstream.kinds import KINDS, UpstreamKind, describe_kind
@@ -73,13 +75,26 @@ def is_engine_death(body: bytes) -> bool:
 def upstream_ssl_context(ca_bundle: str | None = None) -> ssl.SSLContext:
     """The context that verifies an ``https`` upstream: the system's trusted CAs, or only those
     in ``ca_bundle`` (a PEM file: a private CA, or a server's self-signed certificate, as OGX
-    serves TLS by default). Raises ``OSError`` where the file cannot be read, ``ssl.SSLError``
-    where it holds no certificate."""
-    return ssl.create_default_context(cafile=ca_bundle)
+    serves TLS by default). Raises ``ValueError`` naming the file where it cannot be read or
+    holds no certificate (a setting to fix at start, not a traceback)."""
+    try:
+        return ssl.create_default_context(cafile=ca_bundle)
+    except ssl.SSLError as exc:
+        raise ValueError(
+            f"upstream CA bundle {ca_bundle}: no PEM certificate in it ({exc.reason or exc})"
+        ) from None
+    except OSError as exc:
+        raise ValueError(
+            f"upstream CA bundle {ca_bundle}: cannot read it ({exc.strerror or exc})"
+        ) from None
 
 
 class Upstream(EngineHealth):
-    """Pooled ``httpx2.AsyncClient`` to ``base_url`` plus the breaker and the retry budget."""
+    """Pooled ``httpx2.AsyncClient`` to ``base_url`` plus the breaker and the retry budget.
+
+    Credentials in ``base_url`` (``http://user:password@host``), or ``userinfo`` given apart,
+    go upstream as Basic authorization (``api_key``, where given, wins); :attr:`base_url`, the
+    engine's name in every log line, holds none (see :mod:`streamsafe._url_userinfo`)."""
 
     def __init__(
         self,
@@ -94,10 +109,14 @@ class Upstream(EngineHealth):
         budget: RetryBudget | None = None,
         kind: str = "auto",
         ca_bundle: str | None = None,
+        userinfo: str | None = None,
         failure_threshold: int = 3,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(probe_interval, failure_threshold, clock)
+        # Credentials in the URL never reach a log line: the URL is the engine's name too.
+        base_url, in_url = split_userinfo(base_url)
+        userinfo = userinfo or in_url
         self.base_url = base_url.rstrip("/")
         #: How an ``https`` upstream is verified: the CAs in ``ca_bundle`` (a PEM file), or the
         #: system's. One context for every connection, the hot stream's and the client's.
@@ -117,6 +136,8 @@ class Upstream(EngineHealth):
         self._headers = {"accept-encoding": "identity"}
         if api_key:
             self._headers["authorization"] = f"Bearer {api_key}"
+        elif userinfo:
+            self._headers["authorization"] = basic_authorization(userinfo)
         self._timeout = httpx2.Timeout(connect=connect_timeout, read=None, write=30.0, pool=None)
         # Idle connections are let go before uvicorn's (and so vLLM's) 5 s keep-alive: one sent
         # just as the engine closed it was lost, and a health check on it heard nothing.
@@ -242,8 +263,8 @@ class Upstream(EngineHealth):
         while True:
             try:
                 response = await client.send(request, stream=True)
-            except httpx2.ConnectError:
-                if not await self._may_retry_connect(retry_connect, attempt):
+            except httpx2.ConnectError as exc:
+                if not await self._may_retry_connect(retry_connect, attempt, exc):
                     raise
                 attempt += 1
                 continue
@@ -264,25 +285,35 @@ class Upstream(EngineHealth):
         while True:
             try:
                 conn = await self._events.request(b"POST", path, body, lines)
-            except OSError:  # refused, unreachable, or the connect timed out
-                if not await self._may_retry_connect(retry_connect, attempt):
+            except OSError as exc:  # refused, unreachable, TLS, or the connect timed out
+                if not await self._may_retry_connect(retry_connect, attempt, exc):
                     raise
                 attempt += 1
                 continue
             self.budget.record_success()
             return conn
 
-    async def _may_retry_connect(self, retry_connect: bool, attempt: int) -> bool:
-        """A connection could not be made: whether to try again (after the backoff, within the
-        budget); when not, the engine counts as unreachable."""
+    async def _may_retry_connect(
+        self, retry_connect: bool, attempt: int, exc: BaseException
+    ) -> bool:
+        """A connection could not be made (``exc``): whether to try again (after the backoff,
+        within the budget); when not, the engine counts as unreachable, for the reason
+        :func:`connect_failure` names. A TLS failure is not asked again: the certificate will
+        not have changed."""
         self.budget.record_failure()
-        if not retry_connect or attempt >= self.connect_retries or not self.budget.allow_retry():
+        why = connect_failure(exc)
+        if (
+            not retry_connect
+            or attempt >= self.connect_retries
+            or is_tls_failure(exc)
+            or not self.budget.allow_retry()
+        ):
             self.failures += 1
-            self.unreachable("the connection was refused")
+            self.unreachable(why)
             return False
         delay = self.connect_backoff * (2**attempt)
         self.connect_retries_done += 1
-        log.info("upstream refused the connection; retry %d in %.2f s", attempt + 1, delay)
+        log.info("upstream %s: %s; retry %d in %.2f s", self.base_url, why, attempt + 1, delay)
         await asyncio.sleep(delay)
         return True
 

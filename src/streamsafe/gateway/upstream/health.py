@@ -22,6 +22,7 @@ from collections.abc import Callable
 import httpx2
 
 from streamsafe.gateway.upstream.breaker import EngineBreaker
+from streamsafe.gateway.upstream.connect_failure import connect_failure, is_tls_failure
 from streamsafe.gateway.upstream.kinds import UpstreamKind
 
 __all__ = ["QUIET_HEALTH_TIMEOUT", "EngineHealth"]
@@ -56,6 +57,11 @@ class EngineHealth:
         self.failures = 0
         #: Loop time of the last sign of life (a response, or /health answering).
         self.alive_at = -math.inf
+        #: Why the engine is held down (a refused connection, a TLS failure, ``/health``
+        #: silent), for the callers turned away meanwhile; ``None`` while it is not.
+        self.down_why: str | None = None
+        #: The TLS failure of the last ``/health`` that did not answer, if it was one.
+        self._health_tls: str | None = None
         self._health_check_running: asyncio.Future[int | None] | None = None
         self._probe: asyncio.Task[None] | None = None
         self._health_check: asyncio.Task[None] | None = None
@@ -77,6 +83,7 @@ class EngineHealth:
     def unreachable(self, why: str) -> None:
         """The engine cannot be reached (refused, or ``/health`` silent after a failure or a
         quiet stream): held down as a dead one is, until ``/health`` answers."""
+        self.down_why = why
         if self.breaker.hold(self._clock(), self.probe_interval):
             log.warning(
                 "engine %s down (%s); failing fast until %s answers",
@@ -157,13 +164,14 @@ class EngineHealth:
     async def health(self, within: float | None = None) -> int | None:
         """Status of the upstream's health path (``/health``, Llama Stack's ``/v1/health``), or
         ``None`` if it did not answer ``within`` so many seconds (default: the probe interval, and
-        at least a second)."""
+        at least a second). A TLS failure is kept as the reason the engine is down."""
         try:
             response = await self.client.get(
                 self.kind.health_path,
                 timeout=within if within is not None else max(1.0, self.probe_interval),
             )
-        except httpx2.HTTPError:
+        except httpx2.HTTPError as exc:
+            self._health_tls = connect_failure(exc) if is_tls_failure(exc) else None
             return None
         if _healthy_status(response.status_code):
             self.alive_at = asyncio.get_running_loop().time()
@@ -171,7 +179,7 @@ class EngineHealth:
 
     def _judge(self, status: int | None) -> None:
         if status is None:
-            self.unreachable("/health did not answer")
+            self.unreachable(self._health_tls or "/health did not answer")
         elif status >= 500:
             self.engine_died(f"/health answered {status}")
 
@@ -187,6 +195,7 @@ class EngineHealth:
                 # Where health does not cover the engine, the breaker half-opens: the next
                 # attempt finds out whether the engine behind works.
                 self.breaker.let_go(close=self.kind.health_covers_engine)
+                self.down_why = None
                 log.info(
                     "engine %s back: %s answers; breaker %s",
                     self.base_url,

@@ -17,6 +17,8 @@ from typing import Literal
 import httpx2
 import orjson
 
+from streamsafe.gateway.upstream.connect_failure import connect_failure
+
 __all__ = [
     "KIND_NAMES",
     "PROBE_PATHS",
@@ -174,6 +176,8 @@ async def probe_kind(
     while (path := next_probe(probes)) is not None:
         try:
             response = await client.get(base_url + path)
+        except httpx2.ConnectError as exc:  # a TLS failure named as one
+            probes[path] = ProbeResult(None, reason=connect_failure(exc)[:200])
         except httpx2.HTTPError as exc:
             probes[path] = ProbeResult(None, reason=f"{type(exc).__name__}: {exc}"[:200])
         else:
