@@ -44,39 +44,54 @@ def _while_the_first_runs(s: Stack, body: dict[str, object]) -> list[httpx2.Resp
 @pytest.mark.parametrize(
     "determined", [{"temperature": 0}, {"temperature": "0.0"}, {"seed": 7}, {"seed": "7"}]
 )
+@pytest.mark.parametrize("stream", [True, False])
 def test_identical_deterministic_requests_share_one_generation_by_default(
-    determined: dict[str, object],
+    determined: dict[str, object], stream: bool
 ) -> None:
     # Behind a server a client's retry arrives unmarked; a greedy or seeded request has one
-    # answer, so sharing it is always safe.
+    # answer, so sharing it is always safe, streamed or not.
     with make_stack(fast_sim(itl_ms=10.0)) as s:
-        body = {**chat_body("same prompt", max_tokens=30, stream=False), **determined}
+        body = {**chat_body("same prompt", max_tokens=30, stream=stream), **determined}
         out = _while_the_first_runs(s, body)
         assert [r.status_code for r in out] == [200, 200]
-        texts = [r.json()["choices"][0]["message"]["content"] for r in out]
-        assert texts[0] == texts[1]
         assert s.sim.stats()["generations_started"] == 1
         assert s.gw.stats()["attached"] == 1
 
 
-def test_collapse_identical_off_keeps_even_deterministic_requests_apart() -> None:
-    with make_stack(fast_sim(itl_ms=10.0), collapse_identical="off") as s:
-        body = {**chat_body("same prompt", max_tokens=30, stream=False), "temperature": 0}
-        _while_the_first_runs(s, body)
-        assert s.sim.stats()["generations_started"] == 2
-
-
-def test_identical_unmarked_requests_stay_apart_by_default() -> None:
+def test_identical_sampled_plain_calls_share_one_generation_by_default() -> None:
+    # A server (OGX, Llama Stack) runs a plain call on after its client gave up, and sends the
+    # client's retry on as a fresh call: the retry finds the first copy and waits for it.
     with make_stack(fast_sim(itl_ms=10.0)) as s:
         body = chat_body("same prompt", max_tokens=30, stream=False)
-        out: list[httpx2.Response] = []
-        first = threading.Thread(target=_post_json, args=(s.url, body, out))
-        first.start()
-        wait_for(lambda: s.sim.stats()["active"] == 1, what="the first copy runs")
-        _post_json(s.url, body, out)
-        first.join(20)
+        out = _while_the_first_runs(s, body)
+        texts = [r.json()["choices"][0]["message"]["content"] for r in out]
+        assert texts[0] == texts[1]
+        assert s.sim.stats()["generations_started"] == 1
+
+
+def test_identical_sampled_streams_stay_apart_by_default() -> None:
+    # A server cancels an abandoned stream: an identical sampled stream is a new wish for a
+    # sample, running or not.
+    with make_stack(fast_sim(itl_ms=10.0)) as s:
+        body = chat_body("same prompt", max_tokens=30, stream=True)
+        _while_the_first_runs(s, body)
         assert s.sim.stats()["generations_started"] == 2
         assert s.gw.stats()["attached"] == 0
+
+
+@pytest.mark.parametrize(
+    ("setting", "body", "joined"),
+    [
+        ("deterministic", chat_body("p", max_tokens=30, stream=False), False),
+        ("deterministic", {**chat_body("p", max_tokens=30), "temperature": 0}, True),
+        ("off", {**chat_body("p", max_tokens=30, stream=False), "temperature": 0}, False),
+        ("all", chat_body("p", max_tokens=30, stream=True), True),
+    ],
+)
+def test_collapse_identical_settings(setting: str, body: dict[str, object], joined: bool) -> None:
+    with make_stack(fast_sim(itl_ms=10.0), collapse_identical=setting) as s:
+        _while_the_first_runs(s, body)
+        assert s.sim.stats()["generations_started"] == (1 if joined else 2)
 
 
 def test_collapse_identical_attaches_a_fresh_call_to_the_running_copy() -> None:

@@ -89,7 +89,7 @@ def _position(
             config = GatewayConfig(
                 upstream=engine.url,
                 upstream_kind="vllm",
-                collapse_identical="all" if position == "behind-collapse" else "deterministic",
+                collapse_identical="all" if position == "behind-collapse" else "auto",
                 engine_refusals="answer" if position == "behind-answer" else "wait",
             )
             gateway = Gateway(config)

@@ -101,13 +101,14 @@ def add_upstreams(group: Options) -> None:
         "--collapse-identical",
         nargs="?",
         const="all",
-        default="deterministic",
-        choices=("deterministic", "all", "off"),
+        default="auto",
+        choices=("auto", "deterministic", "all", "off"),
         help="attach an identical request of one tenant to a running generation, or one "
         "finished within --grace, even without a retry marker (behind a server a client's retry "
-        "comes as a fresh call): deterministic (default) for greedy or seeded requests, whose "
-        "answer sharing changes nothing; all (the bare flag) sampled ones too, which then share "
-        "one sample; off",
+        "comes as a fresh call): auto (default) for greedy or seeded requests, whose answer "
+        "sharing changes nothing, and plain calls, which a server runs on after its client left; "
+        "deterministic for greedy or seeded ones only; all (the bare flag) sampled streams too; "
+        "off",
     )
 
 

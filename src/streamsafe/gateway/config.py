@@ -19,9 +19,10 @@ UpstreamKindSetting = Literal["auto", "vllm", "ogx", "llama-stack", "openai"]
 CommitMode = Literal["early", "first-token"]
 
 #: Which identical requests (same tenant, same body, no retry marker) share one generation
-#: (``GatewayConfig.collapse_identical``): ``deterministic`` (default) those with one answer,
-#: greedy or seeded; ``all`` sampled ones too; ``off`` none.
-CollapseSetting = Literal["deterministic", "all", "off"]
+#: (``GatewayConfig.collapse_identical``): ``auto`` (default) those with one answer, greedy or
+#: seeded, and plain calls; ``deterministic`` those with one answer only; ``all`` every one;
+#: ``off`` none.
+CollapseSetting = Literal["auto", "deterministic", "all", "off"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -47,13 +48,14 @@ class GatewayConfig:
     #: Attach a request to a generation of the same tenant with a byte-identical body even when
     #: it carries no retry marker, while that generation runs or up to ``grace`` seconds after
     #: it finished. Behind a server (OGX, Llama Stack) a client's retry arrives as a fresh call
-    #: with no marker; this makes it one generation. Default ``deterministic``: only requests
-    #: whose answer is determined (greedy, ``temperature`` 0, or seeded), where sharing changes
-    #: no answer, so it is always safe; sampled requests stay independent (two calls may want two
-    #: samples) and admission alone protects the engine from their copies. ``all``: sampled ones
-    #: too, at the price that two users who send the same sampled prompt within that window get
-    #: the same sample. ``off``: none.
-    collapse_identical: CollapseSetting = "deterministic"
+    #: with no marker; this makes it one generation. Default ``auto``: requests whose answer is
+    #: determined (greedy, ``temperature`` 0, or seeded), where sharing changes no answer, and
+    #: plain calls, which a server runs to the end after its client gave up (so the client's
+    #: retry finds the first copy running or just finished; two users who send the same sampled
+    #: plain call within that window get one sample); sampled streams stay independent (a server
+    #: cancels an abandoned stream, so a duplicate stream is a new wish for a sample).
+    #: ``deterministic``: determined ones only; ``all``: sampled streams too; ``off``: none.
+    collapse_identical: CollapseSetting = "auto"
     #: Seconds a generation keeps running after its last subscriber left (default 5: long enough
     #: for a client to reconnect and resume, short enough that abandoned work is freed). 0 aborts
     #: at once.
@@ -224,9 +226,9 @@ class GatewayConfig:
             # in the transport; infinity is no number of seconds either (None says "none").
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{field.name} must be a finite number, not {value}")
-        if self.collapse_identical not in ("deterministic", "all", "off"):
+        if self.collapse_identical not in ("auto", "deterministic", "all", "off"):
             raise ValueError(
-                "collapse_identical must be 'deterministic', 'all' or 'off', "
+                "collapse_identical must be 'auto', 'deterministic', 'all' or 'off', "
                 f"not {self.collapse_identical!r}"
             )
         if self.commit not in ("early", "first-token"):

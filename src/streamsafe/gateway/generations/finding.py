@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from streamsafe.gateway.config import GatewayConfig
+from streamsafe.gateway.config import CollapseSetting, GatewayConfig
 from streamsafe.gateway.errors import KeyReused, LiveDuplicate
 from streamsafe.gateway.generations.fleet import Reach
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
@@ -34,6 +34,20 @@ def claim_key(req: GenerationRequest) -> str | None:
     if req.idempotency_key is None:
         return None
     return f"k\x00{req.tenant}\x00{req.idempotency_key}"
+
+
+def collapses(setting: CollapseSetting, req: GenerationRequest) -> bool:
+    """Whether an unmarked request without a key may join an identical one (see
+    ``GatewayConfig.collapse_identical``): ``auto`` (default) where its answer is determined
+    (greedy or seeded: sharing it changes no answer) or it is a plain call (behind a server a
+    client's retry of a plain call comes as a fresh call while the server still runs the first
+    one; a sampled stream's copy the server cancelled, so a duplicate stream is a new wish for a
+    sample); ``deterministic`` the determined ones only; ``all`` every one; ``off`` none."""
+    if setting == "all":
+        return True
+    if setting == "off":
+        return False
+    return req.deterministic or (setting == "auto" and not req.stream)
 
 
 class Finding:
@@ -103,8 +117,8 @@ class Finding:
 
     async def by_body(self, req: GenerationRequest, reach: Reach) -> Generation | None:
         """For a request without a key: the generation an unkeyed retry or a resume continues,
-        or (``collapse_identical``: a deterministic one by default) the one an identical request
-        joins; ``None`` for none."""
+        or (``collapse_identical``, see :func:`collapses`) the one an identical request joins;
+        ``None`` for none."""
         resume = req.last_event_id is not None
         if req.retry or resume:
             found = self._generations.by_body(req.tenant, req.fingerprint)
@@ -117,8 +131,7 @@ class Finding:
             if found is not None and (resume or found.live or found.state is State.DONE):
                 return found
             return None
-        collapse = self._config.collapse_identical
-        if collapse == "all" or (collapse == "deterministic" and req.deterministic):
+        if collapses(self._config.collapse_identical, req):
             return self._identical(req)
         return None
 
