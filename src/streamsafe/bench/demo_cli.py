@@ -208,7 +208,7 @@ def _vllm_main(args: argparse.Namespace) -> int:
     console.print(
         f"[bold]streamsafe demo --engine vllm[/]: the real vLLM 0.32 (CPU) serving the tiny "
         f"model; {settings.calls} concurrent plain chats (timeout {settings.timeout_s:g} s, 2 "
-        "retries) while the engine is busy past their timeout; then "
+        f"retries) while the engine is busy {settings.stall_s:g} s on every path; then "
         f"{settings.cuts} greedy streams of {settings.cut_tokens} tokens cut at random points "
         "between the gateway and vLLM. Starting vLLM (30-60 s)..."
     )
@@ -229,7 +229,8 @@ def _vllm_main(args: argparse.Namespace) -> int:
         return 2
     storm = Table(
         title=f"the report's storm against the real vLLM (client timeout "
-        f"{result['client_timeout_s']:g} s, 2 retries)"
+        f"{result['client_timeout_s']:g} s, 2 retries; the engine busy "
+        f"{settings.stall_s:g} s on every path)"
     )
     for header in ("path", "calls", "vLLM requests", "per call", "exact", "errors", "seconds"):
         storm.add_column(header, justify="left" if header in ("path", "errors") else "right")
