@@ -21,6 +21,7 @@ from streamsafe.gateway.errors import (
     NotResumable,
     ResumePastEnd,
     error_body,
+    send_failure,
     shutting_down,
 )
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest
@@ -167,13 +168,7 @@ class Completions:
         except Draining:
             raise shutting_down() from None
         except EngineRefused as exc:
-            failure = exc.failure
-            ra = (
-                []
-                if failure.retry_after is None
-                else [(b"retry-after", b"%d" % failure.retry_after)]
-            )
-            await respond(send, failure.status, failure.body, headers=ra)
+            await send_failure(send, exc.failure)
             return None
         except Shed as exc:
             self._registry.counters.shed += 1

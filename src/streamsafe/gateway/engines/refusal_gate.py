@@ -1,0 +1,156 @@
+"""Refused calls waiting together for one engine: the asyncio shell around
+:mod:`.refusal_backoff` (see docs/design.md, Commit: refusals wait together).
+
+An engine that answered 429 or 503 before any work is full. Its refused calls, and new calls
+that arrive while it refuses, park here instead of asking it: one at a time, on the engine's
+schedule, a call is let through as the probe. The probe admitted (its first token) opens the
+gate as the engine admits: one call at first, twice as many after each admission, so a
+recovering engine is not hit by every waiter at once. The probe refused, the next one waits for
+the engine's next turn. A call that cannot ask again within its own bounds (asks, deadline)
+gives up at once, with the ``Retry-After`` of the engine's next probe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+
+from streamsafe.gateway.engines.refusal_backoff import RefusalRules, Refusing, next_turn
+
+__all__ = ["MOST_RELEASED", "RefusalGate", "RefusedCall"]
+
+#: The most calls let through at once while an engine recovers (the doubling stops there).
+MOST_RELEASED = 64
+
+
+class RefusedCall:
+    """One generation's asks of a refusing engine: when it asked while refused (the bounds of
+    :func:`~.refusal_backoff.next_turn` count them), and whether the gate let it through and
+    awaits its outcome."""
+
+    __slots__ = ("asks", "gate")
+
+    def __init__(self) -> None:
+        #: Clock readings of its asks that were refused.
+        self.asks: tuple[float, ...] = ()
+        #: The gate it went through and whose outcome is not known yet.
+        self.gate: RefusalGate | None = None
+
+
+class RefusalGate:
+    """One engine's refused calls (see the module). ``clock`` and ``rand`` (a draw in
+    ``[0, 1)`` for the jitter) are injectable for tests."""
+
+    def __init__(
+        self,
+        rules: RefusalRules | None = None,
+        clock: Callable[[], float] | None = None,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.rules = rules or RefusalRules()
+        self._clock = clock
+        self._rand = rand
+        #: The engine's refusal state; ``None`` while it admits.
+        self.state: Refusing | None = None
+        #: The status of its latest refusal (429: rate limited, 503: overloaded).
+        self.status = 503
+        #: Calls let through whose outcome is not known yet.
+        self._in_flight = 0
+        #: How many may be in flight at once while the engine admits again.
+        self._released = 1
+        self._waiting = 0
+        self._changed: list[asyncio.Future[None]] = []
+
+    @property
+    def active(self) -> bool:
+        """True while the engine refuses or calls still wait here: a new call parks too."""
+        return self.state is not None or self._waiting > 0
+
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
+
+    def retry_after(self) -> float:
+        """Seconds until the engine is asked again (at least 1)."""
+        state = self.state
+        return 1.0 if state is None else state.retry_after(self._now())
+
+    async def turn(self, call: RefusedCall, deadline: float | None) -> float | None:
+        """Wait until ``call`` may ask the engine: ``None`` when it goes now (the gate then
+        awaits its outcome: :meth:`refused`, :meth:`admitted` or :meth:`done`), else the
+        seconds its caller is told to wait (it gives up)."""
+        self._waiting += 1
+        try:
+            while True:
+                now = self._now()
+                turn = next_turn(self.state, call.asks, now, deadline, self.rules)
+                if not turn.go:
+                    return turn.retry_after
+                limit = 1 if self.state is not None else self._released
+                if turn.at <= now and self._in_flight < limit:
+                    self._in_flight += 1
+                    call.gate = self
+                    return None
+                await self._wait_change(turn.at - now if turn.at > now else None)
+        finally:
+            self._waiting -= 1
+            self._settle()
+
+    def refused(self, call: RefusedCall, status: int, retry_after: float | None) -> None:
+        """The engine refused ``call``'s ask now with ``status`` (429 or 503), saying
+        ``retry_after`` seconds or nothing: it is full again, and the gate closes until its next
+        turn."""
+        self.status = status
+        now = self._now()
+        call.asks = (*call.asks, now)
+        self._land(call)
+        state = self.state or Refusing()
+        self.state = state.refused(now, retry_after, self._rand(), self.rules)
+        self._released = 1
+        self._wake()
+
+    def admitted(self, call: RefusedCall | None) -> None:
+        """The engine admitted a call (its first token came): the gate opens, twice as wide
+        as after the last admission while calls wait."""
+        if call is not None:
+            self._land(call)
+        if self.state is not None:
+            self.state = None
+            self._released = 1
+        elif self._waiting:
+            self._released = min(MOST_RELEASED, self._released * 2)
+        self._wake()
+
+    def done(self, call: RefusedCall) -> None:
+        """``call``'s ask ended otherwise (failed, cancelled): its place goes to the next."""
+        if call.gate is self:
+            self._land(call)
+            self._wake()
+
+    def _land(self, call: RefusedCall) -> None:
+        if call.gate is self:
+            call.gate = None
+            self._in_flight -= 1
+
+    def _settle(self) -> None:
+        # Nobody waits and the engine admits: back to letting everything through.
+        if not self._waiting and self.state is None:
+            self._released = 1
+
+    async def _wait_change(self, within: float | None) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._changed.append(fut)
+        try:
+            async with asyncio.timeout(within):
+                await fut
+        except TimeoutError:
+            pass
+        finally:
+            if fut in self._changed:
+                self._changed.remove(fut)
+
+    def _wake(self) -> None:
+        waiters, self._changed = self._changed, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)

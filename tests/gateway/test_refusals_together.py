@@ -1,0 +1,148 @@
+"""Refused calls wait together (gateway/engines/refusal_gate.py, docs/design.md, Commit): an
+engine that answered 429/503 is full; its waiting calls park in the gateway and one probe per
+engine asks again, with backoff and jitter; past their bounds they fail together with the
+refusal, ``Retry-After`` and ``x-should-retry: false``, and a request with the same body is
+answered from that while the engine still refuses."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx2
+import pytest
+from gateway_helpers import MODEL, fast_sim, make_stack
+
+from streamsafe import Client, RetryPolicy, ServiceUnavailableError, StreamingConfig
+from streamsafe.engine_sim import Fault
+from streamsafe.gateway.engines.refusal_backoff import RefusalRules
+from streamsafe.gateway.engines.refusal_gate import RefusalGate, RefusedCall
+
+pytestmark = pytest.mark.timeout(60)
+
+#: vLLM's own 503 past --max-num-queued-reqs: no Retry-After.
+REFUSE_ALL = "status:503:1:none"
+
+#: Fast rules for the shell: the same shape, in hundredths of a second.
+FAST = RefusalRules(
+    window=0.05, backoff=RetryPolicy(initial_delay=0.01, max_delay=0.02, max_retry_after=0.05)
+)
+
+
+# -- the shell --------------------------------------------------------------------------------
+
+
+async def test_one_probe_asks_at_a_time_and_an_admission_lets_the_others_go_gradually() -> None:
+    gate = RefusalGate(FAST, rand=lambda: 0.5)
+    loop = asyncio.get_running_loop()
+    asking = 0
+    most_asking_while_refused = 0
+    refusals_left = 6
+    asked_when_admitted: list[int] = []
+
+    async def engine(call: RefusedCall) -> None:
+        # Refuses the first asks, then admits each call (its first token comes).
+        nonlocal asking, most_asking_while_refused, refusals_left
+        asking += 1
+        if gate.state is not None:
+            most_asking_while_refused = max(most_asking_while_refused, asking)
+        await asyncio.sleep(0.005)
+        asking -= 1
+        if refusals_left:
+            refusals_left -= 1
+            gate.refused(call, 503, None)
+        else:
+            asked_when_admitted.append(asking)
+            gate.admitted(call)
+
+    async def one() -> float | None:
+        call = RefusedCall()
+        while True:
+            wait = await gate.turn(call, loop.time() + 5.0)
+            if wait is not None:
+                return wait
+            await engine(call)
+            if call.gate is None and gate.state is None:
+                return None  # admitted
+
+    first = RefusedCall()
+    gate.refused(first, 503, None)  # the engine refused a first call: the gate closes
+    results = await asyncio.wait_for(asyncio.gather(*(one() for _ in range(8))), 10)
+    assert results == [None] * 8  # every one admitted in the end
+    assert most_asking_while_refused == 1  # one probe at a time while the engine refused
+    assert gate.state is None and not gate.active
+
+
+async def test_waiters_fail_together_with_the_next_probe_s_retry_after() -> None:
+    gate = RefusalGate(RefusalRules(), rand=lambda: 0.999)
+    loop = asyncio.get_running_loop()
+    first = RefusedCall()
+    gate.refused(first, 429, 8.0)  # Retry-After 8 s: past every waiter's deadline
+    waits = await asyncio.wait_for(
+        asyncio.gather(*(gate.turn(RefusedCall(), loop.time() + 2.0) for _ in range(5))), 5
+    )
+    assert all(w is not None and 7.0 < w <= 8.0 for w in waits)  # at once, not at 2 s
+    assert gate.status == 429
+
+
+# -- through the gateway ----------------------------------------------------------------------
+
+
+def _chat(content: str, stream: bool = True) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 4,
+        "stream": stream,
+    }
+
+
+def test_calls_an_engine_refuses_wait_together_and_fail_together() -> None:
+    """8 streams and plain calls at once against an engine that refuses everything (503, no
+    Retry-After): each asks once, then one probe at a time asks again; all get the refusal
+    with Retry-After and x-should-retry: false. Before, each polled the engine every second
+    until the queue timeout (8 calls x 4 asks in 3 s)."""
+    sim = fast_sim(faults=(Fault.parse(REFUSE_ALL),))
+    with make_stack(sim, queue_timeout=3.0) as s:
+        bodies = [_chat(f"together {i}", stream=i % 2 == 0) for i in range(8)]
+        with ThreadPoolExecutor(8) as pool, httpx2.Client(timeout=30) as http:
+            answers = list(
+                pool.map(lambda b: http.post(s.url + "/v1/chat/completions", json=b), bodies)
+            )
+        for r in answers:
+            assert r.status_code == 503, r.text
+            assert r.headers["x-should-retry"] == "false"
+            assert int(r.headers["retry-after"]) >= 1
+            assert r.json()["error"]["code"] == 503
+        received = s.sim.stats()["requests_received"]
+        # Their first asks (some may arrive after the first refusal and wait without one), then
+        # at most 6 probes in the 3 s (never 4 within 3 s: at most 4 here).
+        assert received <= len(bodies) + 4, received
+
+        # The same body again, marked as a retry or not: answered from the refusal at once.
+        again = httpx2.post(s.url + "/v1/chat/completions", json=bodies[0], timeout=10)
+        assert again.status_code == 503 and again.headers["x-should-retry"] == "false"
+        assert s.sim.stats()["requests_received"] == received
+        assert s.gw.stats()["refusals_answered"] == 1
+
+
+def test_one_call_never_admitted_asks_at_most_6_times_then_gets_the_refusal() -> None:
+    sim = fast_sim(faults=(Fault.parse(REFUSE_ALL),))
+    with make_stack(sim, queue_timeout=8.0) as s:
+        r = httpx2.post(s.url + "/v1/chat/completions", json=_chat("alone"), timeout=30)
+        assert r.status_code == 503 and r.headers["x-should-retry"] == "false"
+        assert 2 <= s.sim.stats()["requests_received"] <= 6
+
+
+def test_the_streamsafe_client_does_not_turn_the_gateways_refusal_into_another_round() -> None:
+    # The gateway waited its round: its 503 says x-should-retry: false, so the client (which
+    # would retry a 503 on a stream: nothing started) raises it at once instead of retrying.
+    sim = fast_sim(faults=(Fault.parse(REFUSE_ALL),))
+    with make_stack(sim, queue_timeout=1.0) as s:
+        client = Client(base_url=s.url + "/v1", max_retries=2, streaming=StreamingConfig())
+        with client, pytest.raises(ServiceUnavailableError):
+            for _ in client.chat.completions.create(**_chat("client")):
+                pass
+        gw = s.gw.stats()
+        assert gw["refusals_answered"] == 0  # no retry reached the gateway
