@@ -33,11 +33,12 @@ class _Call:
 
 
 def _run(
-    arrivals: list[float], draws: list[float], retry_after: float | None
+    arrivals: list[float], draws: list[float], retry_after: float | None, burst: int = 1
 ) -> tuple[list[_Call], list[float]]:
-    """An engine refusing every ask; calls arriving at ``arrivals`` (the first asks at once,
-    the engine being clear), each asking when :func:`next_turn` lets it, one at a time (the
-    earliest turn first). Returns the calls and every ask the engine saw."""
+    """An engine refusing every ask; calls arriving at ``arrivals``: the first ``burst`` ask
+    at once (they asked before any refusal came back), then each asks when :func:`next_turn`
+    lets it, one at a time (the earliest turn first). Returns the calls and every ask the
+    engine saw."""
     calls = [_Call(t, t + QUEUE_TIMEOUT) for t in sorted(arrivals)]
     engine: Refusing | None = None
     seen: list[float] = []
@@ -49,7 +50,8 @@ def _run(
         call.asks = (*call.asks, now)
         engine = (engine or Refusing()).refused(now, retry_after, next(draw, 0.5), RULES)
 
-    ask(calls[0], calls[0].arrives)
+    for call in calls[:burst]:
+        ask(call, calls[0].arrives)
     now = calls[0].arrives
     while True:
         waiting = [c for c in calls if c.gave_up is None]
@@ -135,3 +137,23 @@ def test_a_call_gives_up_at_once_where_the_next_probe_is_past_its_deadline() -> 
     assert soon.go and soon.at == 10.0
     spent = next_turn(None, (0.0,) * 6, 1.0, deadline=20.0, rules=RULES)
     assert not spent.go
+
+
+@settings(max_examples=200)
+@given(
+    st.integers(2, 8),
+    st.lists(st.floats(0, 0.999), min_size=60, max_size=60),
+    st.one_of(st.none(), st.floats(0, 30)),
+)
+def test_a_burst_that_asked_before_any_refusal_keeps_every_call_within_its_bounds(
+    burst: int, draws: list[float], retry_after: float | None
+) -> None:
+    calls, seen = _run([0.0] * burst, draws, retry_after, burst=burst)
+    for call in calls:
+        assert 1 <= len(call.asks) <= RULES.most_asks
+        assert _most_within(list(call.asks), RULES.window) <= RULES.window_asks
+    # Past the burst's own asks, one probe at a time: never 4 more within 3 s.
+    probes = seen[burst:]
+    assert _most_within(probes, RULES.window) <= RULES.window_asks
+    if burst >= RULES.window_asks:  # the burst filled the window already
+        assert all(t >= RULES.window for t in probes)

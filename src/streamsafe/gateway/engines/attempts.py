@@ -49,6 +49,7 @@ class Attempts:
     """One generation's attempts across the engines (see the module)."""
 
     __slots__ = (
+        "_admitted",
         "_cost",
         "_counters",
         "_current",
@@ -96,8 +97,9 @@ class Attempts:
         self._failed_why = ""
         self._started = engines.clock()
         self.attempts = 0
-        #: Whether the current attempt's shed was told to its engine's gate already.
-        self._shed_noted = False
+        #: Whether the current attempt's shed, or its admission, was told to its engine's
+        #: gate already.
+        self._shed_noted = self._admitted = False
         #: This generation's asks of engines that refuse (see :mod:`.refusal_gate`).
         self.refused_call = RefusedCall()
 
@@ -283,7 +285,7 @@ class Attempts:
             _moved(logging.WARNING, "migration", self._gen, cut_from, engine, "stream cut")
         self._current = engine
         self._verdict = False
-        self._shed_noted = False
+        self._shed_noted = self._admitted = False
         self._hold(engine)
         self.attempts += 1
         gen = self._gen
@@ -320,10 +322,21 @@ class Attempts:
         if self.answering_model is None:
             self.answering_model = self._engines.pool.answering(self.model, engine)
         self._engines.upstreams[engine.index].succeeded()
+        self.admitted()
+
+    def admitted(self) -> None:
+        """The engine took the current attempt (a first token; for a plain call, its 200):
+        its refusal gate opens, and the generation no longer waits to be refused. Told once
+        per attempt."""
+        engine = self._current
+        if engine is None or self._admitted:
+            return
+        self._admitted = True
         self._engines.gates[engine.index].admitted(self.refused_call)
-        if self._gen is not None and self._gen.refused:
-            self._gen.refused = False
-            self._gen.wake()
+        gen = self._gen
+        if gen is not None and gen.refused:
+            gen.refused = False
+            gen.wake()
 
     def succeeded(self) -> None:
         """The answer ended whole."""

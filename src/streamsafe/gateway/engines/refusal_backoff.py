@@ -59,7 +59,7 @@ class Refusing:
     makes the next one (:meth:`refused`)."""
 
     refusals: int = 0
-    """Refusals in a row (the backoff's exponent)."""
+    """Refusals in a row of the asks its schedule sent (the backoff's exponent)."""
     next_at: float = 0.0
     """The earliest clock reading at which the engine is asked again."""
     asks: tuple[float, ...] = ()
@@ -71,13 +71,22 @@ class Refusing:
         """The engine refused an ask at ``now`` (saying ``retry_after`` seconds, or nothing);
         ``rand`` is a draw in ``[0, 1)`` for the jitter."""
         asks = (*self.asks, now)[-rules.window_asks :]
-        wait = rules.backoff.backoff(self.refusals, rand)
+        asked = 0.0
         if retry_after is not None and math.isfinite(retry_after):
-            wait = max(wait, min(max(retry_after, 0.0), rules.backoff.max_retry_after))
-        at = now + wait
+            asked = min(max(retry_after, 0.0), rules.backoff.max_retry_after)
+        if self.refusals and now < self.next_at:
+            # An ask the schedule did not send (a call that asked before it met the refusal,
+            # a burst's first asks): it says what the last probe's refusal said, so it neither
+            # grows the backoff nor moves the next probe, but for its Retry-After and the window.
+            refusals, at = self.refusals, max(self.next_at, now + asked)
+        else:
+            refusals, at = (
+                self.refusals + 1,
+                now + max(rules.backoff.backoff(self.refusals, rand), asked),
+            )
         if len(asks) >= rules.window_asks:
             at = max(at, asks[0] + rules.window)
-        return Refusing(self.refusals + 1, at, asks)
+        return Refusing(refusals, at, asks)
 
     def retry_after(self, now: float) -> float:
         """Seconds until the engine is asked again, at least 1: the ``Retry-After`` its refused

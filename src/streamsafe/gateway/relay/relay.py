@@ -403,6 +403,7 @@ class Relay:
                 if not isinstance(opened, httpx2.Response):
                     return opened
                 response = opened
+                attempts.admitted()  # a plain refusal comes as a status: a 200 took it
                 gen.wake()  # upstream accepted the request
                 body = await response.aread()
                 attempts.served()
