@@ -38,22 +38,23 @@ async def test_one_probe_asks_at_a_time_and_an_admission_lets_the_others_go_grad
     loop = asyncio.get_running_loop()
     asking = 0
     most_asking_while_refused = 0
+    most_asking_after = 0
     refusals_left = 6
-    asked_when_admitted: list[int] = []
 
     async def engine(call: RefusedCall) -> None:
         # Refuses the first asks, then admits each call (its first token comes).
-        nonlocal asking, most_asking_while_refused, refusals_left
+        nonlocal asking, most_asking_while_refused, most_asking_after, refusals_left
         asking += 1
-        if gate.state is not None:
+        if refusals_left:
             most_asking_while_refused = max(most_asking_while_refused, asking)
+        else:
+            most_asking_after = max(most_asking_after, asking)
         await asyncio.sleep(0.005)
         asking -= 1
         if refusals_left:
             refusals_left -= 1
             gate.refused(call, 503, None)
         else:
-            asked_when_admitted.append(asking)
             gate.admitted(call)
 
     async def one() -> float | None:
@@ -71,6 +72,8 @@ async def test_one_probe_asks_at_a_time_and_an_admission_lets_the_others_go_grad
     results = await asyncio.wait_for(asyncio.gather(*(one() for _ in range(8))), 10)
     assert results == [None] * 8  # every one admitted in the end
     assert most_asking_while_refused == 1  # one probe at a time while the engine refused
+    # Then as the engine admits: 1, 2, 4 at once, never the 7 left all together.
+    assert 1 <= most_asking_after <= 4
     assert gate.state is None and not gate.active
 
 
@@ -84,6 +87,28 @@ async def test_waiters_fail_together_with_the_next_probe_s_retry_after() -> None
     )
     assert all(w is not None and 7.0 < w <= 8.0 for w in waits)  # at once, not at 2 s
     assert gate.status == 429
+
+
+async def test_a_generation_that_ends_on_the_engine_lets_the_next_probe_go_at_once() -> None:
+    gate = RefusalGate(RefusalRules(), rand=lambda: 0.999)
+    loop = asyncio.get_running_loop()
+    gate.refused(RefusedCall(), 503, 8.0)  # the next probe in 8 s
+    waiting = asyncio.create_task(gate.turn(RefusedCall(), loop.time() + 20.0))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    gate.room_made()  # one of its generations ended: it has room
+    assert await asyncio.wait_for(waiting, 1) is None
+
+
+async def test_an_ask_not_refused_within_the_patience_counts_as_admitted() -> None:
+    gate = RefusalGate(FAST, rand=lambda: 0.0, patience=0.01)
+    loop = asyncio.get_running_loop()
+    gate.refused(RefusedCall(), 503, None)
+    probe = RefusedCall()
+    assert await gate.turn(probe, loop.time() + 5) is None  # goes, then hears nothing
+    behind = RefusedCall()
+    assert await asyncio.wait_for(gate.turn(behind, loop.time() + 5), 1) is None
+    assert gate.state is None  # taken as admitted: the engine queued it
 
 
 # -- through the gateway ----------------------------------------------------------------------

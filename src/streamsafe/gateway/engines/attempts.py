@@ -312,6 +312,8 @@ class Attempts:
         if held is not None:
             self._engines.loads[held.index].memory -= self._cost
             self._engines.room_made()
+            if self._admitted:  # it ran there: the engine has room for one more
+                self._engines.gates[held.index].room_made()
 
     def served(self) -> None:
         """The first token arrived: the engine works (its breaker closes), and the answer's

@@ -88,6 +88,12 @@ class Refusing:
             at = max(at, asks[0] + rules.window)
         return Refusing(refusals, at, asks)
 
+    def room(self, now: float) -> Refusing:
+        """A generation the engine ran ended at ``now``: it has room for one more, so the next
+        probe goes now rather than on the backoff's schedule (each ask a completion earned is
+        no hammering; a call's own bounds still hold)."""
+        return dataclasses.replace(self, next_at=min(self.next_at, now))
+
     def retry_after(self, now: float) -> float:
         """Seconds until the engine is asked again, at least 1: the ``Retry-After`` its refused
         callers get."""

@@ -8,6 +8,12 @@ gate as the engine admits: one call at first, twice as many after each admission
 recovering engine is not hit by every waiter at once. The probe refused, the next one waits for
 the engine's next turn. A call that cannot ask again within its own bounds (asks, deadline)
 gives up at once, with the ``Retry-After`` of the engine's next probe.
+
+What counts as admitted: the first token (a plain call's 200), or no refusal within
+:data:`PROBE_PATIENCE` of the ask (an engine refuses at once, vLLM in milliseconds; one that
+took the request may queue it for long before its first token, and the calls behind it should
+not wait for that). A generation the engine ran that ends makes room: the next probe goes at
+once (:meth:`RefusalGate.room_made`).
 """
 
 from __future__ import annotations
@@ -18,10 +24,12 @@ from collections.abc import Callable
 
 from streamsafe.gateway.engines.refusal_backoff import RefusalRules, Refusing, next_turn
 
-__all__ = ["MOST_RELEASED", "RefusalGate", "RefusedCall"]
+__all__ = ["MOST_RELEASED", "PROBE_PATIENCE", "RefusalGate", "RefusedCall"]
 
 #: The most calls let through at once while an engine recovers (the doubling stops there).
 MOST_RELEASED = 64
+#: Seconds after which an ask not refused counts as admitted (see the module).
+PROBE_PATIENCE = 0.5
 
 
 class RefusedCall:
@@ -29,13 +37,15 @@ class RefusedCall:
     :func:`~.refusal_backoff.next_turn` count them), and whether the gate let it through and
     awaits its outcome."""
 
-    __slots__ = ("asks", "gate")
+    __slots__ = ("asks", "gate", "patience")
 
     def __init__(self) -> None:
         #: Clock readings of its asks that were refused.
         self.asks: tuple[float, ...] = ()
         #: The gate it went through and whose outcome is not known yet.
         self.gate: RefusalGate | None = None
+        #: The timer that counts it admitted if no refusal comes (:data:`PROBE_PATIENCE`).
+        self.patience: asyncio.TimerHandle | None = None
 
 
 class RefusalGate:
@@ -47,8 +57,10 @@ class RefusalGate:
         rules: RefusalRules | None = None,
         clock: Callable[[], float] | None = None,
         rand: Callable[[], float] = random.random,
+        patience: float = PROBE_PATIENCE,
     ) -> None:
         self.rules = rules or RefusalRules()
+        self.patience = patience
         self._clock = clock
         self._rand = rand
         #: The engine's refusal state; ``None`` while it admits.
@@ -90,6 +102,8 @@ class RefusalGate:
                 if turn.at <= now and self._in_flight < limit:
                     self._in_flight += 1
                     call.gate = self
+                    loop = asyncio.get_running_loop()
+                    call.patience = loop.call_later(self.patience, self._not_refused, call)
                     return None
                 await self._wait_change(turn.at - now if turn.at > now else None)
         finally:
@@ -121,16 +135,31 @@ class RefusalGate:
             self._released = min(MOST_RELEASED, self._released * 2)
         self._wake()
 
+    def room_made(self) -> None:
+        """A generation the engine ran ended: the next probe goes now."""
+        state = self.state
+        if state is not None:
+            self.state = state.room(self._now())
+            self._wake()
+
     def done(self, call: RefusedCall) -> None:
         """``call``'s ask ended otherwise (failed, cancelled): its place goes to the next."""
         if call.gate is self:
             self._land(call)
             self._wake()
 
+    def _not_refused(self, call: RefusedCall) -> None:
+        call.patience = None
+        if call.gate is self:
+            self.admitted(call)
+
     def _land(self, call: RefusedCall) -> None:
         if call.gate is self:
             call.gate = None
             self._in_flight -= 1
+            if call.patience is not None:
+                call.patience.cancel()
+                call.patience = None
 
     def _settle(self) -> None:
         # Nobody waits and the engine admits: back to letting everything through.
