@@ -157,3 +157,13 @@ def test_a_burst_that_asked_before_any_refusal_keeps_every_call_within_its_bound
     assert _most_within(probes, RULES.window) <= RULES.window_asks
     if burst >= RULES.window_asks:  # the burst filled the window already
         assert all(t >= RULES.window for t in probes)
+
+
+def test_a_call_waits_to_its_deadline_where_a_generation_ending_may_make_room() -> None:
+    engine = Refusing().refused(0.0, 30.0, 0.5, RULES)  # the next probe at 10 s
+    waits = next_turn(engine, (0.0,), 1.0, deadline=5.0, rules=RULES, room_expected=True)
+    assert waits.go and waits.at == 10.0  # the shell waits until 5 s at most, then plans again
+    ends = next_turn(engine, (0.0,), 5.0, deadline=5.0, rules=RULES, room_expected=True)
+    assert not ends.go and ends.retry_after == 5.0
+    roomy = engine.room(3.0)  # a generation ended at 3 s: the next probe goes now
+    assert next_turn(roomy, (0.0,), 3.0, deadline=5.0, rules=RULES).at == 3.0

@@ -100,6 +100,42 @@ async def test_a_generation_that_ends_on_the_engine_lets_the_next_probe_go_at_on
     assert await asyncio.wait_for(waiting, 1) is None
 
 
+async def test_the_call_with_the_fewest_asks_goes_first() -> None:
+    gate = RefusalGate(RefusalRules(), rand=lambda: 0.999)
+    loop = asyncio.get_running_loop()
+    gate.refused(RefusedCall(), 503, 8.0)
+    spent, fresh = RefusedCall(), RefusedCall()
+    spent.asks = (loop.time() - 20.0,) * 3  # arrived first, asked three times already
+    order: list[RefusedCall] = []
+
+    async def wait(call: RefusedCall) -> None:
+        assert await gate.turn(call, loop.time() + 20.0) is None
+        order.append(call)
+        gate.done(call)
+
+    tasks = [asyncio.create_task(wait(c)) for c in (spent, fresh)]
+    await asyncio.sleep(0)
+    gate.room_made()  # room for one: the call that asked least takes it
+    await asyncio.wait_for(asyncio.gather(*tasks), 2)
+    assert order == [fresh, spent]
+
+
+async def test_a_probe_taken_while_others_run_there_waits_for_room_again() -> None:
+    gate = RefusalGate(RefusalRules(), rand=lambda: 0.999)
+    loop = asyncio.get_running_loop()
+    gate.admitted(None, runs=True)  # a generation of the gateway's runs there
+    gate.refused(RefusedCall(), 503, None)
+    probe = RefusedCall()
+    assert await gate.turn(probe, loop.time() + 20.0) is None
+    gate.admitted(probe, runs=True)
+    assert gate.state is not None  # full but working: the next asks when one ends
+    behind = asyncio.create_task(gate.turn(RefusedCall(), loop.time() + 20.0))
+    await asyncio.sleep(0.05)
+    assert not behind.done()
+    gate.room_made()
+    assert await asyncio.wait_for(behind, 1) is None
+
+
 async def test_an_ask_not_refused_within_the_patience_counts_as_admitted() -> None:
     gate = RefusalGate(FAST, rand=lambda: 0.0, patience=0.01)
     loop = asyncio.get_running_loop()

@@ -334,7 +334,7 @@ class Attempts:
         if engine is None or self._admitted:
             return
         self._admitted = True
-        self._engines.gates[engine.index].admitted(self.refused_call)
+        self._engines.gates[engine.index].admitted(self.refused_call, runs=True)
         gen = self._gen
         if gen is not None and gen.refused:
             gen.refused = False

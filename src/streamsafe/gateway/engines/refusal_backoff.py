@@ -91,8 +91,17 @@ class Refusing:
     def room(self, now: float) -> Refusing:
         """A generation the engine ran ended at ``now``: it has room for one more, so the next
         probe goes now rather than on the backoff's schedule (each ask a completion earned is
-        no hammering; a call's own bounds still hold)."""
-        return dataclasses.replace(self, next_at=min(self.next_at, now))
+        no hammering; a call's own bounds still hold), and the backoff and the engine's window
+        start over: an engine that completes work is full, not refusing for good, and its pace
+        is its completions' (a probe that lost the race for the room is asked again soon)."""
+        return Refusing(0, min(self.next_at, now), ())
+
+    def took(self, now: float, rand: float, rules: RefusalRules) -> Refusing:
+        """The engine took a probe at ``now`` while other generations of the gateway's run on
+        it: it had room for that one. The next probe waits for the next of them to end
+        (:meth:`room`), or at most the backoff's first step (``rand`` its jitter): asking at
+        once would only be refused, and cost a waiting call one of its asks."""
+        return Refusing(0, now + rules.backoff.backoff(0, rand), ())
 
     def retry_after(self, now: float) -> float:
         """Seconds until the engine is asked again, at least 1: the ``Retry-After`` its refused
@@ -116,17 +125,21 @@ def next_turn(
     now: float,
     deadline: float | None,
     rules: RefusalRules,
+    room_expected: bool = False,
 ) -> Turn:
     """When a call whose engine asks (while refused) came at the clock readings ``asks`` may ask
     again: not before the engine's next probe (``engine``; ``None`` where it admits again), nor
     within ``window`` of its own ``window_asks``-th last ask. It gives up where it spent
-    ``most_asks`` or that time falls past ``deadline`` (waiting could not help)."""
+    ``most_asks``, or where that time falls past ``deadline`` and waiting could not help: at
+    once, unless ``room_expected`` (generations run on the engine, and the end of one lets the
+    next probe go sooner, :meth:`Refusing.room`), then at ``deadline``. A turn past the deadline
+    is waited for only until the deadline (the caller plans again then)."""
     retry_after = 1.0 if engine is None else engine.retry_after(now)
     if len(asks) >= rules.most_asks:
         return Turn(False, retry_after=retry_after)
     at = now if engine is None else max(now, engine.next_at)
     if len(asks) >= rules.window_asks:
         at = max(at, asks[-rules.window_asks] + rules.window)
-    if deadline is not None and at > deadline:
+    if deadline is not None and at > deadline and (not room_expected or now >= deadline):
         return Turn(False, retry_after=max(retry_after, at - now))
     return Turn(True, at)

@@ -3,11 +3,13 @@
 
 An engine that answered 429 or 503 before any work is full. Its refused calls, and new calls
 that arrive while it refuses, park here instead of asking it: one at a time, on the engine's
-schedule, a call is let through as the probe. The probe admitted (its first token) opens the
-gate as the engine admits: one call at first, twice as many after each admission, so a
-recovering engine is not hit by every waiter at once. The probe refused, the next one waits for
-the engine's next turn. A call that cannot ask again within its own bounds (asks, deadline)
-gives up at once, with the ``Retry-After`` of the engine's next probe.
+schedule, a call is let through as the probe, the one with the fewest asks first (so the
+refusals spread over the waiting calls). The probe admitted (its first token) opens the gate as
+the engine admits: one call at first, twice as many after each admission, so a recovering
+engine is not hit by every waiter at once; where other generations of the gateway's run on the
+engine, it stays full, and the end of one lets the next probe go. The probe refused, the next
+one waits for the engine's next turn. A call that cannot ask again within its own bounds (asks,
+deadline) gives up, with the ``Retry-After`` of the engine's next probe.
 
 What counts as admitted: the first token (a plain call's 200), or no refusal within
 :data:`PROBE_PATIENCE` of the ask (an engine refuses at once, vLLM in milliseconds; one that
@@ -19,6 +21,8 @@ once (:meth:`RefusalGate.room_made`).
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 import random
 from collections.abc import Callable
 
@@ -37,9 +41,13 @@ class RefusedCall:
     :func:`~.refusal_backoff.next_turn` count them), and whether the gate let it through and
     awaits its outcome."""
 
-    __slots__ = ("asks", "gate", "patience")
+    __slots__ = ("asks", "gate", "patience", "seq")
+
+    _arrivals = itertools.count()
 
     def __init__(self) -> None:
+        #: Its place in arrival order (the line is by fewest asks, then arrival).
+        self.seq = next(RefusedCall._arrivals)
         #: Clock readings of its asks that were refused.
         self.asks: tuple[float, ...] = ()
         #: The gate it went through and whose outcome is not known yet.
@@ -67,12 +75,18 @@ class RefusalGate:
         self.state: Refusing | None = None
         #: The status of its latest refusal (429: rate limited, 503: overloaded).
         self.status = 503
+        #: Generations of the gateway's running on the engine (their ends make room).
+        self.running = 0
         #: Calls let through whose outcome is not known yet.
         self._in_flight = 0
         #: How many may be in flight at once while the engine admits again.
         self._released = 1
         self._waiting = 0
-        self._changed: list[asyncio.Future[None]] = []
+        #: Parked calls, woken in line: fewest asks first (so the engine's refusals spread
+        #: over the waiting calls, none spending its asks alone), then arrival.
+        self._changed: list[tuple[tuple[int, int], asyncio.Future[None]]] = []
+        #: Wakes the line when the engine's next probe is due.
+        self._due: asyncio.TimerHandle | None = None
 
     @property
     def active(self) -> bool:
@@ -95,7 +109,8 @@ class RefusalGate:
         try:
             while True:
                 now = self._now()
-                turn = next_turn(self.state, call.asks, now, deadline, self.rules)
+                room = self.running > 0
+                turn = next_turn(self.state, call.asks, now, deadline, self.rules, room)
                 if not turn.go:
                     return turn.retry_after
                 limit = 1 if self.state is not None else self._released
@@ -105,7 +120,15 @@ class RefusalGate:
                     loop = asyncio.get_running_loop()
                     call.patience = loop.call_later(self.patience, self._not_refused, call)
                     return None
-                await self._wait_change(turn.at - now if turn.at > now else None)
+                # The engine's turn wakes the line in order (see _schedule); the call's own
+                # window and its deadline are its own timeouts.
+                state = self.state
+                own = turn.at > now and (state is None or turn.at > state.next_at)
+                until = turn.at if own else math.inf  # else: woken by a change
+                if deadline is not None:
+                    until = min(until, deadline)
+                within = None if until == math.inf else max(0.0, until - now)
+                await self._wait_change(call, within)
         finally:
             self._waiting -= 1
             self._settle()
@@ -121,25 +144,39 @@ class RefusalGate:
         state = self.state or Refusing()
         self.state = state.refused(now, retry_after, self._rand(), self.rules)
         self._released = 1
+        self._schedule()
         self._wake()
 
-    def admitted(self, call: RefusedCall | None) -> None:
-        """The engine admitted a call (its first token came): the gate opens, twice as wide
-        as after the last admission while calls wait."""
+    def admitted(self, call: RefusedCall | None, *, runs: bool = False) -> None:
+        """The engine admitted a call (its first token came, or no refusal in time): the gate
+        opens, twice as wide as after the last admission while calls wait. ``runs``: a
+        generation of the gateway's runs there now, until :meth:`room_made`."""
+        if runs:
+            self.running += 1
         if call is not None:
             self._land(call)
-        if self.state is not None:
+        state = self.state
+        if state is not None and runs and self.running > 1:
+            # Full, but working: the ends of the others say when there is room.
+            self.state = state.took(self._now(), self._rand(), self.rules)
+            self._schedule()
+        elif state is not None:
             self.state = None
             self._released = 1
-        elif self._waiting:
+        elif self._waiting and self.running <= int(runs):
+            # Doubling finds the room of an engine coming back; where generations of the
+            # gateway's run there, their ends say when there is room (room_made).
             self._released = min(MOST_RELEASED, self._released * 2)
         self._wake()
 
     def room_made(self) -> None:
-        """A generation the engine ran ended: the next probe goes now."""
+        """A generation that ran on the engine (:meth:`admitted` with ``runs``) ended: the
+        next probe goes now."""
+        self.running = max(0, self.running - 1)
         state = self.state
         if state is not None:
             self.state = state.room(self._now())
+            self._schedule()
             self._wake()
 
     def done(self, call: RefusedCall) -> None:
@@ -166,20 +203,33 @@ class RefusalGate:
         if not self._waiting and self.state is None:
             self._released = 1
 
-    async def _wait_change(self, within: float | None) -> None:
+    def _schedule(self) -> None:
+        """Wake the line when the engine's next probe is due."""
+        if self._due is not None:
+            self._due.cancel()
+            self._due = None
+        state = self.state
+        if state is not None:
+            loop = asyncio.get_running_loop()
+            self._due = loop.call_later(max(0.0, state.next_at - self._now()), self._wake)
+
+    async def _wait_change(self, call: RefusedCall, within: float | None) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._changed.append(fut)
+        entry = ((len(call.asks), call.seq), fut)
+        self._changed.append(entry)
         try:
             async with asyncio.timeout(within):
                 await fut
         except TimeoutError:
             pass
         finally:
-            if fut in self._changed:
-                self._changed.remove(fut)
+            if entry in self._changed:
+                self._changed.remove(entry)
 
     def _wake(self) -> None:
+        # In line: the tasks resume in the order their futures are resolved.
         waiters, self._changed = self._changed, []
-        for fut in waiters:
+        waiters.sort(key=lambda entry: entry[0])
+        for _, fut in waiters:
             if not fut.done():
                 fut.set_result(None)
