@@ -7,6 +7,8 @@ answered from that while the engine still refuses."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -186,6 +188,37 @@ def test_calls_an_engine_refuses_wait_together_and_fail_together() -> None:
         assert again.status_code == 503 and again.headers["x-should-retry"] == "false"
         assert s.sim.stats()["requests_received"] == received
         assert s.gw.stats()["refusals_answered"] == 1
+
+
+def test_calls_that_wait_long_enough_are_probed_for_one_at_a_time() -> None:
+    # 8 at once: their first asks (those that came before the first refusal) fill the engine's
+    # window; then probes, one at a time, until the calls give up. (A timer firing a hair early
+    # once left them parked, unprobed, to their deadline.)
+    sim = fast_sim(faults=(Fault.parse(REFUSE_ALL),))
+    with make_stack(sim, queue_timeout=8.0) as s:
+        seen: list[tuple[float, int]] = []
+
+        def poll() -> None:
+            while not done.is_set():
+                seen.append((time.monotonic(), s.sim.stats()["requests_received"]))
+                done.wait(0.02)
+
+        done = threading.Event()
+        poller = threading.Thread(target=poll)
+        poller.start()
+        try:
+            with ThreadPoolExecutor(8) as pool, httpx2.Client(timeout=30) as http:
+                url = s.url + "/v1/chat/completions"
+                bodies = [_chat(f"probed {i}", stream=i % 2 == 0) for i in range(8)]
+                answers = list(pool.map(lambda b: http.post(url, json=b), bodies))
+        finally:
+            done.set()
+            poller.join()
+        assert {r.status_code for r in answers} == {503}
+        first = next(t for t, n in seen if n > 0)
+        later = [n for t, n in seen if t > first + 1.0]
+        burst = max(n for t, n in seen if t <= first + 1.0)
+        assert later and later[-1] > burst, seen[-1]  # probes came after the burst
 
 
 def test_one_call_never_admitted_asks_at_most_6_times_then_gets_the_refusal() -> None:

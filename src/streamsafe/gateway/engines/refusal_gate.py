@@ -34,6 +34,11 @@ __all__ = ["MOST_RELEASED", "PROBE_PATIENCE", "RefusalGate", "RefusedCall"]
 MOST_RELEASED = 64
 #: Seconds after which an ask not refused counts as admitted (see the module).
 PROBE_PATIENCE = 0.5
+#: The line is woken this late for the engine's turn (an event loop may fire a timer up to its
+#: clock's resolution early, and a call woken before its turn would wait again).
+_EARLY = 0.002
+#: A parked call plans again this long after the engine's turn should have woken it.
+_LATE = 0.05
 
 
 class RefusedCall:
@@ -123,8 +128,14 @@ class RefusalGate:
                 # The engine's turn wakes the line in order (see _schedule); the call's own
                 # window and its deadline are its own timeouts.
                 state = self.state
-                own = turn.at > now and (state is None or turn.at > state.next_at)
-                until = turn.at if own else math.inf  # else: woken by a change
+                if turn.at <= now:
+                    until = math.inf  # blocked by the one in flight: woken by its outcome
+                elif state is None or turn.at > state.next_at:
+                    until = turn.at  # its own window
+                else:
+                    # The engine's turn: _schedule wakes the line, in order; this is only a
+                    # net under it (a timer may fire a hair early).
+                    until = turn.at + _LATE
                 if deadline is not None:
                     until = min(until, deadline)
                 within = None if until == math.inf else max(0.0, until - now)
@@ -211,7 +222,8 @@ class RefusalGate:
         state = self.state
         if state is not None:
             loop = asyncio.get_running_loop()
-            self._due = loop.call_later(max(0.0, state.next_at - self._now()), self._wake)
+            due = max(0.0, state.next_at - self._now()) + _EARLY
+            self._due = loop.call_later(due, self._wake)
 
     async def _wait_change(self, call: RefusedCall, within: float | None) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
