@@ -289,6 +289,33 @@ async def flap_pool(rig: Rig) -> Record:
     return {"calls": calls, "flapping": await stats(flapping)}
 
 
+# -- an engine that refuses everything ------------------------------------------------------
+
+#: vLLM's own 503 past ``--max-num-queued-reqs``: no ``Retry-After``, every request.
+REFUSE_ALL = "status:503:1:none"
+#: What the suite allows one call that is never admitted: engine requests, and within 3 s.
+MOST_ASKS, WINDOW_ASKS, WINDOW = 6, 4, 3.0
+
+
+async def refusing_single(rig: Rig) -> Record:
+    """One engine that refuses every request (503, no Retry-After); one call, its engine
+    requests timed by polling the engine's /stats while it waits."""
+    engine = await rig.engine("--fault", REFUSE_ALL)
+    gateway = await rig.gateway(engine.url)
+    task = asyncio.create_task(stream_chat(client(gateway), chat(MODEL, "refused", 8), LIMIT))
+    times: list[float] = []
+    seen = 0
+    while not task.done():
+        now = time.monotonic()
+        received = (await stats(engine))["requests_received"]
+        times += [now] * (received - seen)
+        seen = received
+        await asyncio.wait([task], timeout=0.05)
+    received = (await stats(engine))["requests_received"]
+    times += [time.monotonic()] * (received - seen)
+    return {"call": task.result(), "times": times}
+
+
 # -- what an operator sees -----------------------------------------------------------------
 
 
@@ -352,6 +379,7 @@ SCENARIOS: dict[str, Scenario] = {
     "frozen_single": frozen_single,
     "flap_single": flap_single,
     "flap_pool": flap_pool,
+    "refusing_single": refusing_single,
     "context_fallback": context_fallback,
     "prefill_refused": prefill_refused,
     "prefill_sibling": prefill_sibling,
@@ -544,3 +572,16 @@ def test_an_operator_sees_which_engine_died_and_where_its_stream_went(record: Re
     assert record["stats"][victim]["breaker"] != "closed", record["stats"]
     moved = [line for line in record["log"] if victim in line and survivor in line]
     assert moved, "no log line names both engines of the moved stream"
+
+
+@scenario("refusing_single")
+def test_an_engine_that_refuses_everything_is_not_hammered(record: Record) -> None:
+    call: Call = record["call"]
+    assert call.clear and not call.done and call.status == 503, call
+    assert call.retry_after is not None and int(call.retry_after) >= 1, call
+    times: list[float] = record["times"]
+    assert 1 <= len(times) <= MOST_ASKS, times
+    # Polled every 0.05 s: a margin of a few polls on the window.
+    within = WINDOW - 0.2
+    most = max(sum(1 for u in times if t <= u < t + within) for t in times)
+    assert most <= WINDOW_ASKS, times

@@ -36,7 +36,8 @@ class Fault:
     Specs, as ``--fault`` takes them (:meth:`parse`):
 
     - ``status:CODE:P[:RETRY_AFTER]``: answer ``CODE`` with an OpenAI-style error body before any
-      work; 429 and 503 carry ``Retry-After`` (default 1 s, as a shedding server sends).
+      work; 429 and 503 carry ``Retry-After`` (default 1 s, as a shedding server sends;
+      ``none``: no header, as vLLM's own 503 past ``--max-num-queued-reqs``).
     - ``errorevent:CODE:P``: a streaming request is answered 200, then a first event that is an
       error carrying ``CODE`` and ``[DONE]``, before any work: vLLM 0.32's second form of load
       shedding (``--max-num-queued-reqs``). A non-streaming one gets the status, as ``status``.
@@ -144,7 +145,7 @@ class Fault:
             code = int(parts[1])
             retry_after: float | None = None
             if len(parts) == 4:
-                retry_after = float(parts[3])
+                retry_after = None if parts[3] == "none" else float(parts[3])
             elif code in (429, 503):
                 retry_after = 1.0
             return cls("status", float(parts[2]), status=code, retry_after=retry_after)
@@ -168,7 +169,10 @@ class Fault:
     def __str__(self) -> str:
         p = f"{self.probability:g}"
         if self.kind == "status":
-            tail = "" if self.retry_after is None else f":{self.retry_after:g}"
+            if self.retry_after is not None:
+                tail = f":{self.retry_after:g}"
+            else:
+                tail = ":none" if self.status in (429, 503) else ""
             text = f"status:{self.status}:{p}{tail}"
         elif self.kind == "cut":
             n = (

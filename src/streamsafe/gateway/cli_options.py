@@ -158,10 +158,10 @@ def _add_engine_failures(group: Options) -> None:
         "--engine-refusals",
         choices=("wait", "answer"),
         default="wait",
-        help="an engine's 429/503 before any work: wait for room, asking again after each "
-        "Retry-After (default), or answer it at once and answer the caller's retries of it "
-        "without asking the engine while it refuses (behind a server whose client retries, "
-        "such as OGX)",
+        help="an engine's 429/503 before any work: wait for room with the engine's other "
+        "refused calls, one probe asking again with backoff (at most 6 engine requests a call; "
+        "default), or answer it at once; either way the same body is answered from the "
+        "refusal without asking the engine while it refuses",
     )
     group.add_argument(
         "--fallback-model",

@@ -130,13 +130,13 @@ class GatewayConfig:
     #: forwarded headers: in Redis only sealed with ``redis_secret``.
     forward_authorization: bool = False
     #: What a refusal before any work (429/503, as a status or an error event before the first
-    #: token) from the engine does. ``wait`` (default): the generation waits for room, asking
-    #: again after each ``Retry-After`` for up to ``queue_timeout`` (see docs/design.md,
-    #: Commit), right in front of vLLM. ``answer``: the refusal goes to the caller at once (an
-    #: error event where it was answered already), and while the engine refuses, a retry of the
-    #: same request gets the same answer without asking it again (``streamsafe.gateway.
-    #: refusals``): behind a server whose own client retries (OGX's openai SDK), at most one
-    #: engine request per logical call.
+    #: token) from the engine does. ``wait`` (default): the generation waits for room with the
+    #: engine's other refused calls, one probe asking again with backoff and jitter, at most 6
+    #: engine requests per call within ``queue_timeout`` (see docs/design.md, Commit), then the
+    #: refusal with ``Retry-After`` and ``x-should-retry: false``. ``answer``: the refusal goes
+    #: to the caller at once (an error event where it was answered already). Either way, while
+    #: the engine refuses, a request with the same body gets the same answer without asking it
+    #: again (``gateway/generations/refusals.py``).
     engine_refusals: Literal["wait", "answer"] = "wait"
     #: Seconds to connect upstream (default 5, as the Stainless clients).
     connect_timeout: float = 5.0

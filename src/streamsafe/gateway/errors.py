@@ -85,6 +85,21 @@ class Failure:
     status: int
     body: bytes
     retry_after: int | None = None
+    #: The gateway already asked again on its caller's behalf (a refused call that waited its
+    #: full round at the engine's gate): ``x-should-retry: false`` tells a client library
+    #: (streamsafe's, Stainless's, the openai SDK) not to start another round of the same;
+    #: ``Retry-After`` still says when the engine is asked again.
+    final: bool = False
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """The headers answered with it: ``Retry-After`` where one applies, and
+        ``x-should-retry: false`` where it is :attr:`final`."""
+        headers = []
+        if self.retry_after is not None:
+            headers.append((b"retry-after", b"%d" % self.retry_after))
+        if self.final:
+            headers.append((b"x-should-retry", b"false"))
+        return headers
 
     def as_event(self) -> bytes:
         """The failure as a mid-stream error payload (for subscribers already committed)."""
@@ -197,7 +212,4 @@ async def send_internal_error(send: Send, request_id: str) -> None:
 
 async def send_failure(send: Send, failure: Failure) -> None:
     """Answer a generation that failed before anything was sent, with its real status."""
-    headers = []
-    if failure.retry_after is not None:
-        headers.append((b"retry-after", str(failure.retry_after).encode()))
-    await respond(send, failure.status, failure.body, headers=headers)
+    await respond(send, failure.status, failure.body, headers=failure.headers())

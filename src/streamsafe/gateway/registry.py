@@ -78,7 +78,7 @@ class Registry:
         self._clock = clock
         self._admission = admission
         self._relay = Relay(config, admission, engines, self.counters, self._finish, clock)
-        #: The engine's refusals a retry is answered from (``engine_refusals`` ``answer``).
+        #: The engine's refusals a request of the same body is answered from while it refuses.
         self.refusals = EngineRefusals()
         self._relay.refused = self._note_refused
         #: The generations this process holds (the key index is what a retry finds while
@@ -178,7 +178,9 @@ class Registry:
             if key is not None:
                 await store.release(key, new_id)
             raise unsafe
-        if not resume and (req.retry or key is not None):
+        if not resume:
+            # Marked or not: behind a server, a client's retry arrives as a fresh call with the
+            # same body, and one more round of asking an engine that refuses it helps nobody.
             refused = self.refusals.answer(req.tenant, req.fingerprint, self._clock())
             if refused is not None:  # the engine refuses still: it is not asked again
                 if key is not None:

@@ -23,6 +23,7 @@ from streamsafe.gateway.engines.answers import Refused, answer_response, unavail
 from streamsafe.gateway.engines.engines import Engines
 from streamsafe.gateway.engines.failover import Failover, FailoverStep, failover_step
 from streamsafe.gateway.engines.pool import Engine, Full, Pick, Unavailable
+from streamsafe.gateway.engines.refusal_gate import RefusalGate, RefusedCall
 from streamsafe.gateway.engines.sends import (
     H,
     Sender,
@@ -48,6 +49,7 @@ class Attempts:
     """One generation's attempts across the engines (see the module)."""
 
     __slots__ = (
+        "_admitted",
         "_cost",
         "_counters",
         "_current",
@@ -56,6 +58,7 @@ class Attempts:
         "_failed_why",
         "_gen",
         "_held",
+        "_shed_noted",
         "_shunned",
         "_started",
         "_tried",
@@ -63,6 +66,7 @@ class Attempts:
         "answering_model",
         "attempts",
         "model",
+        "refused_call",
     )
 
     def __init__(
@@ -93,6 +97,11 @@ class Attempts:
         self._failed_why = ""
         self._started = engines.clock()
         self.attempts = 0
+        #: Whether the current attempt's shed, or its admission, was told to its engine's
+        #: gate already.
+        self._shed_noted = self._admitted = False
+        #: This generation's asks of engines that refuse (see :mod:`.refusal_gate`).
+        self.refused_call = RefusedCall()
 
     # -- sending ----------------------------------------------------------------------------------
 
@@ -215,7 +224,7 @@ class Attempts:
         if status >= 500 or status == 429:
             budget.record_failure()
         if status in REFUSAL_STATUSES:
-            self.full(retry_after_seconds(refused.retry_after, time.time()))
+            self.full(retry_after_seconds(refused.retry_after, time.time()), status)
         elif status >= 500:
             self._fail(engine, f"status {status}", dead=is_engine_death(refused.body))
         else:
@@ -230,7 +239,7 @@ class Attempts:
             refused.status if refused is not None else None,
             refused.body if refused is not None else b"",
             retry_after=retry_after_seconds(refused.retry_after, time.time()) if refused else None,
-            sheds_answered=engines.answer_refusals,
+            sheds_answered=True,  # a shed waits at its engine's gate, or is the caller's answer
             same_engine_tries=same_tries,
             attempts=self.attempts,
             max_attempts=engines.max_attempts,
@@ -276,6 +285,7 @@ class Attempts:
             _moved(logging.WARNING, "migration", self._gen, cut_from, engine, "stream cut")
         self._current = engine
         self._verdict = False
+        self._shed_noted = self._admitted = False
         self._hold(engine)
         self.attempts += 1
         gen = self._gen
@@ -302,6 +312,8 @@ class Attempts:
         if held is not None:
             self._engines.loads[held.index].memory -= self._cost
             self._engines.room_made()
+            if self._admitted:  # it ran there: the engine has room for one more
+                self._engines.gates[held.index].room_made()
 
     def served(self) -> None:
         """The first token arrived: the engine works (its breaker closes), and the answer's
@@ -312,6 +324,21 @@ class Attempts:
         if self.answering_model is None:
             self.answering_model = self._engines.pool.answering(self.model, engine)
         self._engines.upstreams[engine.index].succeeded()
+        self.admitted()
+
+    def admitted(self) -> None:
+        """The engine took the current attempt (a first token; for a plain call, its 200):
+        its refusal gate opens, and the generation no longer waits to be refused. Told once
+        per attempt."""
+        engine = self._current
+        if engine is None or self._admitted:
+            return
+        self._admitted = True
+        self._engines.gates[engine.index].admitted(self.refused_call, runs=True)
+        gen = self._gen
+        if gen is not None and gen.refused:
+            gen.refused = False
+            gen.wake()
 
     def succeeded(self) -> None:
         """The answer ended whole."""
@@ -329,16 +356,18 @@ class Attempts:
         if not self._verdict:
             self._fail(engine, why)
 
-    def full(self, retry_after: float | None) -> None:
-        """The current engine shed the attempt (429 or 503, as a status or in-band): full, not
-        failing, so its breaker is not told; new work goes to other engines for the
-        ``Retry-After`` it sent (a second where it sent none)."""
+    def full(self, retry_after: float | None, status: int = 503) -> None:
+        """The current engine shed the attempt with ``status`` (429 or 503, as a status or
+        in-band): full, not failing, so its breaker is not told; new work goes to other engines
+        for the ``Retry-After`` it sent (a second where it sent none), and this generation waits
+        at the engine's refusal gate."""
         engine = self._current
-        if engine is None:
-            return
-        self._verdict = True
+        if engine is None or self._shed_noted:
+            return  # told once per attempt (the failover and the relay both see a status)
+        self._shed_noted = self._verdict = True
         self._engines.upstreams[engine.index].abandoned()
         engine.said_full(self._engines.clock(), retry_after)
+        self._engines.gates[engine.index].refused(self.refused_call, status, retry_after)
 
     def engine_died(self, why: str) -> None:
         """The current engine said it died: held down until its ``/health`` answers."""
@@ -371,6 +400,16 @@ class Attempts:
         which the failover did not see, is then asked there)."""
         model = self.answering_model or self.model
         return self._engines.pool.others_take_traffic(model, self._current, self._engines.clock())
+
+    @property
+    def gate(self) -> RefusalGate:
+        """The refusal gate of the latest attempt's engine (the first engine of the model
+        before any)."""
+        current = self._current
+        if current is not None:
+            return self._engines.gates[current.index]
+        serving = self._engines.pool.serving(self.model)
+        return self._engines.gates[serving[0].index if serving else 0]
 
     @property
     def upstream(self) -> Upstream:

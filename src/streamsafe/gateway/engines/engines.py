@@ -21,6 +21,7 @@ import httpx2
 
 from streamsafe.gateway.engines.answers import Refused, made_refusal
 from streamsafe.gateway.engines.pool import Counts, Engine, EngineSpec, Pool
+from streamsafe.gateway.engines.refusal_gate import RefusalGate
 from streamsafe.gateway.upstream.capacity import learn_kv_capacity
 from streamsafe.gateway.upstream.connection import Upstream
 from streamsafe.retry import RetryBudget
@@ -102,6 +103,8 @@ class Engines:
         #: not asked again of the same engine, even where it said when.
         self.answer_refusals = answer_refusals
         self._room: list[asyncio.Future[None]] = []
+        #: Per engine, the calls it refused waiting together (one probe at a time).
+        self.gates = [RefusalGate() for _ in specs]
         #: Attempts sent to another engine (or model) before a first token.
         self.failovers = 0
         #: Continuations sent to another engine after a stream was cut.
@@ -146,6 +149,14 @@ class Engines:
         lately)."""
         checks = [upstream.healthy() for upstream in self.upstreams]
         return any(await asyncio.gather(*checks))
+
+    def refusing(self, model: str) -> RefusalGate | None:
+        """Where every engine of ``model`` refuses (or has refused calls waiting), the gate a new
+        call waits at: the one whose engine is asked again first. ``None`` where one admits."""
+        gates = [self.gates[e.index] for e in self.pool.serving(model)]
+        if not gates or not all(g.active for g in gates):
+            return None
+        return min(gates, key=lambda g: g.retry_after())
 
     def can_ever_fit(self, model: str, cost: int) -> bool:
         """False if ``cost`` exceeds the memory of every engine of ``model`` and of its

@@ -128,6 +128,7 @@ class Generation:
         "length",
         "log",
         "multiline",
+        "refused",
         "request",
         "response_id",
         "state",
@@ -179,6 +180,10 @@ class Generation:
         #: When it was created (the registry's clock); early commit counts its wait from here.
         self.created_at = created_at
         self.admitted_at: float | None = None
+        #: The engine refused it and it has not admitted it since: it waits at the engine's
+        #: refusal gate (or is its probe), and an early commit waits too, so that its caller
+        #: gets the refusal's real status where it comes to that.
+        self.refused = False
         #: When it finished (the registry's clock).
         self.finished_at: float | None = None
         #: Upstream attempts after the first (continuations and requests asked again).

@@ -1,16 +1,16 @@
-"""What the engine refused, kept so a retry of it is answered without asking the engine again.
+"""What the engine refused, kept so the same request is answered without asking the engine again.
 
 Behind a Llama Stack server (client -> OGX -> gateway -> engine) the server's own client (the
 openai SDK: 2 retries on 429 and 503, ``x-stainless-retry-count`` 1 and 2) retries every
-refusal it gets, and its caller retries on top: against an engine that refuses, one logical call
-cost 9 engine requests without the gateway and more with it, whose wait for room asks the engine
-again every ``Retry-After`` (docs/design.md, Positions around Llama Stack). With
-``engine_refusals="answer"`` the gateway passes a refusal before any work on at once and notes
-it here; while the engine refuses (nothing it was asked completed since, for at most
-:data:`REFUSAL_MEMORY_S` seconds), a retry of the same request (marked, or under the same
-``Idempotency-Key``: the same tenant and body fingerprint) gets the same answer from here. So
-each logical call costs the engine at most one request while it refuses; a fresh call still asks
-it, and the first answer it completes ends the memory.
+refusal it gets, and its caller retries on top, each retry of the caller arriving as a fresh
+call with the same body (docs/design.md, Positions around Llama Stack). A call the gateway
+refused (with ``engine_refusals="wait"`` after waiting its round at the engine's gate, see
+:mod:`streamsafe.gateway.engines.refusal_gate`; with ``"answer"`` at once) is noted here by
+``(tenant, body fingerprint)``; while the engine refuses (nothing it was asked completed since,
+for at most :data:`REFUSAL_MEMORY_S` seconds) a request with the same body, marked as a retry or
+not, or under the same ``Idempotency-Key``, gets the same answer from here, and costs the engine
+nothing. A request with another body still asks (or waits at the gate), and the first answer
+the engine completes ends the memory.
 
 Pure and in-process: a dict and a clock reading, no I/O.
 """

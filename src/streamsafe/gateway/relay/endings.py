@@ -99,7 +99,7 @@ class Endings:
         if dead:
             attempts.engine_died(f"upstream {status}")
         elif status in REFUSAL_STATUSES:
-            attempts.full(seconds)
+            attempts.full(seconds, status)
         elif status >= 500:
             attempts.failed(f"upstream {status}")
         retry_after = None if seconds is None else max(1, math.ceil(seconds))

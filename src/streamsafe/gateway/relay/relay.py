@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -186,7 +187,14 @@ class Relay:
                 broken: BrokenAttempt | None = BrokenAttempt(cut, 502)
                 cut = None
             else:
-                broken = await self.attempt(gen, attempts, repair.total_deadline)
+                if not await self._refusal_turn(gen, attempts, repair):
+                    return
+                try:
+                    broken = await self.attempt(gen, attempts, repair.total_deadline)
+                finally:
+                    call = attempts.refused_call
+                    if call.gate is not None:
+                        call.gate.done(call)
             if broken is None:
                 return
             attempts.cut()
@@ -206,11 +214,16 @@ class Relay:
             shed = broken.failure is not None and broken.failure.status in REFUSAL_STATUSES
             if await self._gives_up(gen, broken, attempts, repair, shed):
                 return
+            if shed:
+                # Refused before any work: it waits with the engine's other refused calls
+                # (_refusal_turn, at the top of the loop), costing no continuation.
+                self.counters.engine_sheds += 1
+                self.engine_shedding.note(broken.why)
+                repair.refused = broken
+                continue
             if broken.retry_after is not None:
-                if not await self._wait_out(gen, broken, repair, shed):
+                if not await self._wait_out(gen, broken, repair):
                     return
-                if shed:
-                    continue
             elif not await self._next_ask(gen, broken, attempts, partial):
                 return
             repair.tries += 1
@@ -258,26 +271,63 @@ class Relay:
             return True
         return False
 
-    async def _wait_out(
-        self, gen: Generation, broken: BrokenAttempt, repair: _Repair, shed: bool
-    ) -> bool:
-        """Refused before any work: wait as told, within the total timeout (and, for an engine
-        shedding load, the queue timeout since it began). False where ``gen`` ended instead."""
+    async def _refusal_turn(self, gen: Generation, attempts: Attempts, repair: _Repair) -> bool:
+        """Before each attempt: where its engine refuses (it refused this generation, or every
+        engine of its model refuses others now), wait with the engine's other refused calls for
+        this one's turn to ask (see :mod:`~streamsafe.gateway.engines.refusal_gate`), within the
+        queue timeout from the first refusal it met and the total timeout. False where ``gen``
+        ended instead: it gave up, every waiter with the refusal and the ``Retry-After`` of the
+        engine's next probe, marked final (the gateway asked again for its caller)."""
+        refused = repair.refused
+        if refused is not None:
+            gate = attempts.gate
+        elif self.config.engine_refusals == "answer":
+            return True  # a refusal is the caller's answer: nobody waits here
+        else:
+            found = self.engines.refusing(attempts.answering_model or attempts.model)
+            if found is None:
+                return True
+            gate = found
+        if not gen.refused:
+            gen.refused = True
+            gen.wake()  # its early commit waits now (see pacing)
+        loop = asyncio.get_running_loop()
+        if repair.shed_since is None:
+            repair.shed_since = loop.time()
+        deadline = repair.shed_since + self.config.queue_timeout
+        if repair.total_deadline is not None:
+            deadline = min(deadline, repair.total_deadline)
+        wait = await gate.turn(attempts.refused_call, deadline)
+        if wait is None and not self.engines.all_down():
+            repair.refused = None
+            return True
+        seconds = max(1, math.ceil(wait if wait is not None else self.engines.retry_after()))
+        if refused is not None:
+            failure = refused.failure
+            if failure is not None:
+                refused.failure = Failure(failure.status, failure.body, seconds, final=True)
+            await self._endings.fail_broken(gen, refused)
+        else:
+            status = gate.status
+            kind = "rate_limit_error" if status == 429 else "service_unavailable"
+            msg = f"the engine refuses new work ({status}); retry after {seconds} s"
+            body = error_body(msg, kind, status)
+            await self._endings.fail(gen, Failure(status, body, seconds, final=True))
+        self.refused(gen)
+        return False
+
+    async def _wait_out(self, gen: Generation, broken: BrokenAttempt, repair: _Repair) -> bool:
+        """Refused before any work other than by a shed (a 5xx with ``Retry-After``, where
+        its caller can no longer be told its status): wait as told, within the total timeout.
+        False where ``gen`` ended instead."""
         assert broken.retry_after is not None
         loop = asyncio.get_running_loop()
         wait = min(float(broken.retry_after), _MAX_REFUSAL_WAIT)
         until = loop.time() + wait
         deadline = repair.total_deadline
-        since = repair.shed_since
-        if (deadline is not None and until >= deadline) or (
-            since is not None and until - since > self.config.queue_timeout
-        ):
+        if deadline is not None and until >= deadline:
             await self._endings.fail_broken(gen, broken)
             return False
-        self.counters.engine_sheds += shed
-        if shed:
-            self.engine_shedding.note(broken.why)
-            log.debug("%s: %s; asking again in %g s", gen.id, broken.why, wait)
         await asyncio.sleep(wait)
         if self.engines.all_down():
             await self._endings.fail_broken(gen, broken)
@@ -353,6 +403,7 @@ class Relay:
                 if not isinstance(opened, httpx2.Response):
                     return opened
                 response = opened
+                attempts.admitted()  # a plain refusal comes as a status: a 200 took it
                 gen.wake()  # upstream accepted the request
                 body = await response.aread()
                 attempts.served()
@@ -386,3 +437,5 @@ class _Repair:
     total_deadline: float | None
     tries: int = 0
     shed_since: float | None = None
+    #: The latest attempt the engine refused (shed), which the next waits at its gate for.
+    refused: BrokenAttempt | None = None

@@ -29,6 +29,7 @@ from streamsafe.gateway.errors import (
     NotResumable,
     ResumePastEnd,
     error_body,
+    send_failure,
     shutting_down,
 )
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest
@@ -179,13 +180,7 @@ class Completions:
             ra = [(b"retry-after", b"%d" % exc.retry_after)]
             raise BadRequest(503, exc.message, headers=ra) from None
         except EngineRefused as exc:
-            failure = exc.failure
-            ra = (
-                []
-                if failure.retry_after is None
-                else [(b"retry-after", b"%d" % failure.retry_after)]
-            )
-            await respond(send, failure.status, failure.body, headers=ra)
+            await send_failure(send, exc.failure)
             return None
         except Shed as exc:
             self._registry.counters.shed += 1

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from streamsafe.gateway.admission.fair_queue import QUEUED
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.generations.generation import Generation, State
-from streamsafe.gateway.serving.wait_plan import plan_wait
+from streamsafe.gateway.serving.wait_plan import ANSWER_FRACTION, plan_wait
 
 __all__ = [
     "COMMIT",
@@ -170,6 +170,15 @@ class Pacing:
                     self.retry_after = plan.retry_after
                     return STEP_BACK, None
                 return WAIT, None if plan.until == math.inf else plan.until
+            if rules.early and gen.refused and gen.state is State.RUNNING:
+                # Waiting at the engine's refusal gate (bounded by the queue timeout): its
+                # refusal keeps its status, unless the client's read timeout would fire first.
+                if self._patience is None:
+                    return WAIT, None
+                answer_by = self._arrived + self._patience * ANSWER_FRACTION
+                if now >= answer_by:
+                    return self._commit(now)
+                return WAIT, answer_by - now
             if rules.early and gen.state is State.RUNNING and gen.admitted_at is not None:
                 deadline = gen.admitted_at + rules.commit_wait
                 if gen.upstream_status == 200 or now >= deadline:
