@@ -91,6 +91,7 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
         failover_attempts=args.failover_attempts,
         first_token_timeout=args.first_token_timeout or None,
         idle_timeout=args.idle_timeout or None,
+        stall_timeout=args.stall_timeout or None,
         total_timeout=args.total_timeout or None,
         admin_key=args.admin_key or os.environ.get("STREAMSAFE_ADMIN_KEY") or None,
         tracing=args.otel,

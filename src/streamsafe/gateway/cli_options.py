@@ -312,6 +312,14 @@ def add_timeouts(group: Options) -> None:
         "engine that is gone is found sooner by its health check; 0: none)",
     )
     group.add_argument(
+        "--stall-timeout",
+        type=_NUMBER,
+        default=45.0,
+        help="seconds a caller waits for the next token of an answer that went quiet, through "
+        "its cut and continuations, before it ends with a clear error (default 45; 0: none, "
+        "each continuation then has the first-token timeout)",
+    )
+    group.add_argument(
         "--total-timeout",
         type=_NUMBER,
         default=600.0,

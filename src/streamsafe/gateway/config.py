@@ -167,6 +167,12 @@ class GatewayConfig:
     #: by its health check, not by this). Past it the stream is cut and continued, on another
     #: engine of the model where there is one. ``None`` for none.
     idle_timeout: float | None = 35.0
+    #: Seconds a caller may wait for the next token of an answer that stalled (default 45): from
+    #: its last event, through the cut and every continuation, until one sends a token. An
+    #: answer silent for 30 s, cut, and continued on an engine that stalls again ends with a
+    #: clear error event 45 s after it went quiet, not once per continuation later. ``None`` for
+    #: none (each continuation then has the first-token timeout).
+    stall_timeout: float | None = 45.0
     #: Seconds a generation may take upstream in all, continuations and waits included (default
     #: 600, Llama Stack's own read timeout). Past it the stream ends with an error event.
     #: ``None`` for none.
@@ -289,7 +295,7 @@ class GatewayConfig:
             raise ValueError(
                 f"tenant_passthrough must be 'refuse' or 'shared', not {self.tenant_passthrough!r}"
             )
-        for name in ("first_token_timeout", "idle_timeout", "total_timeout"):
+        for name in ("first_token_timeout", "idle_timeout", "stall_timeout", "total_timeout"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be > 0 or None")

@@ -52,10 +52,14 @@ class UpstreamTimeouts:
     idle: float | None = 35.0
     #: For the whole generation, every attempt and wait included.
     total: float | None = 600.0
+    #: From an answer's last event to the first event of the attempt that continues it (a
+    #: continuation's first-token bound is what is left of it; see ``stall_deadline``).
+    stall: float | None = 45.0
 
 
 class UpstreamStalled(Exception):
-    """An attempt passed a deadline: ``phase`` is ``first_token``, ``idle`` or ``total``."""
+    """An attempt passed a deadline: ``phase`` is ``first_token``, ``idle``, ``stall``, ``total``
+    or ``engine_down``."""
 
     def __init__(self, phase: str, seconds: float, why: str | None = None) -> None:
         super().__init__(why or f"upstream {phase.replace('_', ' ')} timeout ({seconds:g} s)")
@@ -91,6 +95,7 @@ class AttemptWatch:
         "_last",
         "_loop",
         "_source",
+        "_stall_deadline",
         "_task",
         "_total_deadline",
         "expired",
@@ -98,9 +103,17 @@ class AttemptWatch:
         "timeouts",
     )
 
-    def __init__(self, timeouts: UpstreamTimeouts, total_deadline: float | None) -> None:
+    def __init__(
+        self,
+        timeouts: UpstreamTimeouts,
+        total_deadline: float | None,
+        stall_deadline: float | None = None,
+    ) -> None:
         self.timeouts = timeouts
         self._total_deadline = total_deadline
+        #: Loop time by which a continuation must send its first event: the answer it continues
+        #: went quiet ``timeouts.stall`` seconds before (``None``: not a continuation).
+        self._stall_deadline = stall_deadline
         self._loop = asyncio.get_running_loop()
         self._last = self._loop.time()
         self._handle: asyncio.TimerHandle | None = None
@@ -118,6 +131,12 @@ class AttemptWatch:
     def chunk(self) -> None:
         """A chunk arrived (call for every chunk read)."""
         self._last = self._loop.time()
+
+    @property
+    def last_read(self) -> float:
+        """Loop time of the attempt's last read (its start where nothing was read)."""
+        source = self._source
+        return source.read_at if source is not None and source.read_at > self._last else self._last
 
     def follow(self, source: ReadClock) -> None:
         """Take ``source.read_at`` (the loop's time of its last read) as the sign of life instead
@@ -151,6 +170,9 @@ class AttemptWatch:
             last = self._source.read_at
         if limit is not None:
             best = (last + limit, phase, limit)
+        stall = self._stall_deadline
+        if not self.flowing and stall is not None and (best is None or stall < best[0]):
+            best = (stall, "stall", t.stall or 0.0)
         total = self._total_deadline
         if total is not None and t.total is not None and (best is None or total < best[0]):
             best = (total, "total", t.total)
@@ -228,5 +250,11 @@ class AttemptWatch:
                 why = f"engine {engine} down: its /health did not answer while the answer was quiet"
                 raise UpstreamStalled(phase, QUIET_CHECK, why) from None
             t = self.timeouts
+            if phase == "stall":
+                why = (
+                    f"the answer stalled: no token for {t.stall:g} s since its last one, "
+                    "through its continuation"
+                )
+                raise UpstreamStalled(phase, t.stall or 0.0, why) from None
             seconds = {"first_token": t.first_token, "idle": t.idle, "total": t.total}[phase]
             raise UpstreamStalled(phase, seconds or 0.0) from None

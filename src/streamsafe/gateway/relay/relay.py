@@ -80,11 +80,12 @@ class Relay:
             first_token=config.first_token_timeout,
             idle=config.idle_timeout,
             total=config.total_timeout,
+            stall=config.stall_timeout,
         )
         #: A non-streamed answer's headers come when the whole answer is done, so neither a
         #: first-token nor an idle bound tells a stalled engine from a long answer there: only
         #: the total bounds it (cutting it would only make the engine start it over).
-        self.whole_answer_timeouts = UpstreamTimeouts(None, None, config.total_timeout)
+        self.whole_answer_timeouts = UpstreamTimeouts(None, None, config.total_timeout, stall=None)
 
     async def run(self, gen: Generation, cut: str | None = None) -> None:
         """Admit ``gen``, call upstream, and end it; the body of its reader task. Cancelling the
@@ -190,13 +191,15 @@ class Relay:
                 if not await self._refusal_turn(gen, attempts, repair):
                     return
                 try:
-                    broken = await self.attempt(gen, attempts, repair.total_deadline)
+                    broken = await self.attempt(gen, attempts, repair)
                 finally:
                     call = attempts.refused_call
                     if call.gate is not None:
                         call.gate.done(call)
             if broken is None:
                 return
+            if broken.quiet_since is not None:  # it relayed events: the stall began at the last
+                repair.quiet_since = broken.quiet_since
             attempts.cut()
             # Only a stream the upstream ends with [DONE] (OpenAI's format) reads back as a
             # partial answer; Llama Stack's streams end in their own way (see stream_reader).
@@ -262,7 +265,7 @@ class Relay:
             # for a timeout on an engine known gone (docs/design.md, Failover).
             broken.why = f"{broken.why}; {stranded}"
         if (
-            (broken.stalled is not None and broken.stalled.phase == "total")
+            (broken.stalled is not None and broken.stalled.phase in ("total", "stall"))
             or (repair.tries >= self.config.max_continuations and not shed)
             or self.engines.all_down()
             or stranded is not None
@@ -361,10 +364,7 @@ class Relay:
         return True
 
     async def attempt(
-        self,
-        gen: Generation,
-        attempts: Attempts,
-        total_deadline: float | None = None,
+        self, gen: Generation, attempts: Attempts, repair: _Repair
     ) -> BrokenAttempt | None:
         """One upstream request for ``gen`` (its request, or the continuation it has), within the
         upstream timeouts. Returns why it broke where another attempt may repair it (this engine
@@ -372,14 +372,14 @@ class Relay:
         Traced as one span where tracing is on (see :mod:`.tracing`)."""
         tracing = self.tracing
         if not tracing.enabled:
-            return await self._attempt(gen, attempts, total_deadline)
+            return await self._attempt(gen, attempts, repair)
         if gen.trace is None:  # taken over from another replica: a trace of its own here
             gen.trace = tracing.generation(gen.id)
         continuing = gen.continuations > 0 and gen.length > 0
         span = tracing.attempt(gen.trace, gen.continuations + 1, continuing)
         broken: BrokenAttempt | None = None
         try:
-            broken = await self._attempt(gen, attempts, total_deadline)
+            broken = await self._attempt(gen, attempts, repair)
             return broken
         finally:
             engine = gen.engine or attempts.upstream.base_url
@@ -387,16 +387,32 @@ class Relay:
             tracing.end_attempt(span, gen.trace, engine, gen.upstream_status, why)
 
     async def _attempt(
-        self, gen: Generation, attempts: Attempts, total_deadline: float | None
+        self, gen: Generation, attempts: Attempts, repair: _Repair
     ) -> BrokenAttempt | None:
-        """:meth:`attempt`, untraced."""
+        """:meth:`attempt`, untraced; a broken attempt that relayed events says when it went
+        quiet (``quiet_since``), so the next one keeps the stall's bound."""
+        bounds = self.timeouts if gen.stream else self.whole_answer_timeouts
+        stall = bounds.stall
+        quiet = repair.quiet_since
+        watch = AttemptWatch(
+            bounds,
+            repair.total_deadline,
+            None if stall is None or quiet is None else quiet + stall,
+        )
+        broken = await self._watched_attempt(gen, attempts, watch)
+        if broken is not None and watch.flowing and gen.length > 0:
+            broken.quiet_since = watch.last_read
+        return broken
+
+    async def _watched_attempt(
+        self, gen: Generation, attempts: Attempts, watch: AttemptWatch
+    ) -> BrokenAttempt | None:
         continuing = gen.continuations > 0 and gen.length > 0
         ask = gen.continuation
         path, body = (gen.request.path, gen.request.body) if ask is None else (ask.path, ask.body)
         response: httpx2.Response | None = None
         try:
-            bounds = self.timeouts if gen.stream else self.whole_answer_timeouts
-            async with AttemptWatch(bounds, total_deadline) as watch:
+            async with watch:
                 if gen.stream:
                     return await self._streams.attempt(gen, path, body, watch, continuing, attempts)
                 opened = await self._streams.open(gen, path, body, watch, continuing, attempts)
@@ -416,7 +432,7 @@ class Relay:
             if exc.phase != "total":
                 # An engine silent past the first-token timeout is not asked again for this
                 # generation: asking it again would only wait as long once more.
-                attempts.failed(str(exc), shun=exc.phase == "first_token")
+                attempts.failed(str(exc), shun=exc.phase in ("first_token", "stall"))
             status = 503 if exc.phase == "engine_down" else 504
             return BrokenAttempt(str(exc), status, stalled=exc)
         except httpx2.HTTPError as exc:
@@ -436,6 +452,9 @@ class _Repair:
 
     total_deadline: float | None
     tries: int = 0
+    #: Loop time of the answer's last event before the latest break (``None``: none relayed
+    #: yet): the next attempt must send its first event within ``stall_timeout`` of it.
+    quiet_since: float | None = None
     shed_since: float | None = None
     #: The latest attempt the engine refused (shed), which the next waits at its gate for.
     refused: BrokenAttempt | None = None
