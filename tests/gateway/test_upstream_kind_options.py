@@ -69,6 +69,23 @@ def test_identical_sampled_plain_calls_share_one_generation_by_default() -> None
         assert s.sim.stats()["generations_started"] == 1
 
 
+def test_a_finished_sampled_plain_call_is_replayed_only_once_a_copy_of_it_came_while_it_ran() -> (
+    None
+):
+    with make_stack(fast_sim(itl_ms=10.0), grace=30.0) as s:
+        alone = chat_body("asked twice", max_tokens=10, stream=False)
+        for _ in range(2):  # one after the other: two calls, two samples
+            _post_json(s.url, alone, [])
+        assert s.sim.stats()["generations_started"] == 2
+        retried = chat_body("retried", max_tokens=30, stream=False)
+        _while_the_first_runs(s, retried)  # the second copy joined the running one
+        assert s.sim.stats()["generations_started"] == 3
+        out: list[httpx2.Response] = []
+        _post_json(s.url, retried, out)  # the third, after it finished: the same answer
+        assert out[0].status_code == 200
+        assert s.sim.stats()["generations_started"] == 3
+
+
 def test_identical_sampled_streams_stay_apart_by_default() -> None:
     # A server cancels an abandoned stream: an identical sampled stream is a new wish for a
     # sample, running or not.

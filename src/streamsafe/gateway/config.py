@@ -51,9 +51,10 @@ class GatewayConfig:
     #: with no marker; this makes it one generation. Default ``auto``: requests whose answer is
     #: determined (greedy, ``temperature`` 0, or seeded), where sharing changes no answer, and
     #: plain calls, which a server runs to the end after its client gave up (so the client's
-    #: retry finds the first copy running or just finished; two users who send the same sampled
-    #: plain call within that window get one sample); sampled streams stay independent (a server
-    #: cancels an abandoned stream, so a duplicate stream is a new wish for a sample).
+    #: retry finds the first copy running; it finds one finished only where a copy already
+    #: joined it while it ran; two users who send the same sampled plain call while it runs get
+    #: one sample); sampled streams stay independent (a server cancels an abandoned stream, so a
+    #: duplicate stream is a new wish for a sample).
     #: ``deterministic``: determined ones only; ``all``: sampled streams too; ``off``: none.
     collapse_identical: CollapseSetting = "auto"
     #: Seconds a generation keeps running after its last subscriber left (default 5: long enough

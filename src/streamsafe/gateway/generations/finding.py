@@ -140,14 +140,20 @@ class Finding:
         # identical request is taken for one while the first copy runs, or within the grace
         # period after it finished (Llama Stack waited for that answer and dropped it, as its
         # caller had left).
+        # A sampled plain call replays a finished one only where a copy of it already came while
+        # it ran (``duplicated``): the client is evidently retrying it. One that ran alone was a
+        # call of its own, and the same call again is another wish for a sample.
         found = self._generations.by_body(req.tenant, req.fingerprint)
-        if found is not None and (
-            found.live
-            or (
-                found.state is State.DONE
-                and found.finished_at is not None
-                and self._clock() - found.finished_at <= self._config.grace
-            )
+        if found is None:
+            return None
+        if found.live:
+            found.duplicated = True
+            return found
+        if (
+            found.state is State.DONE
+            and found.finished_at is not None
+            and self._clock() - found.finished_at <= self._config.grace
+            and (req.deterministic or found.duplicated or self._config.collapse_identical == "all")
         ):
             return found
         return None

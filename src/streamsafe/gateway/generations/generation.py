@@ -116,6 +116,7 @@ class Generation:
         "continuation",
         "continuations",
         "cost",
+        "duplicated",
         "created_at",
         "engine",
         "failure",
@@ -167,6 +168,8 @@ class Generation:
         self.failure: Failure | None = None
         self.upstream_status: int | None = None
         self.subscribers = 0
+        #: An identical request without a marker joined it while it ran (see finding.py).
+        self.duplicated = False
         self.version = 0
         # A list only while someone waits: a generation kept for replay holds no container the
         # garbage collector walks but what it needs (see docs/benchmarks.md).
