@@ -5,6 +5,7 @@ gateway coalesces into the generation already running."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -93,13 +94,20 @@ def test_the_storm_through_the_gateway_is_one_vllm_request_per_call_and_all_answ
             target=lambda: results.extend(_plain_calls(vllm_engine, gw.url, seed=2003))
         )
         caller.start()
-        # Stalled until every caller has timed out once and retried: the same stall as
-        # straight, up to the point where the retries would start over at vLLM.
-        wait_until(lambda: gw.gw.stats()["retries_seen"] >= CALLS, what="every caller retried")
+        # Stalled as long as straight (past all three attempts' timeouts): the callers state
+        # their read timeout, so the gateway keeps them alive (102 Processing) and none retries;
+        # a retry that came anyway would attach to the waiting generation.
+        wait_until(
+            lambda: len(vllm_engine.requests_received(seed=2003)) == CALLS, what="all received"
+        )
+        stalled_until = time.monotonic() + 3 * TIMEOUT + 1.0
+        wait_until(lambda: time.monotonic() > stalled_until, what="the stall")
         vllm_engine.resume()
         caller.join(60)
+        retried = gw.gw.stats()["retries_seen"]
     assert results == wanted
     assert len(vllm_engine.requests_received(seed=2003)) == CALLS
+    assert retried == 0
 
 
 def test_openai_streams_through_the_gateway_survive_a_stall_past_their_timeout(
