@@ -23,8 +23,12 @@ from streamsafe.retry import RetryPolicy
 
 __all__ = ["REFUSAL_BACKOFF", "RefusalRules", "Refusing", "Turn", "next_turn"]
 
-#: The wait after each refusal in a row (see :attr:`RefusalRules.backoff`).
-REFUSAL_BACKOFF = RetryPolicy(initial_delay=1.0, max_delay=8.0, max_retry_after=10.0)
+#: The wait after each refusal in a row (see :attr:`RefusalRules.backoff`): capped at 2 s, so
+#: that a call's six asks come at most 2 s apart and find an engine that is up 2 s of every few
+#: (a flapping engine: the crash-test suite's 2 s up, 3 s down), while its ``Retry-After`` and
+#: the 4-in-3-s window keep them from hammering it. With 8 s waits a call refused through one
+#: down period could spend its asks in the next ones and fail where the engine was up between.
+REFUSAL_BACKOFF = RetryPolicy(initial_delay=1.0, max_delay=2.0, max_retry_after=10.0)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -42,7 +46,7 @@ class RefusalRules:
     """Asks within any ``window`` seconds, per call and per engine (default 4)."""
     backoff: RetryPolicy = REFUSAL_BACKOFF
     """The wait after each refusal in a row: full jitter over ``initial_delay * 2**n`` capped at
-    ``max_delay`` (1, 2, 4, 8, 8 s), never shorter than the engine's ``Retry-After`` up to
+    ``max_delay`` (1, 2, 2, ... s), never shorter than the engine's ``Retry-After`` up to
     ``max_retry_after`` (10 s: an engine that asks for longer is waited for that long at most,
     and a call's own deadline decides whether it waits at all)."""
 
