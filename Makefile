@@ -1,5 +1,5 @@
 # Two commands set everything up: `make demo` and `make test`. Both create .venv on first use and
-# reinstall only when pyproject.toml changes.
+# reinstall only when pyproject.toml or requirements/lock.txt changes.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,10 +9,11 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# pyproject.toml holds ranges; requirements/lock.txt the tested set, installed as constraints.
+$(STAMP): pyproject.toml requirements/lock.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c requirements/lock.txt -e '.[dev]'
 	touch $(STAMP)
 
 # The synchronous client is generated from the asynchronous one; lint fails when they drift.

@@ -30,6 +30,13 @@ _DEFAULT_LEVEL = {"serve": "info", "simulate": "info"}
 #: Packages some commands import only when they run, and the extra that installs each
 #: (``pip install 'streamsafe[EXTRA]'``; ``make demo`` and ``make test`` install them all).
 _EXTRAS = {
+    "uvicorn": "gateway",
+    "uvloop": "gateway",
+    "httptools": "gateway",
+    "prometheus_client": "gateway",
+    "redis": "gateway",
+    "cryptography": "gateway",
+    "rich": "demo",
     "openai": "peers",
     "llama_stack_client": "peers",
     "fire": "peers",
