@@ -1,10 +1,13 @@
-"""What sealing the answers in Redis costs per chunk (issue 33, row 7): two gateways on one
-``redis-server`` in front of one simulator, ``--redis`` alone and ``--redis --redis-secret``;
+"""What sealing the answers in Redis costs per chunk (issue 33, row 7): two gateways, each on a
+``redis-server`` of its own (a fleet of one: the two do not share a fleet), in front of one
+simulator, ``--redis`` alone and ``--redis --redis-secret``;
 the same streaming load (``--streams`` x ``--chunks`` at the simulator's ITL, as ``bench
 peers`` sends it) through each, taking turns for ``--rounds`` rounds. Reported: each gateway's
 CPU seconds per 100k chunks (its process tree, charged as ``bench peers`` charges it) and, per
 round, sealed over clear; the median of those ratios is the figure (both sides of each saw the
-same moment of the machine).
+same moment of the machine). Then, in this process, what sealing and opening one chunk costs
+alone (the simulator's first chunk, sealed as a batch of one, as the relay appends it), set
+against the clear gateway's CPU per chunk: the end-to-end ratio is within the machine's noise.
 
     PYTHONPATH=src python scripts/bench_redis_seal.py [--streams 20] [--chunks 300] [--rounds 5]
 """
@@ -15,11 +18,13 @@ import argparse
 import contextlib
 import statistics
 import sys
+import timeit
 
 from streamsafe.bench.measure import measure_phase
 from streamsafe.bench.processes import RedisServer, free_port, http_ok, launched
 from streamsafe.bench.tap import Tap
 from streamsafe.engine_sim import SimConfig, Simulator
+from streamsafe.gateway.replicas.record_seal import RecordSeal
 from streamsafe.serving import ServerThread
 
 
@@ -40,8 +45,8 @@ def main() -> None:
         default_max_tokens=args.chunks,
     )
     tap = Tap(Simulator(config))
-    redis = RedisServer().start()
     gateways = {"clear": (), "sealed": ("--redis-secret", "bench-secret")}
+    redis = {name: RedisServer() for name in gateways}
     figures: dict[str, list[float]] = {name: [] for name in gateways}
     try:
         with contextlib.ExitStack() as stack:
@@ -49,8 +54,9 @@ def main() -> None:
             running = {}
             for name, extra in gateways.items():
                 port = free_port()
+                store = redis[name].start().url
                 cmd = [sys.executable, "-m", "streamsafe.cli", "serve", "--upstream", engine]
-                cmd += ["--redis", redis.url, "--port", str(port), "--log-level", "warning"]
+                cmd += ["--redis", store, "--port", str(port), "--log-level", "warning"]
                 url = f"http://127.0.0.1:{port}"
                 proc = stack.enter_context(
                     launched([*cmd, *extra], name=name, ready=http_ok(url + "/health"))
@@ -70,12 +76,35 @@ def main() -> None:
                     ok = phase.streams_ok
                     print(f"  round {r + 1} {name:6s} {per_100k:6.2f} s/100k chunks ({ok} ok)")
     finally:
-        redis.stop()
+        for server in redis.values():
+            server.stop()
     ratios = [s / c for s, c in zip(figures["sealed"], figures["clear"], strict=True)]
     for name, values in figures.items():
         print(f"{name:6s} CPU s / 100k chunks: median {statistics.median(values):.2f}")
     spread = f"{min(ratios):.3f} .. {max(ratios):.3f}"
     print(f"sealed / clear, per round: median {statistics.median(ratios):.3f} ({spread})")
+    seal_us, open_us = _alone()
+    clear_us = statistics.median(figures["clear"]) * 10  # s / 100k chunks -> us / chunk
+    share = (seal_us + open_us) / clear_us
+    print(
+        f"alone: seal {seal_us:.2f} us, open {open_us:.2f} us per chunk; together"
+        f" {share:.1%} of the clear gateway's {clear_us:.0f} us per chunk"
+    )
+
+
+def _alone(n: int = 50_000) -> tuple[float, float]:
+    """Microseconds to seal one chunk (a batch of one) and to open it, best of three."""
+    seal = RecordSeal("bench-secret")
+    chunk = (
+        b'{"id":"chatcmpl-0123456789abcdef","object":"chat.completion.chunk","created":1,'
+        b'"model":"sim-llama-8b","choices":[{"index":0,"delta":{"content":" word"},'
+        b'"logprobs":null,"finish_reason":null}]}'
+    )
+    gen = b"gen-0123456789abcdef01234567"
+    sealed = seal.seal_entries(gen, 42, [chunk])[0]
+    sealing = min(timeit.repeat(lambda: seal.seal_entries(gen, 42, [chunk]), number=n, repeat=3))
+    opening = min(timeit.repeat(lambda: seal.open_entry(gen, 42, sealed), number=n, repeat=3))
+    return sealing / n * 1e6, opening / n * 1e6
 
 
 if __name__ == "__main__":

@@ -107,6 +107,10 @@ class RedisStore:
         self.epoch: str | None = None
         #: Seconds the fleet's marker outlives its last renewal (the replicas' ``orphan_ttl``).
         self.marker_ttl = 3600.0
+        #: Whether this replica reads the fleet's records, as the marker's check last said
+        #: (``None`` until it was read). Where it does not, it does not find the others' keys
+        #: either (they are named with another secret's hash).
+        self.reads_fleet: bool | None = None
 
     # -- key names ------------------------------------------------------------------------------
 
@@ -401,6 +405,7 @@ class RedisStore:
         epoch, check = await self._scripts.fleet(
             self.fleet_key(), os.urandom(8).hex(), self.fleet_check(), self.marker_ttl
         )
+        self.reads_fleet = self.opens(check or b"")
         return text(epoch) or "", check or b""
 
     async def _known_epoch(self) -> str:
