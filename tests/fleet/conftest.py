@@ -37,12 +37,13 @@ def own_redis() -> Iterator[RedisProcess]:
 async def make_store(
     redis_server: RedisProcess,
 ) -> AsyncIterator[Callable[..., RedisStore]]:
-    """make_store(url=None) -> a RedisStore under this test's own prefix (one replica each)."""
+    """make_store(url=None, secret=None) -> a RedisStore under this test's own prefix (one
+    replica each), sealing with ``secret`` where given."""
     prefix = f"t{uuid.uuid4().hex[:8]}:"
     stores: list[RedisStore] = []
 
-    def _make(url: str | None = None) -> RedisStore:
-        store = RedisStore(url or redis_server.url, prefix=prefix)
+    def _make(url: str | None = None, secret: str | None = None) -> RedisStore:
+        store = RedisStore(url or redis_server.url, prefix=prefix, secret=secret)
         stores.append(store)
         return store
 

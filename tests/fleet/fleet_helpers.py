@@ -7,13 +7,26 @@ from __future__ import annotations
 
 import os
 import shutil
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from streamsafe.bench.processes import RedisServer as RedisProcess
 from streamsafe.bench.processes import ServerProcess as Process
+from streamsafe.gateway.generations.finding import claim_key
+from streamsafe.gateway.replicas.store_redis import RedisStore
 
-__all__ = ["Process", "RedisProcess", "redis_binary"]
+__all__ = ["Process", "RedisProcess", "claim_name", "redis_binary"]
+
+
+def claim_name(idempotency_key: str, secret: str | None = None, tenant: str = "anonymous") -> str:
+    """The Redis key of the claim a gateway (default prefix, ``secret``) holds for a request
+    with this Idempotency-Key, as the store names it (the schema is the store's, not the
+    tests')."""
+    req: Any = SimpleNamespace(tenant=tenant, idempotency_key=idempotency_key)
+    store = RedisStore("redis://127.0.0.1:1/0", secret=secret)  # names only: never connects
+    return store.claim_key(claim_key(req) or "")
 
 
 def redis_binary() -> str:

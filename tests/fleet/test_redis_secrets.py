@@ -2,7 +2,8 @@
 data (``X-LlamaStack-Provider-Data``: provider API keys) in clear. With ``--redis-secret`` both
 are sealed and a dead owner's generation is still taken over; without it the provider data
 never reaches Redis, and such a generation ends with a 503 rather than run elsewhere under
-other credentials."""
+other credentials. Issue 33, row 7: the answers (event logs) were kept in clear even with a
+secret, and idempotency keys were part of key names."""
 
 from __future__ import annotations
 
@@ -46,9 +47,10 @@ def _events(response: httpx2.Response) -> Iterator[tuple[int, bytes]]:
 
 
 def _everything_in(client: redis.Redis) -> bytes:
-    """Every value Redis holds, as bytes."""
+    """Every key name and every value Redis holds, as bytes."""
     out = []
     for key in client.scan_iter():
+        out.append(key)
         kind = client.type(key)
         if kind == b"string":
             out.append(client.get(key) or b"")
@@ -116,3 +118,60 @@ def test_prompt_and_provider_data_in_redis_and_a_dead_owner_s_generation(
     finally:
         owner.kill()
         other.stop()
+
+
+def _generations(sim: Process) -> int:
+    return int(httpx2.get(sim.url + "/stats", timeout=10).json()["generations_started"])
+
+
+def test_with_a_secret_redis_holds_no_answer_nor_key_and_another_secret_is_refused(
+    sim: Process, own_redis: RedisProcess
+) -> None:
+    """Neither the answer's events, nor the idempotency key, nor the prompt are anywhere in
+    Redis (key names included), mid-stream or once it ended; a replica with the same secret
+    resumes a dead owner's stream exactly, one with another secret refuses with a 503 naming
+    --redis-secret and starts nothing."""
+    owner = _serve(sim, own_redis, "--redis-secret", "fleet-secret")
+    other = _serve(sim, own_redis, "--redis-secret", "fleet-secret")
+    stranger: Process | None = None
+    try:
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "my private question"}],
+            "max_tokens": 40,
+            "stream": True,
+        }
+        idem = "my-idempotency-key-7"
+        headers = {"Idempotency-Key": idem}
+        client = redis.Redis.from_url(own_redis.url)
+        got, held = _killed_mid_stream(owner, client, body, headers)
+        completion_id = json.loads(got[0][1])["id"].encode()
+        # Every chunk of the answer names its object and its completion's id.
+        secrets = [b"my private question", idem.encode(), b"chat.completion", completion_id]
+        answer = [data for _, data in got]
+        for clear in secrets + answer:
+            assert clear not in held, clear
+        stranger = _serve(sim, own_redis, "--redis-secret", "another-secret")
+        started = _generations(sim)
+        resume = {**headers, "Last-Event-ID": str(got[-1][0])}
+        url = "/v1/chat/completions"
+        refused = httpx2.post(stranger.url + url, json=body, headers=resume, timeout=30)
+        assert refused.status_code == 503, refused.text
+        assert "--redis-secret" in refused.json()["error"]["message"]
+        assert _generations(sim) == started  # never a second generation
+        with httpx2.stream("POST", other.url + url, json=body, headers=resume, timeout=30) as r:
+            assert r.status_code == 200
+            got += list(_events(r))
+        ids = [event_id for event_id, _ in got]
+        assert ids == list(range(len(got)))  # every event once, in order
+        payloads = [json.loads(data) for _, data in got if data != b"[DONE]"]
+        text = "".join(p["choices"][0]["delta"].get("content") or "" for p in payloads)
+        assert text == expected_text(body, 40, 0)
+        held = _everything_in(client)  # kept for replay: still sealed
+        for clear in secrets + [data for _, data in got if data != b"[DONE]"]:
+            assert clear not in held, clear
+    finally:
+        owner.kill()
+        other.stop()
+        if stranger is not None:
+            stranger.stop()

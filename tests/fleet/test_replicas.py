@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import httpx2
 import pytest
-from fleet_helpers import Process, RedisProcess
+from fleet_helpers import Process, RedisProcess, claim_name
 
 from streamsafe.engine_sim import expected_text
 
@@ -361,7 +361,7 @@ def test_a_dead_owners_generation_nobody_takes_over_leaves_nothing_for_ever(
         owner.kill()
     client = redis.Redis.from_url(own_redis.url)
     lifetimes = {name.decode(): client.pttl(name) for name in client.scan_iter("ss:*")}
-    claim = "ss:k:k\x00anonymous\x00orphan-1"
+    claim = claim_name("orphan-1")
     assert claim in lifetimes and any(n.endswith(":log") for n in lifetimes), lifetimes
     # Every key lapses (-1: none set); the generation's own within the orphan TTL.
     assert all(ms > 0 for ms in lifetimes.values()), lifetimes
@@ -448,7 +448,7 @@ def test_redis_lost_mid_stream_the_owner_finishes_and_comes_back(
         assert back.status_code == 200
         import redis
 
-        assert redis.Redis.from_url(own_redis.url).get("ss:k:k\x00anonymous\x00after-redis-1")
+        assert redis.Redis.from_url(own_redis.url).get(claim_name("after-redis-1"))
     finally:
         gw.stop()
 
@@ -532,7 +532,7 @@ def test_a_generation_abandoned_while_redis_was_away_leaves_no_claim_once_it_is_
             time.sleep(0.05)
         # Written back with its end, but not its claim: nothing would ever release it, and a
         # retry would wait for a record that lapsed.
-        claim = "ss:k:k\x00anonymous\x00abandoned-in-outage-1"
+        claim = claim_name("abandoned-in-outage-1")
         assert redis.Redis.from_url(own_redis.url).exists(claim) == 0
     finally:
         gw.stop()

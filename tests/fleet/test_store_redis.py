@@ -14,6 +14,7 @@ from redis.exceptions import RedisError
 
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
 from streamsafe.gateway.generations.store import LeaseLost
+from streamsafe.gateway.replicas.record_seal import Unsealable
 from streamsafe.gateway.replicas.redis_log import LogConflict, LogLost
 from streamsafe.gateway.replicas.replicas import Replicas
 from streamsafe.gateway.replicas.store_redis import RedisStore, StateLost
@@ -461,3 +462,157 @@ async def test_a_generation_that_ends_while_the_write_back_runs_has_its_end_reco
     assert 0 < await store.redis.pttl(store.log_key("gen-0")) <= 60_000
     assert await store.state_changes("gen-0") == 1
     await replicas.close()
+
+
+# -- sealed with the replicas' secret (issue 33, row 7) ---------------------------------------
+
+
+async def _everything(store: RedisStore) -> bytes:
+    """Every key name under the store's prefix and every value Redis holds under it."""
+    out: list[bytes] = []
+    async for name in store.redis.scan_iter(match=store.prefix + "*"):
+        out.append(name)
+        kind = await store.redis.type(name)
+        if kind == b"string":
+            out.append(await store.redis.get(name) or b"")
+        elif kind == b"hash":
+            out += [k + v for k, v in (await store.redis.hgetall(name)).items()]
+        elif kind == b"stream":
+            for _, fields in await store.redis.xrange(name):
+                out += [k + v for k, v in fields.items()]
+    return b"\n".join(out)
+
+
+async def test_a_sealed_log_holds_no_payload_in_clear_and_opens_only_with_the_secret(
+    make_store: MakeStore,
+) -> None:
+    writer = make_store(secret="fleet-secret")
+    log = writer.log("gen-1")
+    payloads = [b'{"text":"the answer, part one"}', b'{"text":"part two"}', b"[DONE]"]
+    assert await log.append(payloads[:2]) == 2
+    assert await log.append(payloads[2:]) == 3
+    held = await _everything(writer)
+    assert all(p not in held for p in payloads), held
+    entries = await writer.redis.xrange(writer.log_key("gen-1"))
+    assert [e[0] for e in entries] == [b"0-1", b"0-2", b"0-3"]  # still the SSE offsets
+    same = make_store(secret="fleet-secret").log("gen-1")
+    assert await same.read(0) == payloads
+    assert await same.read(2) == [b"[DONE]"]
+    assert same.length == 3
+    for stranger in (make_store(secret="another-secret"), make_store()):
+        with pytest.raises(Unsealable, match="gen-1"):
+            await stranger.log("gen-1").read(0)
+
+
+async def test_a_sealed_entry_moved_to_another_offset_or_log_does_not_open(
+    make_store: MakeStore,
+) -> None:
+    store = make_store(secret="fleet-secret")
+    await store.log("gen-1").append([b"one", b"two"])
+    (_, first), (_, second) = await store.redis.xrange(store.log_key("gen-1"))
+    await store.redis.xadd(store.log_key("gen-2"), second, id="0-1")  # another log
+    await store.redis.xadd(store.log_key("gen-3"), first, id="0-1")
+    await store.redis.xadd(store.log_key("gen-3"), first, id="0-2")  # another offset
+    with pytest.raises(Unsealable):
+        await store.log("gen-2").read(0)
+    with pytest.raises(Unsealable):
+        await store.log("gen-3").read(1)
+
+
+@pytest.mark.parametrize(
+    ("batches", "state"),
+    [
+        ([[b'{"a":1}'], [b"[DONE]"]], b"done"),
+        ([[b'{"a":1}', b'{"error":{"code":502}}'], [b"[DONE]"]], b"failed"),
+        ([[b'{"error":{"code":502}}', b"[DONE]"]], b"failed"),
+    ],
+)
+async def test_a_sealed_append_that_ends_the_log_records_the_end_with_it(
+    make_store: MakeStore, batches: list[list[bytes]], state: bytes
+) -> None:
+    a = make_store(secret="fleet-secret")
+    await a.put_generation("gen-1", {"state": "running"}, ttl=30)
+    assert await a.take_lease("gen-1", ttl=30)
+    log = a.log("gen-1", lease_holder=a.replica_id)
+    for batch in batches:
+        await log.append(batch)
+    assert (await a.generation("gen-1") or {})["state"] == state
+    held = await _everything(a)
+    assert b"[DONE]" not in held and b'"error"' not in held  # told apart, yet sealed
+
+
+async def test_key_names_hold_no_caller_string(make_store: MakeStore) -> None:
+    """An idempotency key, a tenant and a body's fingerprint name their keys by a hash: keyed
+    with the secret where there is one (other secrets, other names), plain SHA-256 without."""
+    plain, sealed, other = make_store(), make_store(secret="s1"), make_store(secret="s2")
+    key, tenant, fp = "k\x00tenant-7\x00my-idempotency-key", "tenant-7", b"\x01\x02fp"
+    for store in (plain, sealed, other):
+        for name in (store.claim_key(key), store.fingerprint_key(tenant, fp)):
+            assert "idempotency" not in name and tenant not in name and fp.hex() not in name
+        assert store.claim_key(key) == store.claim_key(key)
+    assert len({s.claim_key(key) for s in (plain, sealed, other)}) == 3
+    assert len({s.fingerprint_key(tenant, fp) for s in (plain, sealed, other)}) == 3
+    assert await sealed.claim(key, "gen-1") is None
+    assert await sealed.owner(key) == "gen-1"
+    assert await sealed.claim(key, "gen-2") == "gen-1"
+    assert await plain.owner(key) is None  # another name: no secret is no key
+    assert b"my-idempotency-key" not in await _everything(sealed)
+
+
+async def test_a_sealed_record_holds_no_key_nor_fingerprint_and_opens_with_the_secret(
+    make_store: MakeStore,
+) -> None:
+    store = make_store(secret="fleet-secret")
+    replicas = _replica(store)
+    req = GenerationRequest(
+        "t", "/v1/chat/completions", b'{"prompt":"my question"}', b"fp-of-my-question", 1, True
+    )
+    gen = Generation("gen-1", req, replicas.new_log("gen-1"), "k\x00t\x00idem-key-1")
+    await replicas.publish(gen)
+    await gen.log.append([b'{"text":"my answer"}'])
+    held = await _everything(store)
+    for clear in (b"my question", b"fp-of-my-question", b"idem-key-1", b"my answer"):
+        assert clear not in held, clear
+    reader = _replica(make_store(secret="fleet-secret"))
+    mirror = await reader.find("gen-1", None, 0.0)
+    assert mirror is not None
+    assert mirror.key == "k\x00t\x00idem-key-1"
+    assert mirror.request.fingerprint == b"fp-of-my-question"
+    assert await mirror.log.read(0) == [b'{"text":"my answer"}']
+    await reader.close()
+    await replicas.close()
+
+
+async def test_a_mirror_whose_log_it_cannot_open_ends_with_a_503_never_sealed_bytes(
+    make_store: MakeStore,
+) -> None:
+    owner_store = make_store(secret="fleet-secret")
+    owner = _replica(owner_store)
+    req = GenerationRequest("t", "/v1/chat/completions", b"{}", b"fp", 1, True)
+    gen = Generation("gen-1", req, owner.new_log("gen-1"), None)
+    await owner.publish(gen)
+    await gen.log.append([b'{"n":1}'])
+    follower = _replica(make_store(secret="fleet-secret"))
+    mirror = await follower.find("gen-1", None, 0.0)
+    assert mirror is not None
+    ended: list[State] = []
+
+    async def never(_: Generation) -> None:
+        raise AssertionError("taken over")
+
+    follower.follow(mirror, lambda _, state: ended.append(state), never)
+    # An entry sealed with another secret, under the owner's lease.
+    odd = make_store(secret="another-secret").log("gen-1", lease_holder=owner_store.replica_id)
+    await odd.sync()
+    await odd.append([b'{"n":2}'])
+
+    async def the_end() -> list[State]:
+        return ended
+
+    assert await eventually(the_end) == [State.FAILED]
+    events = await mirror.log.read(0)
+    assert events[0] == b'{"n":1}' and events[-1] == b"[DONE]" and len(events) == 3
+    error = events[1]
+    assert b'"code":503' in error and b"--redis-secret" in error
+    await follower.close()
+    await owner.close()

@@ -12,7 +12,7 @@ from typing import Any
 import httpx2
 import pytest
 import redis
-from fleet_helpers import Process, RedisProcess
+from fleet_helpers import Process, RedisProcess, claim_name
 
 from streamsafe.engine_sim import expected_text
 
@@ -69,8 +69,7 @@ def _generations(sim: Process) -> int:
 def _as_if_killed_before_recording_its_end(client: redis.Redis, key: str) -> None:
     """Make Redis hold what a replica killed right after its answer's end went out left: the
     whole log, the record still running, no lease."""
-    (claim,) = client.scan_iter(match=f"ss:k:*{key}")
-    gen_id = client.get(claim).decode()  # type: ignore[union-attr]
+    gen_id = client.get(claim_name(key)).decode()  # type: ignore[union-attr]
     client.hset(f"ss:{{{gen_id}}}:meta", "state", "running")
     client.delete(f"ss:{{{gen_id}}}:lease")
 

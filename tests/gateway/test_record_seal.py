@@ -1,6 +1,7 @@
 """What a generation's Redis record holds of its prompt and its provider data (issue 23, row
 12): both were there in clear (provider API keys in ``X-LlamaStack-Provider-Data``), for up to
-an hour after an owner's death. Pure: records are built and read back without Redis."""
+an hour after an owner's death; and (issue 33, row 7) of its idempotency key, its answer's log
+entries and the names of its keys. Pure: records are built and read back without Redis."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import pytest
 
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest
 from streamsafe.gateway.generations.store import MemoryEventLog
-from streamsafe.gateway.replicas.generation_record import record_of, request_of
-from streamsafe.gateway.replicas.record_seal import RecordSeal, Unsealable
+from streamsafe.gateway.replicas.generation_record import key_of, record_of, request_of
+from streamsafe.gateway.replicas.record_seal import RecordSeal, Unsealable, key_name
 
 PROMPT = b'{"model":"m","messages":[{"role":"user","content":"my private question"}]}'
 PROVIDER = b'x-llamastack-provider-data: {"together_api_key": "sk-provider-secret"}\r\n'
+
+
+KEY = "k\x00t-1\x00my-idempotency-key"
 
 
 def _gen(gen_id: str = "gen-1", forward: bytes = PROVIDER) -> Generation:
@@ -25,7 +29,7 @@ def _gen(gen_id: str = "gen-1", forward: bytes = PROVIDER) -> Generation:
         stream=True,
         forward=forward,
     )
-    return Generation(gen_id, req, MemoryEventLog(), None, 0.0)
+    return Generation(gen_id, req, MemoryEventLog(), KEY, 0.0)
 
 
 def _stored(record: dict[str, bytes | str | int]) -> dict[str, bytes]:
@@ -66,3 +70,44 @@ def test_a_sealed_field_opens_only_with_its_secret_and_in_its_own_record() -> No
         request_of(record, "gen-2", RecordSeal("fleet-secret"))  # copied into another record
     with pytest.raises(ValueError):
         RecordSeal("")
+
+
+def test_with_a_secret_the_key_and_the_fingerprint_are_sealed_and_read_back() -> None:
+    record = _stored(record_of(_gen(), RecordSeal("fleet-secret")))
+    assert b"my-idempotency-key" not in _clear_text(record)
+    assert b"f" * 16 not in _clear_text(record)  # an unkeyed hash of the prompt
+    other = RecordSeal("fleet-secret")  # another replica
+    assert key_of(record, "gen-1", other) == KEY
+    assert request_of(record, "gen-1", other).fingerprint == b"f" * 16
+    with pytest.raises(Unsealable):
+        key_of(record, "gen-1", RecordSeal("another secret"))
+    plain = _stored(record_of(_gen()))  # without a secret, as before
+    assert key_of(plain, "gen-1") == KEY and request_of(plain, "gen-1").fingerprint == b"f" * 16
+
+
+def test_log_entries_are_sealed_for_their_generation_and_offset() -> None:
+    seal, other = RecordSeal("fleet-secret"), RecordSeal("fleet-secret")
+    payloads = [b'{"content":"the answer"}', b'{"content":"the answer"}', b"[DONE]"]
+    sealed = seal.seal_entries(b"gen-1", 5, payloads)
+    assert all(b"answer" not in entry and b"DONE" not in entry for entry in sealed)
+    assert sealed[0] != sealed[1]  # the same event twice: two nonces
+    assert len({entry[:12] for entry in sealed + seal.seal_entries(b"gen-1", 5, payloads)}) == 6
+    assert [other.open_entry(b"gen-1", 5 + i, e) for i, e in enumerate(sealed)] == payloads
+    with pytest.raises(Unsealable, match="gen-1"):
+        other.open_entry(b"gen-1", 6, sealed[0])  # moved to another offset
+    with pytest.raises(Unsealable, match="gen-2"):
+        other.open_entry(b"gen-2", 5, sealed[0])  # copied into another log
+    with pytest.raises(Unsealable):
+        RecordSeal("another secret").open_entry(b"gen-1", 5, sealed[0])
+
+
+def test_key_names_are_hashes_keyed_by_the_secret() -> None:
+    names = {
+        key_name(KEY, None),
+        key_name(KEY, RecordSeal("fleet-secret")),
+        key_name(KEY, RecordSeal("another secret")),
+    }
+    assert len(names) == 3
+    assert all("my-idempotency-key" not in n and len(n) == 32 for n in names)
+    assert key_name(KEY, RecordSeal("fleet-secret")) == key_name(KEY, RecordSeal("fleet-secret"))
+    assert key_name(KEY, None) != key_name(KEY + "x", None)

@@ -357,9 +357,9 @@ def _replicas(config: GatewayConfig, redis_url: str) -> Replicas:
     redis_store = RedisStore(redis_url, secret=config.redis_secret)
     if config.redis_secret is None:
         log.warning(
-            "no Redis secret: prompts are kept in Redis in clear and provider data not at "
-            "all (another replica cannot continue a generation that carried it); give "
-            "every replica the same --redis-secret to seal both"
+            "no Redis secret: prompts and answers are kept in Redis in clear and provider "
+            "data not at all (another replica cannot continue a generation that carried it); "
+            "give every replica the same --redis-secret to seal them"
         )
     return Replicas(
         redis_store,

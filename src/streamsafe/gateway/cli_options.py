@@ -381,9 +381,9 @@ def add_replicas(group: Options) -> None:
         "--redis-secret",
         default=None,
         metavar="SECRET",
-        help="a secret every replica is given (also STREAMSAFE_REDIS_SECRET): prompts and "
-        "provider data are sealed in Redis with it; without it provider data is kept out of "
-        "Redis and prompts are kept in clear",
+        help="a secret every replica is given (also STREAMSAFE_REDIS_SECRET): prompts, "
+        "provider data, answers and idempotency keys are sealed in Redis with it; without it "
+        "provider data is kept out of Redis and prompts and answers are kept in clear",
     )
     group.add_argument(
         "--lease",

@@ -212,11 +212,11 @@ class GatewayConfig:
     #: finds the generation another one runs (see docs/design.md, Replicas).
     redis_url: str | None = None
     #: A secret every replica sharing ``redis_url`` is given (``None``, default: none). With it
-    #: the prompt and the provider data (``X-LlamaStack-Provider-Data``) of a generation's Redis
-    #: record are sealed (AES-GCM, see :mod:`streamsafe.gateway.replicas.record_seal`); without it
-    # the
-    #: provider data is never written to Redis (a generation carrying it is not continued by
-    #: another replica) and the prompt is kept there in clear.
+    #: the prompt, the provider data (``X-LlamaStack-Provider-Data``) and the idempotency key of
+    #: a generation's Redis record, and its answer (the event log), are sealed (AES-GCM, see
+    #: :mod:`streamsafe.gateway.replicas.record_seal`); without it the provider data is never
+    #: written to Redis (a generation carrying it is not continued by another replica) and the
+    #: prompt and the answer are kept there in clear.
     redis_secret: str | None = None
     #: Seconds of the lease a replica holds on each generation it runs (default 3, renewed
     #: every second): how long a dead replica's generations wait before another takes them over.

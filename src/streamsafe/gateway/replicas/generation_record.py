@@ -1,7 +1,8 @@
 """A generation's record in Redis: what another replica needs to mirror it or take it over,
 written by the replica that runs it (:func:`record_of`) and read back by the others
-(:func:`request_of`). The prompt and the provider data it carries are sealed with the replicas'
-secret where they share one, and the provider data is left out where they do not (see
+(:func:`request_of`, :func:`key_of`). The prompt, the provider data it carries, the caller's
+idempotency key and the body's fingerprint are sealed with the replicas' secret where they share
+one, and the provider data is left out where they do not (see
 :mod:`streamsafe.gateway.replicas.record_seal`).
 """
 
@@ -13,7 +14,7 @@ from streamsafe.gateway.generations.generation import Generation, GenerationRequ
 from streamsafe.gateway.replicas.record_seal import SEALED, RecordSeal, Unreadable, Unsealable
 from streamsafe.gateway.upstream.kinds import CompletionRoute, Wire
 
-__all__ = ["record_of", "request_of"]
+__all__ = ["key_of", "record_of", "request_of"]
 
 
 def record_of(gen: Generation, seal: RecordSeal | None = None) -> dict[str, bytes | str | int]:
@@ -22,9 +23,13 @@ def record_of(gen: Generation, seal: RecordSeal | None = None) -> dict[str, byte
     req = gen.request
     route = req.route
     body, forward = req.body, req.forward
+    key: bytes | str = gen.key or ""
+    fingerprint = gen.fingerprint
     if seal is not None:
         body = seal.seal(gen.id, "body", body)
         forward = seal.seal(gen.id, "forward", forward) if forward else b""
+        key = seal.seal(gen.id, "key", gen.key.encode()) if gen.key else ""
+        fingerprint = seal.seal(gen.id, "fingerprint", fingerprint)
     record: dict[str, bytes | str | int] = {
         "route": b""
         if route is None
@@ -41,10 +46,10 @@ def record_of(gen: Generation, seal: RecordSeal | None = None) -> dict[str, byte
         "tenant": gen.tenant,
         "path": req.path,
         "body": body,
-        "fingerprint": gen.fingerprint,
+        "fingerprint": fingerprint,
         "cost": gen.cost,
         "stream": "1" if gen.stream else "0",
-        "key": gen.key or "",
+        "key": key,
         "state": gen.state.value,
     }
     if seal is not None:
@@ -69,7 +74,11 @@ def request_of(
             tenant=record["tenant"].decode(),
             path=record["path"].decode(),
             body=_open(record["body"], gen_id, "body", seal),
-            fingerprint=record["fingerprint"],
+            # A fingerprint in clear may begin as a sealed field does: opened only with a
+            # secret (without one, a sealed body has already said it cannot be read).
+            fingerprint=record["fingerprint"]
+            if seal is None
+            else _open(record["fingerprint"], gen_id, "fingerprint", seal),
             cost=int(record["cost"]),
             stream=record["stream"] == b"1",
             route=_route(record.get("route", b"")),
@@ -79,6 +88,15 @@ def request_of(
     except Unreadable:
         raise
     except (KeyError, ValueError, TypeError) as exc:  # UnicodeDecodeError, JSONDecodeError too
+        raise Unreadable(f"{gen_id}: its Redis record is malformed ({exc!r})") from None
+
+
+def key_of(record: dict[str, bytes], gen_id: str, seal: RecordSeal | None = None) -> str | None:
+    """The key a record (see :func:`record_of`) names its generation by, if any. Raises
+    :class:`~streamsafe.gateway.replicas.record_seal.Unreadable` as :func:`request_of` does."""
+    try:
+        return _open(record.get("key", b""), gen_id, "key", seal).decode() or None
+    except UnicodeDecodeError as exc:
         raise Unreadable(f"{gen_id}: its Redis record is malformed ({exc!r})") from None
 
 

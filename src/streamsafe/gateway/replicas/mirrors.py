@@ -17,7 +17,8 @@ from streamsafe.gateway.errors import Failure, error_body
 from streamsafe.gateway.generations.fleet import OnEnd, OnTakeover
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.response_ids import note_first_event
-from streamsafe.gateway.replicas.generation_record import request_of
+from streamsafe.gateway.replicas.generation_record import key_of, request_of
+from streamsafe.gateway.replicas.record_seal import Unreadable
 from streamsafe.gateway.replicas.redis_log import ReplicatedLog
 from streamsafe.gateway.replicas.store_redis import REDIS_ERRORS, RedisStore
 from streamsafe.sse import DONE
@@ -92,9 +93,9 @@ class Mirrors:
         # Unreadable (another secret, or none) propagates: the generation is there, so taking
         # its key over would run it a second time.
         request = request_of(record, gen_id, self.store.seal)
+        stored_key = key_of(record, gen_id, self.store.seal)
         log_ = self.store.replicated_log(gen_id, writer=False, lease=self.lease)
         log_.on_detach = self._failed
-        stored_key = record.get("key", b"").decode() or None
         gen = Generation(gen_id, request, log_, key or stored_key, created_at)
         note_first_event(gen, await log_.pull())
         gen.length = log_.length
@@ -196,6 +197,13 @@ class Mirrors:
                 self._failed(exc)
                 await asyncio.sleep(delay)
                 delay = min(1.0, delay * 2)
+            except Unreadable as exc:
+                # Its owner seals with another secret (or this replica has none): end it with
+                # a refusal that says so, never take it over, never pass sealed bytes on.
+                why = f"{exc}; every gateway replica needs the same --redis-secret"
+                log.error("%s", why, extra={"fields": {"event": "redis_record_unreadable"}})
+                on_end(gen, _unreadable(gen, log_, why))
+                return
 
 
 def _ends(new: list[bytes]) -> bool:
@@ -227,10 +235,22 @@ def _lost(gen: Generation, log_: ReplicatedLog) -> State:
     """Redis no longer holds a mirrored generation (it expired, or Redis restarted empty and
     the owner is gone): end it with an error rather than wait forever."""
     msg = "the generation was lost by the shared store; retry the request"
+    return _end_with(gen, log_, error_body(msg, "upstream_error", 502), 502)
+
+
+def _unreadable(gen: Generation, log_: ReplicatedLog, why: str) -> State:
+    """This replica cannot read a mirrored generation's log (sealed with another secret): end
+    it with a 503 that says why."""
+    msg = f"this gateway replica cannot read the generation this request belongs to: {why}"
+    return _end_with(gen, log_, error_body(msg, "service_unavailable", 503), 503)
+
+
+def _end_with(gen: Generation, log_: ReplicatedLog, error: bytes, status: int) -> State:
+    """End a mirror with ``error``: its last event where it streamed, its answer where not."""
     if log_.length and gen.stream:
         if log_.read_nowait(log_.length - 1) != [DONE]:
-            log_.local.append_nowait([error_body(msg, "upstream_error", 502), DONE])
+            log_.local.append_nowait([error, DONE])
             gen.length = log_.length
     else:
-        gen.failure = Failure(502, error_body(msg, "upstream_error", 502))
+        gen.failure = Failure(status, error)
     return State.FAILED

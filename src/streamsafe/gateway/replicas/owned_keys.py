@@ -126,7 +126,10 @@ class OwnedKeys:
         await log_.remote.sync()
         # The relay goes on appending to the copy meanwhile: write until Redis has it all,
         # then (with no await in between) let appends go to Redis again.
-        while missing := log_.local.read_nowait(log_.remote.length):
-            await log_.remote.append(missing)
+        while missing := log_.local.read_nowait(at := log_.remote.length):
+            # Redis may hold less than this replica last appended: what comes before is the
+            # copy's (an error event there makes a [DONE] alone a failed end).
+            before = log_.local.read_nowait(at - 1)[0] if at else b""
+            await log_.remote.append(missing, before)
         log_.detached = False
         return True

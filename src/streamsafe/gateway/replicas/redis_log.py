@@ -4,6 +4,11 @@ with SSE id ``n``), and the log with a copy in this process that the replicas us
 Appends go through :data:`~streamsafe.gateway.replicas.redis_scripts.APPEND`, which checks the
 writer's lease and the expected offset, so a replica that lost its lease (paused, partitioned)
 cannot write into a log another replica has taken over.
+
+With the replicas' secret every entry is sealed (field ``s``, see
+:mod:`~streamsafe.gateway.replicas.record_seal`) and opened as it is read; without it entries are
+in clear (field ``d``). A replica that cannot open an entry (no secret, or another one) gets
+:class:`~streamsafe.gateway.replicas.record_seal.Unsealable`, never the sealed bytes.
 """
 
 from __future__ import annotations
@@ -17,14 +22,19 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from streamsafe.gateway.generations.store import LeaseLost, MemoryEventLog
+from streamsafe.gateway.replicas.record_seal import RecordSeal, Unsealable
 from streamsafe.gateway.replicas.redis_scripts import Scripts, entry_offset, ms
+from streamsafe.sse import DONE
 
 __all__ = ["APPEND_PATIENCE", "LogConflict", "LogLost", "RedisEventLog", "ReplicatedLog"]
 
 log = logging.getLogger("streamsafe.gateway")
 
-#: Field of a log entry that holds the payload.
+#: Field of a log entry that holds the payload in clear, and sealed.
 _FIELD = b"d"
+_SEALED_FIELD = b"s"
+#: How the error event a failed generation ends with begins (its end is recorded as 'failed').
+_ERROR_EVENT = (b'{"error"', b'{ "error"')
 #: Seconds the writer of a log waits for Redis to take an append before it goes on with its copy
 #: alone (detached, as in an outage; written back once Redis answers again). Redis takes one in
 #: well under a millisecond; a frozen one (SIGSTOP) held every stream of its owner for the socket
@@ -46,13 +56,16 @@ class RedisEventLog:
     (it grows by appends and reads), so a follower learns the length by reading."""
 
     __slots__ = (
+        "_gen",
         "_key",
+        "_last",
         "_lease_key",
         "_length",
         "_meta_key",
         "_nbytes",
         "_redis",
         "_scripts",
+        "_seal",
         "_state_key",
         "keep_ms",
         "lease_holder",
@@ -76,6 +89,8 @@ class RedisEventLog:
         *,
         state_key: str,
         meta_key: str,
+        gen_id: str = "",
+        seal: RecordSeal | None = None,
     ) -> None:
         self._redis = redis
         self._scripts = scripts
@@ -86,6 +101,12 @@ class RedisEventLog:
         self._meta_key = meta_key
         self._length = 0
         self._nbytes = 0
+        # Seals the entries (None: in clear); the generation id is their associated data.
+        self._seal = seal
+        self._gen = gen_id.encode()
+        # The last payload this process appended or read: an append of [DONE] alone records
+        # 'failed' where it is an error event.
+        self._last = b""
         #: Appends are fenced by this lease value ('' for none): see the module.
         self.lease_holder = lease_holder
         #: The lease an append takes back where it lapsed with nobody taking it over.
@@ -93,13 +114,23 @@ class RedisEventLog:
         #: The lifetime the append that creates the log gives it (0: none).
         self.keep_ms = 0 if keep is None else ms(keep)
 
-    async def append(self, payloads: Sequence[bytes]) -> int:
+    async def append(self, payloads: Sequence[bytes], before: bytes | None = None) -> int:
         """Append payloads at the offset this writer last saw; return the new length (payloads
-        that end with ``[DONE]`` record the generation's end with them). Raises
+        that end with ``[DONE]`` record the generation's end with them; ``before``: the payload
+        just before them, where the caller knows better than what this process last appended
+        or read). Raises
         :class:`LeaseLost` if another replica holds the lease, :class:`LogLost` if Redis lost
         (part of) the log, and :class:`LogConflict` if the log moved under the writer."""
         if not payloads:
             return self._length
+        end = ""
+        if payloads[-1] == DONE:
+            if len(payloads) > 1:
+                before = payloads[-2]
+            elif before is None:
+                before = self._last
+            end = "failed" if before.startswith(_ERROR_EVENT) else "done"
+        seal = self._seal
         n = await self._scripts.append(
             self._key,
             self._lease_key,
@@ -109,7 +140,9 @@ class RedisEventLog:
             self.lease_holder,
             self.lease_ms,
             self.keep_ms,
-            payloads,
+            end,
+            _FIELD if seal is None else _SEALED_FIELD,
+            payloads if seal is None else seal.seal_entries(self._gen, self._length, payloads),
         )
         if n == -1:
             raise LeaseLost(self._key)
@@ -124,14 +157,30 @@ class RedisEventLog:
             raise LogConflict(f"{self._key} holds {held} events, writer expected {self._length}")
         self._length = n
         self._nbytes += sum(map(len, payloads))
+        self._last = payloads[-1]
         return n
 
     async def read(self, start: int) -> list[bytes]:
-        """Payloads from offset ``start`` on (one ``XRANGE``)."""
+        """Payloads from offset ``start`` on (one ``XRANGE``), opened where they are sealed.
+        Raises :class:`~streamsafe.gateway.replicas.record_seal.Unsealable` for an entry this
+        replica cannot open (sealed, and no secret or another one)."""
         entries: Any = await self._redis.xrange(self._key, min=f"0-{start + 1}", max="+")
-        if entries:
-            self._length = max(self._length, entry_offset(entries[-1][0]))
-        return [fields[_FIELD] for _, fields in entries]
+        if not entries:
+            return []
+        payloads = [self._payload(entry_id, fields) for entry_id, fields in entries]
+        self._length = max(self._length, entry_offset(entries[-1][0]))
+        self._last = payloads[-1]
+        return payloads
+
+    def _payload(self, entry_id: bytes, fields: dict[bytes, bytes]) -> bytes:
+        """An entry's payload (see the module)."""
+        clear = fields.get(_FIELD)
+        if clear is not None:
+            return clear
+        if self._seal is None:
+            gen = self._gen.decode(errors="replace")
+            raise Unsealable(f"{gen}: its event log is sealed, and no Redis secret is set")
+        return self._seal.open_entry(self._gen, entry_offset(entry_id) - 1, fields[_SEALED_FIELD])
 
     async def sync(self) -> int:
         """Learn the log's length from Redis (a writer that takes a log over starts here)."""

@@ -63,16 +63,18 @@ return 0
 """
 # KEYS[1] log stream, KEYS[2] lease, KEYS[3] state stream, KEYS[4] meta hash; ARGV[1] expected
 # length, ARGV[2] lease holder ('' for an unleased log), ARGV[3] lease ms, ARGV[4] ms the log
-# lives unless its writer renews it (0: for ever), ARGV[5..] payloads. Returns the new length; -1
-# if another replica holds the lease; -2 if nobody does and the log is not where the writer left
-# it (Redis lost it); -100 - length if the log is not at the expected offset. A lease that lapsed
-# with nobody taking it over is taken back (the writer was only slow). The append that creates
-# the log sets its lifetime.
-# An append that ends the log with [DONE] records the end in the same step (state 'failed' where
-# an error event comes just before it, else 'done', announced on the state stream): a [DONE] a
-# subscriber may have been sent is never in Redis without the end on the record, so a replica
-# whose owner died right after it never takes the finished answer for a broken one. Only on a
-# record that exists (a log Redis lost the record of gets no record without a lifetime).
+# lives unless its writer renews it (0: for ever), ARGV[5] the end the batch records ('' for
+# none, 'done' or 'failed'), ARGV[6] the entries' field ('d' in clear, 's' sealed), ARGV[7..]
+# payloads. Returns the new length; -1 if another replica holds the lease; -2 if nobody does and
+# the log is not where the writer left it (Redis lost it); -100 - length if the log is not at the
+# expected offset. A lease that lapsed with nobody taking it over is taken back (the writer was
+# only slow). The append that creates the log sets its lifetime.
+# An append that ends the log with [DONE] records the end in the same step ('failed' where an
+# error event comes just before it, else 'done': the writer says which, as a sealed entry tells
+# the script nothing), announced on the state stream: a [DONE] a subscriber may have been sent is
+# never in Redis without the end on the record, so a replica whose owner died right after it
+# never takes the finished answer for a broken one. Only on a record that exists (a log Redis
+# lost the record of gets no record without a lifetime).
 APPEND = """
 local n = redis.call('XLEN', KEYS[1])
 if ARGV[2] ~= '' then
@@ -85,24 +87,14 @@ if ARGV[2] ~= '' then
 end
 if n ~= tonumber(ARGV[1]) then return -100 - n end
 local created = n == 0
-for i = 5, #ARGV do
+local field = ARGV[6]
+for i = 7, #ARGV do
   n = n + 1
-  redis.call('XADD', KEYS[1], '0-' .. n, 'd', ARGV[i])
+  redis.call('XADD', KEYS[1], '0-' .. n, field, ARGV[i])
 end
 if created and ARGV[4] ~= '0' then redis.call('PEXPIRE', KEYS[1], ARGV[4]) end
-if ARGV[#ARGV] == '[DONE]' and redis.call('EXISTS', KEYS[4]) == 1 then
-  local before = ''
-  if #ARGV >= 6 then
-    before = ARGV[#ARGV - 1]
-  elseif n >= 2 then
-    local id = '0-' .. (n - 1)
-    local entry = redis.call('XRANGE', KEYS[1], id, id)[1]
-    if entry then before = entry[2][2] end
-  end
-  local state = 'done'
-  if string.sub(before, 1, 8) == '{"error"' or string.sub(before, 1, 9) == '{ "error"' then
-    state = 'failed'
-  end
+local state = ARGV[5]
+if state ~= '' and redis.call('EXISTS', KEYS[4]) == 1 then
   redis.call('HSET', KEYS[4], 'state', state)
   redis.call('XADD', KEYS[3], '0-' .. (redis.call('XLEN', KEYS[3]) + 1), 'state', state)
   local ttl = redis.call('PTTL', KEYS[4])
@@ -179,10 +171,20 @@ class Scripts:
         lease_holder: str,
         lease_ms: int,
         keep_ms: int,
+        end: str,
+        field: bytes,
         payloads: Sequence[bytes],
     ) -> int:
         """:data:`APPEND`: the new length, or the negative code it returns."""
-        args: list[bytes | str | int] = [expected, lease_holder, lease_ms, keep_ms, *payloads]
+        args: list[bytes | str | int] = [
+            expected,
+            lease_holder,
+            lease_ms,
+            keep_ms,
+            end,
+            field,
+            *payloads,
+        ]
         keys = [log_key, lease_key, state_key, meta_key]
         return int(await self._append(keys=keys, args=args))
 

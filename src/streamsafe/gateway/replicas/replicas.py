@@ -56,6 +56,12 @@ class RedisRestarted(Exception):
 
 log = logging.getLogger("streamsafe.gateway")
 
+#: Why a replica whose secret cannot open the fleet's check is not ready, and refuses.
+_UNREADABLE = (
+    "this replica cannot read the records the other gateway replicas write in redis:"
+    " its --redis-secret is not theirs (every replica needs the same one, or none)"
+)
+
 
 class Replicas:
     """This replica's link to the others (see the module), a
@@ -170,7 +176,11 @@ class Replicas:
 
     def refusal(self) -> FleetUnsafe | None:
         """Why a generation that may duplicate one the fleet holds (under a key, a retry, a
-        resume) must not start now; ``None`` where it may."""
+        resume) must not start now; ``None`` where it may. A replica that cannot read the
+        fleet's records (another ``--redis-secret``) finds neither their keys (named by hashes
+        under the secret) nor what they hold: none starts there."""
+        if self.store.reads_fleet is False:
+            return FleetUnsafe(_UNREADABLE, math.ceil(self.lease))
         if self._lost_until is None:
             return None
         left = self._lost_until - self._clock()
@@ -403,17 +413,14 @@ class Replicas:
         replica's secret cannot open says it cannot read the others' records: ``/ready``
         answers 503 (:attr:`trouble`) until it can."""
         store = self.store
-        epoch, check = await store.fleet_marker()
+        epoch, _ = await store.fleet_marker()
         known, store.epoch = store.epoch, epoch
-        if store.opens(check):
+        if store.reads_fleet:
             if self._unreadable is not None:
                 log.info("this replica reads the fleet's records again")
             self._unreadable = None
         elif self._unreadable is None:
-            self._unreadable = (
-                "this replica cannot read the records the other gateway replicas write in redis:"
-                " its --redis-secret is not theirs (every replica needs the same one, or none)"
-            )
+            self._unreadable = _UNREADABLE
             log.error("%s", self._unreadable, extra={"fields": {"event": "redis_secret_mismatch"}})
         if known is None or epoch == known:
             return False

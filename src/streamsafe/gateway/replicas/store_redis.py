@@ -4,17 +4,22 @@
 Keys (every key of one generation carries the hash tag ``{gen_id}``, so they share a cluster
 slot and one Lua script may touch them together):
 
-- ``<prefix>k:<key>``: a claim (``SET NX PX``), released and expired by compare-and-delete /
-  compare-and-expire scripts, so a replica never drops a key another one owns;
+- ``<prefix>k:<hash of the key>``: a claim (``SET NX PX``), released and expired by
+  compare-and-delete / compare-and-expire scripts, so a replica never drops a key another one
+  owns. No caller-chosen string is part of a key name: an idempotency key is named by its
+  HMAC-SHA256 under a key derived from ``--redis-secret``, or its SHA-256 without one
+  (:func:`~streamsafe.gateway.replicas.record_seal.key_name`);
 - ``<prefix>{gen}:log``: the event log, a Redis Stream whose entry ids are ``0-1, 0-2, ...``:
   entry ``0-(n+1)`` holds the payload with SSE id ``n``, so the id a client resumes from is the
-  log offset and reading from it is one ``XRANGE``. Appends are fenced by the writer's lease
+  log offset and reading from it is one ``XRANGE``. Appends are fenced by the writer's lease,
+  and each entry is sealed with the replicas' secret where they share one
   (:mod:`~streamsafe.gateway.replicas.redis_log`);
 - ``<prefix>{gen}:state``: the generation's state changes, a second stream (``0-1, 0-2, ...``)
   next to a hash ``<prefix>{gen}:meta`` holding the latest state and what a takeover needs;
 - ``<prefix>{gen}:lease``: which replica runs the generation, renewed by that replica;
-- ``<prefix>fp:<tenant>:<fingerprint>``: the newest live generation with that body, for unkeyed
-  retries;
+- ``<prefix>fp:<hash of the tenant and the fingerprint>``: the newest live generation with that
+  body, for unkeyed retries (the fingerprint, an unkeyed hash of the body, is hashed again with
+  the secret's key where there is one: a guess of a prompt cannot be tested against it);
 - ``<prefix>fleet``: the fleet's marker, a hash of an ``epoch`` (random, written by the first
   replica that finds none) and a ``check`` sealed with the replicas' secret (empty without one).
   A claim and a look-up by body check the epoch in the same round trip: a Redis that lost the
@@ -39,7 +44,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from streamsafe.gateway.replicas.record_seal import RecordSeal, Unreadable
+from streamsafe.gateway.replicas.record_seal import RecordSeal, Unreadable, key_name
 from streamsafe.gateway.replicas.redis_client import CancelSafeRedis
 from streamsafe.gateway.replicas.redis_log import RedisEventLog, ReplicatedLog
 from streamsafe.gateway.replicas.redis_scripts import Scripts, ms, text
@@ -84,8 +89,10 @@ class RedisStore:
         secret: str | None = None,
     ) -> None:
         self.url = url
-        #: Seals the prompt and the provider data in generation records, with the secret the
-        #: replicas share (``None``: no secret; see :mod:`streamsafe.gateway.replicas.record_seal`).
+        #: Seals the prompt, the provider data and the key in generation records, and their
+        #: event logs, with the secret the replicas share; hashes the caller's strings in key
+        #: names with it (``None``: no secret; see
+        #: :mod:`streamsafe.gateway.replicas.record_seal`).
         self.seal = RecordSeal(secret) if secret else None
         self.prefix = prefix
         #: Unique per store object: the lease value of generations this replica runs.
@@ -100,12 +107,16 @@ class RedisStore:
         self.epoch: str | None = None
         #: Seconds the fleet's marker outlives its last renewal (the replicas' ``orphan_ttl``).
         self.marker_ttl = 3600.0
+        #: Whether this replica reads the fleet's records, as the marker's check last said
+        #: (``None`` until it was read). Where it does not, it does not find the others' keys
+        #: either (they are named with another secret's hash).
+        self.reads_fleet: bool | None = None
 
     # -- key names ------------------------------------------------------------------------------
 
     def claim_key(self, key: str) -> str:
-        """Redis key of a claim."""
-        return f"{self.prefix}k:{key}"
+        """Redis key of the claim of idempotency key ``key`` (named by a hash of it)."""
+        return f"{self.prefix}k:{key_name(key, self.seal)}"
 
     def log_key(self, gen_id: str) -> str:
         """Redis key of a generation's event log."""
@@ -133,8 +144,9 @@ class RedisStore:
         return f"{self.prefix}fleet"
 
     def fingerprint_key(self, tenant: str, fingerprint: bytes) -> str:
-        """Redis key of the unkeyed-retry index entry of ``(tenant, fingerprint)``."""
-        return f"{self.prefix}fp:{tenant}:{fingerprint.hex()}"
+        """Redis key of the unkeyed-retry index entry of ``(tenant, fingerprint)`` (named by a
+        hash of both)."""
+        return f"{self.prefix}fp:{key_name(f'{tenant}:{fingerprint.hex()}', self.seal)}"
 
     # -- claims (Store) -------------------------------------------------------------------------
 
@@ -180,6 +192,8 @@ class RedisStore:
             keep,
             state_key=self.state_key(gen_id),
             meta_key=self.meta_key(gen_id),
+            gen_id=gen_id,
+            seal=self.seal,
         )
 
     def replicated_log(
@@ -391,6 +405,7 @@ class RedisStore:
         epoch, check = await self._scripts.fleet(
             self.fleet_key(), os.urandom(8).hex(), self.fleet_check(), self.marker_ttl
         )
+        self.reads_fleet = self.opens(check or b"")
         return text(epoch) or "", check or b""
 
     async def _known_epoch(self) -> str:
