@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint format unasync test demo bench peers docs clean vllm ogx llamastack07 llama-servers
+.PHONY: install lint format unasync test test-unit demo bench peers docs clean vllm ogx llamastack07 llama-servers
 
 install: $(STAMP)
 
@@ -40,6 +40,18 @@ TEST_PROCESSES ?= 2
 
 test: lint vllm llama-servers
 	$(BIN)/pytest -q $(if $(filter-out 1,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadfile)
+
+# The unit tier: the pure cores (retry decisions, budgets, admission, pacing, the refusal
+# schedule, SSE framing, what a request costs, the pool's picks, sealing) and the layout, on the
+# project's own venv alone: no server venv is built, no server process started, in seconds.
+UNIT_TESTS := tests/retry tests/test_sse.py tests/test_layout.py tests/test_packaging.py \
+	tests/gateway/test_admission.py tests/gateway/test_pacing.py \
+	tests/gateway/test_refusal_backoff.py tests/gateway/test_engine_capacity.py \
+	tests/gateway/test_logged_end.py tests/gateway/test_record_seal.py \
+	tests/fleet/test_pool.py tests/engine_sim/test_text.py
+
+test-unit: $(STAMP)
+	$(BIN)/pytest -q $(UNIT_TESTS)
 
 demo: $(STAMP)
 	mkdir -p reports

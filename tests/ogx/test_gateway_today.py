@@ -168,7 +168,9 @@ def test_ogx_client_plain_calls_through_the_gateway_with_defaults(ogx_server: To
     assert exact(load, results) == load.calls, [r["error"] for r in results]
     assert stats["generations_started"] == load.calls
     sim = engine.stats()
-    assert sim["generations_started"] == load.calls + server_retries(ogx_server), sim
+    # A retry of the server's own attaches to its first copy where that reached the gateway, and
+    # is a generation of its own only where it did not (slow to connect: only the server saw it).
+    assert load.calls <= sim["generations_started"] <= load.calls + server_retries(ogx_server), sim
     assert not sim["engine_dead"]
 
 
