@@ -84,20 +84,25 @@ def test_overload_is_shed_with_retry_after_and_engine_memory_stays_bounded() -> 
         assert s.gw.stats()["shed"] == len(shed)
 
 
+def _thirty_streams_at_once(url: str) -> None:
+    """30 streams of about 48 tokens each (prompt and answer) against an engine of 400."""
+    threads = [
+        threading.Thread(target=post_stream, args=(url, chat_body(f"u{i}", max_tokens=40)))
+        for i in range(30)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+
+
 def test_the_default_gateway_learns_the_engines_memory_and_the_same_load_cannot_kill_it() -> None:
     # The simulator publishes its memory as vLLM publishes its KV cache (/metrics); the gateway,
     # given no budget at all, learns it and keeps the engine within it.
     sim = fast_sim(memory_tokens=400, max_num_seqs=64, itl_ms=5.0)
     with make_stack(sim) as s:
         wait_for(lambda: s.gw.stats()["engines"][0]["memory_limit_tokens"] == 400, what="learned")
-        threads = [
-            threading.Thread(target=post_stream, args=(s.url, chat_body(f"u{i}", max_tokens=40)))
-            for i in range(30)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(20)
+        _thirty_streams_at_once(s.url)
         stats = s.sim.stats()
         assert stats["crashes"] == 0 and stats["memory_peak_tokens"] <= 400
 
@@ -106,14 +111,7 @@ def test_without_admission_the_same_load_kills_the_engine() -> None:
     # The control for the test above: proves the load really is above capacity.
     sim = fast_sim(memory_tokens=400, max_num_seqs=64, itl_ms=5.0, publish_kv_cache=False)
     with make_stack(sim, max_memory_tokens=None) as s:
-        threads = [
-            threading.Thread(target=post_stream, args=(s.url, chat_body(f"u{i}", max_tokens=40)))
-            for i in range(30)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(20)
+        _thirty_streams_at_once(s.url)
         assert s.sim.stats()["crashes"] >= 1
 
 
