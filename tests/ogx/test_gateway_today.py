@@ -218,3 +218,24 @@ def test_a_llama_stack_kind_set_by_hand_that_the_server_is_not_is_warned_about(
             time.sleep(0.05)
     said = next(r.getMessage() for r in caplog.records if "answers as ogx" in r.getMessage())
     assert "was set as llama-stack" in said and "--upstream-kind ogx" in said
+
+
+def test_a_plain_call_slower_than_the_openai_timeout_is_answered_once_in_front(
+    ogx_server: TodayTier,
+) -> None:
+    # Issue 28, row 5, scaled: a 4 s plain answer, an unmodified openai client with a 1.5 s read
+    # timeout and its 2 retries, the gateway in front of the server with its defaults. The
+    # gateway keeps the call alive with 102 Processing (openai states its read timeout), so the
+    # client never retries: one engine generation, the answer whole.
+    sim = ogx_server.engine(itl_ms=400.0)
+    with gateway_in_front(ogx_server) as (url, gateway):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=1.5, max_retries=2)
+        reply = client.chat.completions.create(
+            model=ogx_server.model,
+            messages=[{"role": "user", "content": "slow in front"}],
+            max_tokens=10,
+        )
+        retried = gateway.stats()["retries_seen"]
+    assert reply.choices[0].message.content
+    assert retried == 0
+    assert sim.stats()["generations_started"] == 1
