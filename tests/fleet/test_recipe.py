@@ -1,7 +1,7 @@
 """The fleet recipe (deploy/fleet): one command starts Redis, three gateway replicas and Debian's
 nginx in front of them; a replica killed (SIGKILL) under load loses no stream, and the recipe
-starts it again. Real processes throughout; needs redis-server and nginx (Debian/Ubuntu:
-apt-get install redis-server nginx-light): missing, the test fails in CI and is skipped
+starts it again. Real processes throughout; needs redis-server and nginx on the PATH (`make test`
+puts the Debian package `make nginx` unpacks there): missing, the test fails in CI and is skipped
 elsewhere."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ MAX_TOKENS = 80
 def _nginx() -> None:
     if shutil.which("nginx") or os.access("/usr/sbin/nginx", os.X_OK):
         return
-    msg = "nginx is not installed (Debian/Ubuntu: apt-get install nginx-light)"
+    msg = "nginx is not installed (`make nginx` unpacks Debian's package into .nginx)"
     if os.environ.get("CI"):
         pytest.fail(msg)
     pytest.skip(msg)

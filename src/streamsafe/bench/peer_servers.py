@@ -85,6 +85,9 @@ http {{
     access_log off;
     client_body_temp_path {d}/client_body;
     proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
     upstream engine {{
         server {upstream};
         keepalive 256;
@@ -111,7 +114,7 @@ def _nginx(upstream: str) -> Iterator[Peer]:
         (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(p, os.X_OK)), None
     )
     if exe is None:
-        raise Missing("nginx is not installed (Debian: apt-get install nginx-light)")
+        raise Missing("nginx is not installed (`make nginx` unpacks Debian's package into .nginx)")
     version = subprocess.run([exe, "-v"], capture_output=True, text=True).stderr.strip()
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="bench-nginx-") as d:
