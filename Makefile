@@ -47,7 +47,7 @@ test: lint vllm llama-servers nginx
 UNIT_TESTS := tests/retry tests/test_sse.py tests/test_layout.py tests/test_packaging.py \
 	tests/gateway/test_admission.py tests/gateway/test_pacing.py \
 	tests/gateway/test_refusal_backoff.py tests/gateway/test_engine_capacity.py \
-	tests/gateway/test_logged_end.py tests/gateway/test_record_seal.py \
+	tests/gateway/test_logged_end.py tests/gateway/test_record_seal.py tests/gateway/test_replay.py \
 	tests/fleet/test_pool.py tests/engine_sim/test_text.py
 
 test-unit: $(STAMP)

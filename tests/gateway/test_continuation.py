@@ -6,9 +6,11 @@ from __future__ import annotations
 import orjson
 from gateway_helpers import chat_body, content_of, fast_sim, make_stack, post_stream, sse_payloads
 
-from streamsafe.engine_sim import Fault, expected_text
+from streamsafe.bench.cutting_proxy import CuttingProxy, serve_proxy
+from streamsafe.engine_sim import Fault, Simulator, expected_text
+from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.generations.event_log import MemoryEventLog
-from streamsafe.gateway.generations.generation import GenerationRequest
+from streamsafe.gateway.generations.generation import Continuation, GenerationRequest
 from streamsafe.gateway.relay.continuation import (
     Partial,
     Reshape,
@@ -18,6 +20,8 @@ from streamsafe.gateway.relay.continuation import (
     tokenize_body,
     with_token_ids,
 )
+from streamsafe.gateway.relay.replay import Replay
+from streamsafe.serving import ServerThread
 
 
 def test_cut_upstream_stream_is_continued_and_the_client_sees_the_exact_text() -> None:
@@ -68,7 +72,8 @@ def _request(path: str, body: dict[str, object]) -> GenerationRequest:
 def test_a_continuation_by_text_asks_only_for_the_tokens_still_owed() -> None:
     body = chat_body("q", max_tokens=10)
     ask = continuation_for(_request("/v1/chat/completions", body), Partial("a b c", 3, False))
-    assert ask is not None and ask.path == "/v1/chat/completions" and ask.reshape is None
+    assert isinstance(ask, Continuation)
+    assert ask.path == "/v1/chat/completions" and ask.rewrite is None
     cont = orjson.loads(ask.body)
     assert cont["messages"][-1] == {"role": "assistant", "content": "a b c"}
     assert cont["continue_final_message"] is True
@@ -80,11 +85,14 @@ def test_a_continuation_by_text_asks_only_for_the_tokens_still_owed() -> None:
 
 def test_only_single_choice_streams_are_continued_and_completions_only_by_ids() -> None:
     partial = Partial("a", 1, False)
-    assert continuation_for(_request("/v1/completions", {"prompt": "p"}), partial) is None
+    no_ids = continuation_for(_request("/v1/completions", {"prompt": "p"}), partial)
+    assert no_ids == "a completion is continued only by its token ids"
     two = {**chat_body("q"), "n": 2}
-    assert continuation_for(_request("/v1/chat/completions", two), partial) is None
+    assert "n > 1" in str(continuation_for(_request("/v1/chat/completions", two), partial))
     by_ids = Partial("a", 1, False, token_ids=[5], prompt_ids=[1, 2])
-    assert continuation_for(_request("/v1/chat/completions", two), by_ids) is None
+    assert "n > 1" in str(continuation_for(_request("/v1/chat/completions", two), by_ids))
+    unread = continuation_for(_request("/v1/chat/completions", chat_body("q")), None)
+    assert unread == "its answer so far could not be read back"
 
 
 def test_a_continuation_by_ids_sends_the_prompt_and_the_answer_so_far_as_ids() -> None:
@@ -92,7 +100,7 @@ def test_a_continuation_by_ids_sends_the_prompt_and_the_answer_so_far_as_ids() -
         **chat_body("q", max_tokens=10),
         "temperature": 0.0,
         "seed": 3,
-        "stop": ["x"],
+        "stop_token_ids": [9],
         "messages": [{"role": "user", "content": "q"}],
         "stream_options": {"include_usage": True},
         "min_tokens": 4,
@@ -100,30 +108,38 @@ def test_a_continuation_by_ids_sends_the_prompt_and_the_answer_so_far_as_ids() -
     # Three tokens in two chunks (one special token came with empty text).
     partial = Partial("a b", 2, False, token_ids=[7, 8, 2], prompt_ids=[1, 5, 6])
     ask = continuation_for(_request("/v1/chat/completions", body), partial)
-    assert ask is not None and ask.path == "/v1/completions" and ask.tokens_before == 3
+    assert isinstance(ask, Continuation)
+    assert ask.path == "/v1/completions" and ask.tokens_before == 3
     cont = orjson.loads(ask.body)
     assert cont["prompt"] == [1, 5, 6, 7, 8, 2]
     assert cont["max_tokens"] == 7 and cont["min_tokens"] == 1
-    assert (cont["temperature"], cont["seed"], cont["stop"]) == (0.0, 3, ["x"])
+    assert (cont["temperature"], cont["seed"], cont["stop_token_ids"]) == (0.0, 3, [9])
     assert cont["stream"] is True and cont["return_token_ids"] is True
     assert cont["stream_options"] == {"include_usage": True}
     assert "messages" not in cont and "continue_final_message" not in cont
     # max_completion_tokens, the newer name, counts first; a completion stays on its route.
     newer = {**body, "max_completion_tokens": 6}
     ask = continuation_for(_request("/v1/chat/completions", newer), partial)
-    assert ask is not None and orjson.loads(ask.body)["max_tokens"] == 3
+    assert isinstance(ask, Continuation) and orjson.loads(ask.body)["max_tokens"] == 3
     prompt = {"model": "m", "prompt": "p", "stream": True, "max_tokens": 5}
     ask = continuation_for(_request("/v1/openai/v1/completions", prompt), partial)
-    assert ask is not None and ask.path == "/v1/openai/v1/completions"
+    assert isinstance(ask, Continuation) and ask.path == "/v1/openai/v1/completions"
 
 
-def test_what_a_completion_by_ids_cannot_carry_is_continued_by_text() -> None:
+def test_what_a_completion_by_ids_cannot_carry_is_replayed_and_verified() -> None:
     partial = Partial("a", 1, False, token_ids=[7], prompt_ids=[1])
-    for extra in ({"logprobs": True}, {"response_format": {"type": "json_object"}}):
-        ask = continuation_for(
-            _request("/v1/chat/completions", {**chat_body("q"), **extra}), partial
-        )
-        assert ask is not None and ask.path == "/v1/chat/completions" and ask.reshape is None
+    for extra in (
+        {"logprobs": True},
+        {"response_format": {"type": "json_object"}},
+        {"stop": ["Observation:"]},
+        {"frequency_penalty": 1.0},
+        {"temperature": 0.8, "seed": 7},
+    ):
+        req = _request("/v1/chat/completions", {**chat_body("q"), **extra})
+        ask = continuation_for(req, partial)
+        assert isinstance(ask, Continuation) and isinstance(ask.rewrite, Replay), extra
+        # The request as it was, to its own route; the replay's usage counts the whole answer.
+        assert (ask.path, ask.body, ask.tokens_before) == (req.path, req.body, 0)
 
 
 async def test_read_partial_takes_token_ids_only_where_every_token_came_with_its_id() -> None:
@@ -158,7 +174,7 @@ def test_reshape_makes_a_completion_chunk_the_callers_chat_chunk() -> None:
         "token_ids": [4],
     }
     out = orjson.loads(
-        reshape(
+        reshape.one(
             orjson.dumps(
                 {
                     "id": "cmpl-9",
@@ -177,16 +193,18 @@ def test_reshape_makes_a_completion_chunk_the_callers_chat_chunk() -> None:
         ],
     }
     end = {"index": 0, "text": "", "finish_reason": "length", "token_ids": [3]}
-    out = orjson.loads(reshape(orjson.dumps({"id": "cmpl-9", "choices": [end]})))
+    out = orjson.loads(reshape.one(orjson.dumps({"id": "cmpl-9", "choices": [end]})))
     assert out["choices"][0]["delta"] == {} and out["choices"][0]["finish_reason"] == "length"
     usage = orjson.loads(
-        reshape(orjson.dumps({"id": "cmpl-9", "choices": [], "usage": {"prompt_tokens": 4}}))
+        reshape.one(orjson.dumps({"id": "cmpl-9", "choices": [], "usage": {"prompt_tokens": 4}}))
     )
     assert usage == {**stamp, "choices": [], "usage": {"prompt_tokens": 4}}
     for raw in (b"[DONE]", b'{"error": {"message": "x"}}'):
-        assert reshape(raw) == raw
+        assert reshape.one(raw) == raw
     completion = Reshape({"id": "cmpl-1", "created": 1}, chat=False)
-    out = orjson.loads(completion(orjson.dumps({"id": "cmpl-9", "created": 2, "choices": [first]})))
+    out = orjson.loads(
+        completion.one(orjson.dumps({"id": "cmpl-9", "created": 2, "choices": [first]}))
+    )
     assert out["id"] == "cmpl-1" and out["choices"][0]["text"] == " x"
     assert "prompt_token_ids" not in out["choices"][0]
 
@@ -251,3 +269,28 @@ async def test_read_partial_counts_content_and_remembers_the_stamp_and_usage() -
     assert seen is not None and seen.usage_seen
     nulls = await read_partial(await _log_of(chunk("a", "stop", usage=None)))
     assert nulls is not None and not nulls.usage_seen
+
+
+def test_a_cut_stream_with_stop_strings_is_replayed_and_the_client_sees_the_exact_text() -> None:
+    # Stop strings: vLLM holds back text that may begin one while the ids go out, so the
+    # answer is asked again whole and only what the caller has not read is relayed. A proxy
+    # between the gateway and the engine cuts the first answer once, after 6 events.
+    body = {**chat_body("replay me", max_tokens=20), "stop": ["never said"]}
+    sim = Simulator(fast_sim())
+    with ServerThread(sim) as engine:
+        proxy = CuttingProxy(engine.url)
+        proxy.plan["replay me"] = 6
+        with serve_proxy(proxy) as net:
+            gw = Gateway(GatewayConfig(upstream=net.url, heartbeat=0.05))
+            with ServerThread(gw) as server:
+                payloads = sse_payloads(post_stream(server.url, body).text)
+                stats = gw.stats()
+    assert proxy.cuts == 1
+    assert payloads[-1][1] == "[DONE]"
+    assert content_of(payloads) == expected_text(body, 20)
+    assert [i for i, _ in payloads] == list(range(len(payloads)))  # one numbering
+    assert sum('"role"' in p for _, p in payloads) == 1
+    # Asked again whole (no continue_final_message), once.
+    assert [p for p in proxy.paths if p.endswith("/completions")] == ["/v1/chat/completions"] * 2
+    assert sim.stats()["continuations"] == 0 and sim.stats()["generations_completed"] == 1
+    assert (stats["continued"], stats["generations_completed"]) == (1, 1)

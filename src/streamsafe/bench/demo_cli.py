@@ -249,7 +249,15 @@ def _vllm_main(args: argparse.Namespace) -> int:
         title=f"streams cut between the gateway and the real vLLM, continued "
         f"(greedy, max_tokens {settings.cut_tokens})"
     )
-    for header in ("continued", "streams cut", "exact", "usage exact", "most extra tokens"):
+    for header in (
+        "continued",
+        "streams cut",
+        "exact",
+        "usage exact",
+        "most extra tokens",
+        "longest wait (ms)",
+        "straight (ms)",
+    ):
         cut.add_column(header, justify="left" if header == "continued" else "right")
     for row in result["continuation"]:
         cut.add_row(
@@ -258,6 +266,8 @@ def _vllm_main(args: argparse.Namespace) -> int:
             str(row["exact"]),
             str(row["usage_exact"]),
             str(row["max_extra_tokens"]),
+            str(row["recover_ms"]),
+            str(row["straight_gap_ms"]),
         )
     console.print(cut)
     if args.json:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -41,6 +42,7 @@ import orjson
 from streamsafe.bench.cutting_proxy import CuttingProxy, serve_proxy
 from streamsafe.bench.vllm_engine import VLLMEngine, VLLMOptions
 from streamsafe.gateway import Gateway, GatewayConfig
+from streamsafe.gateway.relay.replay import answer_pieces
 from streamsafe.serving import ServerThread
 
 __all__ = ["VLLMDemoSettings", "run_vllm_demo"]
@@ -182,25 +184,33 @@ def storm(engine: VLLMEngine, s: VLLMDemoSettings) -> tuple[float, list[dict[str
     return timeout, rows
 
 
-def _stream(url: str, body: dict[str, Any]) -> tuple[str, int, int]:
-    """(content, content chunks, usage.completion_tokens) of one stream."""
+def _stream(url: str, body: dict[str, Any]) -> tuple[str, int, int, float]:
+    """(answer text, content chunks, usage.completion_tokens, the longest wait between two
+    events in seconds) of one stream. The text is a chat delta's content and tool-call
+    arguments; the longest wait, through a cut, is the time the gateway took to recover."""
     text: list[str] = []
     chunks = usage = 0
+    gap = 0.0
     with httpx2.stream(
         "POST", url + "/v1/chat/completions", json=body, timeout=300.0, trust_env=False
     ) as resp:
+        last = None
         for line in resp.iter_lines():
             if not line.startswith("data: {"):
                 continue
+            now = time.perf_counter()
+            if last is not None:
+                gap = max(gap, now - last)
+            last = now
             chunk = orjson.loads(line[6:])
             if isinstance(chunk.get("usage"), dict):
                 usage = chunk["usage"]["completion_tokens"]
             for choice in chunk.get("choices") or ():
-                content = (choice.get("delta") or {}).get("content")
+                content, _ = answer_pieces(choice)
                 if content:
                     text.append(content)
                     chunks += 1
-    return "".join(text), chunks, usage
+    return "".join(text), chunks, usage, gap
 
 
 def _tokens(engine: VLLMEngine, text: str) -> int:
@@ -216,48 +226,70 @@ def _tokens(engine: VLLMEngine, text: str) -> int:
     return count
 
 
+#: The continuation rows: how a request's cut stream is continued (docs/design.md, Continuation)
+#: and the request features that choose it.
+CUT_ROWS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("by token ids (default)", {}),
+    ("replayed: the caller declined token ids", {"return_token_ids": False}),
+    ("replayed: stop strings", {"stop": ["\n\n\n", "###"]}),
+    ("replayed: frequency penalty", {"frequency_penalty": 1.0}),
+    (
+        "replayed: json schema",
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "answer",
+                    "schema": {"type": "object", "properties": {"text": {"type": "string"}}},
+                },
+            }
+        },
+    ),
+    ("replayed: logprobs", {"logprobs": True, "top_logprobs": 2}),
+    ("replayed: seeded sample", {"temperature": 0.8, "seed": 7}),
+)
+
+
 def cut_streams(engine: VLLMEngine, s: VLLMDemoSettings) -> list[dict[str, Any]]:
-    """The continuation rows: the same cuts, continued by token ids and by text."""
+    """The continuation rows (:data:`CUT_ROWS`): for each, ``s.cuts`` streams straight to vLLM,
+    then the same through the gateway, each cut once at a random event between it and vLLM."""
     rng = random.Random(s.seed)
     usage = {"stream": True, "stream_options": {"include_usage": True}}
-    prompts = [f"cut {s.seed}-{i}" for i in range(s.cuts)]
-    with ThreadPoolExecutor(4) as pool:
-        wanted = list(
-            pool.map(
-                lambda p: _stream(engine.url, _chat(engine.model, p, s.cut_tokens, **usage)),
-                prompts,
-            )
-        )
-    points = [rng.randint(2, max(2, w[1])) for w in wanted]
     rows = []
-    for name, extra in (("by token ids (default)", {}), ("by text", {"return_token_ids": False})):
+    for r, (name, extra) in enumerate(CUT_ROWS):
+        prompts = [f"cut {s.seed}-{r}-{i}" for i in range(s.cuts)]
+
+        def body(p: str, extra: dict[str, Any] = extra) -> dict[str, Any]:
+            return _chat(engine.model, p, s.cut_tokens, **usage, **extra)
+
+        with ThreadPoolExecutor(4) as pool:
+            wanted = list(pool.map(lambda p: _stream(engine.url, body(p)), prompts))
         proxy = CuttingProxy(engine.url)
-        proxy.plan.update(zip(prompts, points, strict=True))
+        proxy.plan.update(
+            (p, rng.randint(2, max(2, w[1]))) for p, w in zip(prompts, wanted, strict=True)
+        )
         with (
             serve_proxy(proxy) as net,
             _gateway(net.url) as (url, _),
             ThreadPoolExecutor(4) as pool,
         ):
-            got = list(
-                pool.map(
-                    lambda p, extra=extra: _stream(
-                        url, _chat(engine.model, p, s.cut_tokens, **usage, **extra)
-                    ),
-                    prompts,
-                )
-            )
+            got = list(pool.map(lambda p: _stream(url, body(p)), prompts))
+        pairs = list(zip(got, wanted, strict=True))
         rows.append(
             {
                 "name": name,
                 "streams_cut": proxy.cuts,
-                "exact": sum(g[0] == w[0] for g, w in zip(got, wanted, strict=True)),
-                "usage_exact": sum(g[2] == s.cut_tokens for g in got),
+                "exact": sum(g[0] == w[0] for g, w in pairs),
+                "usage_exact": sum(g[2] == w[2] for g, w in pairs),
                 # What the callers got beyond the unbroken answer, counted by vLLM's tokenizer
                 # (a usage chunk counts what the gateway believes it sent).
                 "max_extra_tokens": max(
-                    _tokens(engine, g[0]) - _tokens(engine, w[0])
-                    for g, w in zip(got, wanted, strict=True)
+                    _tokens(engine, g[0]) - _tokens(engine, w[0]) for g, w in pairs
                 ),
+                # The longest wait a caller saw, through the cut, against the same answer's
+                # longest wait straight (medians over the row's streams).
+                "recover_ms": round(statistics.median(g[3] for g, _ in pairs) * 1000),
+                "straight_gap_ms": round(statistics.median(w[3] for _, w in pairs) * 1000),
             }
         )
     return rows

@@ -14,8 +14,9 @@ import asyncio
 import contextlib
 import enum
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from streamsafe.gateway.admission.fair_queue import Waiter
 from streamsafe.gateway.errors import Failure
@@ -29,6 +30,7 @@ __all__ = [
     "Continuation",
     "Generation",
     "GenerationRequest",
+    "Rewrite",
     "State",
     "new_generation_id",
 ]
@@ -84,18 +86,35 @@ class GenerationRequest:
     withheld: bool = False
 
 
+class Rewrite(Protocol):
+    """What a continuation does to its stream's reads before they join the answer (see
+    docs/design.md, Continuation): reshape a completion by ids into the caller's chat chunks, or
+    drop and verify the part of a replayed answer the caller already has."""
+
+    @property
+    def diverged(self) -> str | None:
+        """Why the stream differs from the answer it continues (it must end with that error)."""
+
+    @property
+    def passed(self) -> bool:
+        """Every later read passes unchanged: the rewrite may be dropped."""
+
+    def __call__(self, payloads: list[bytes]) -> list[bytes]:
+        """The payloads of one read, rewritten (some may be dropped)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Continuation:
     """What the latest attempt of a broken stream asks upstream instead of the request itself
     (see docs/design.md, Continuation): ``body`` to ``path``; ``tokens_before`` delivered before
-    it (its usage is made whole with them); ``reshape``, where its chunks come in another format
-    than the caller's (a chat answer continued on the completion route by token ids), turns each
-    into the caller's."""
+    it and counted again by neither its prompt nor its usage (its usage is made whole with
+    them); ``rewrite``, what its reads go through before they join the answer (a chat answer
+    continued on the completion route by token ids, a replayed answer)."""
 
     path: str
     body: bytes
     tokens_before: int
-    reshape: Callable[[bytes], bytes] | None = None
+    rewrite: Rewrite | None = None
 
 
 class Generation:

@@ -152,6 +152,12 @@ class AttemptWatch:
             self._handle.cancel()
             self._arm()
 
+    def working(self) -> None:
+        """The engine sends what this attempt does not relay (a replay of the part of the answer
+        already delivered): the continuation's stall bound no longer applies; the first-token
+        bound does, from its last read."""
+        self._stall_deadline = None
+
     def first_event(self) -> None:
         """The first event arrived: from now on the idle bound applies (re-armed once, since it
         may fall before the first-token deadline)."""

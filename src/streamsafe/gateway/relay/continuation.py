@@ -1,18 +1,18 @@
 """Continuing a stream whose upstream connection broke (see docs/design.md, Continuation).
 
 When the stream from the engine ends with no error and no ``[DONE]`` (a proxy or the connection
-died), the engine aborted its copy when the connection closed. Asking it to continue the partial
-answer for the tokens still owed generates nothing twice, and the subscribers see one unbroken
-stream. Two ways, the exact one first:
+died), the engine aborted its copy when the connection closed. Which continuation a request gets
+is decided from the request alone (:mod:`.continuation_plan`); each is exact or not made:
 
 - **By token ids** (vLLM): the gateway asked for ``return_token_ids``, so the log holds the
   prompt's ids and every chunk's. The continuation is a completion request whose prompt is those
   ids followed by the ids generated so far, ``max_tokens`` what is left, the same sampling
-  parameters: the engine resumes from exactly the context it had. Its chunks are re-emitted in
-  the caller's format (:class:`Reshape`).
-- **By text** (``continue_final_message``), where no ids came: the partial text is tokenised
-  again, which may give another context (``a`` + ``n`` becomes ``an``) and lose whitespace under a
-  template that trims content. Approximate, and counted one token per content chunk.
+  parameters: the engine resumes from exactly the context it had, and generates nothing twice.
+  Its chunks are re-emitted in the caller's format (:class:`Reshape`).
+- **Replay and verify** (:mod:`.replay`), where the engine's state is more than its tokens (stop
+  strings, penalties, structured outputs, tools, logprobs, a seeded sample).
+- **By text** (``continue_final_message``), where no ids came (an engine that sends none, such as
+  the simulator, which continues by text exactly).
 
 The log is parsed once, when a stream breaks: the per-chunk path never parses JSON for this.
 """
@@ -29,6 +29,8 @@ import orjson
 from streamsafe.gateway.errors import ERROR_PREFIXES
 from streamsafe.gateway.generations.generation import Continuation, GenerationRequest
 from streamsafe.gateway.generations.store import EventLog
+from streamsafe.gateway.relay.continuation_plan import plan_continuation
+from streamsafe.gateway.relay.replay import Replay, answer_pieces
 from streamsafe.request_cost import COMPLETIONS_DEFAULT_MAX_TOKENS, InvalidField, read_int
 from streamsafe.sse import DONE
 
@@ -74,22 +76,6 @@ _SAMPLING = (
     "user",
     "priority",
     "stream_options",
-)
-
-#: Chat request fields whose effect a completion by ids cannot carry on exactly.
-_CHAT_ONLY = (
-    "tools",
-    "functions",
-    "response_format",
-    "structured_outputs",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-    "logprobs",
-    "top_logprobs",
-    "echo",
-    "prompt_logprobs",
 )
 
 
@@ -145,7 +131,8 @@ def _ids(value: object) -> list[int] | None:
 
 async def read_partial(log: EventLog) -> Partial | None:
     """The partial answer in ``log``, or ``None`` where it cannot be continued (an error event,
-    tool calls, several choices, unparsable chunks)."""
+    several choices, unparsable chunks). Its text is what the caller read: a chat's content
+    and tool-call arguments, a completion's text."""
     parts: list[str] = []
     chunks = 0
     finished = usage_seen = False
@@ -166,17 +153,12 @@ async def read_partial(log: EventLog) -> Partial | None:
         for choice in choices:
             if choice.get("index", 0) != 0:
                 return None
-            delta = choice.get("delta") or {}
-            if delta.get("tool_calls"):
-                return None
-            # A chat chunk's delta, or a completion chunk's text.
-            content = delta.get("content") if delta else choice.get("text")
+            content, ids = answer_pieces(choice)
             if content:
                 parts.append(content)
                 chunks += 1
             finished = finished or bool(choice.get("finish_reason"))
             prompt_ids = prompt_ids or _ids(choice.get("prompt_token_ids"))
-            ids = _ids(choice.get("token_ids"))
             if ids is not None and token_ids is not None:
                 token_ids.extend(ids)
             elif content or choice.get("finish_reason"):
@@ -186,20 +168,28 @@ async def read_partial(log: EventLog) -> Partial | None:
     return Partial("".join(parts), chunks, finished, usage_seen, stamp, token_ids, prompt_ids)
 
 
-def continuation_for(req: GenerationRequest, partial: Partial) -> Continuation | None:
-    """The request that continues ``partial`` for the tokens still owed: by token ids where the
-    log has them and the request allows it, else by text for a chat; ``None`` for what cannot be
-    continued (``n`` > 1, a completion without ids)."""
+def continuation_for(req: GenerationRequest, partial: Partial | None) -> Continuation | str:
+    """The request that continues ``partial`` exactly, as its request's plan says
+    (:func:`~.continuation_plan.plan_continuation`): by token ids where the log has them, else
+    by text for a chat; replayed and verified where the engine's state is more than its tokens.
+    Where none can be made, why (the stream ends with it)."""
     try:
         body = orjson.loads(req.body)
     except orjson.JSONDecodeError:
-        return None
-    if not isinstance(body, dict) or body.get("n", 1) != 1:
-        return None
+        return "its request could not be read back"
+    if not isinstance(body, dict):
+        return "its request could not be read back"
+    plan = plan_continuation(req.path, body)
+    if plan.way == "none":
+        return plan.why
+    if partial is None:
+        return "its answer so far could not be read back"
+    if plan.way == "replay":
+        return Continuation(req.path, req.body, 0, Replay(partial.text, partial.token_ids))
     by_ids = _by_ids(req, body, partial)
     if by_ids is not None:
         return by_ids
-    return _by_text(req, body, partial)
+    return _by_text(req, body, partial) or "a completion is continued only by its token ids"
 
 
 def _owed(body: Mapping[str, Any], name: str, delivered: int) -> int | None:
@@ -214,7 +204,7 @@ def _owed(body: Mapping[str, Any], name: str, delivered: int) -> int | None:
 
 def _by_ids(req: GenerationRequest, body: dict[str, Any], partial: Partial) -> Continuation | None:
     ids, prompt = partial.token_ids, partial.prompt_ids
-    if ids is None or prompt is None or any(body.get(name) for name in _CHAT_ONLY):
+    if ids is None or prompt is None:
         return None
     chat = req.path.endswith("/chat/completions")
     ask: dict[str, Any] = {k: body[k] for k in _SAMPLING if k in body}
@@ -260,11 +250,19 @@ class Reshape:
 
     __slots__ = ("_chat", "_stamp")
 
+    #: Never differs from the answer it continues (a :class:`~.generation.Rewrite`).
+    diverged: str | None = None
+    passed = False
+
     def __init__(self, stamp: Mapping[str, object], chat: bool) -> None:
         self._stamp = dict(stamp)
         self._chat = chat
 
-    def __call__(self, payload: bytes) -> bytes:
+    def __call__(self, payloads: list[bytes]) -> list[bytes]:
+        return [self.one(p) for p in payloads]
+
+    def one(self, payload: bytes) -> bytes:
+        """One chunk in the caller's format."""
         if payload == DONE or payload.startswith(ERROR_PREFIXES):
             return payload
         try:

@@ -354,10 +354,12 @@ class Relay:
         if gen.length <= (route.preamble if route is not None else 0):
             gen.continuation = None
             return True
-        continuation = None
-        if partial is not None and attempts.upstream.kind.can_continue:
-            continuation = continuation_for(gen.request, partial)
-        if continuation is None:
+        if not attempts.upstream.kind.can_continue:
+            await self._endings.fail_broken(gen, broken)
+            return False
+        continuation = continuation_for(gen.request, partial)
+        if isinstance(continuation, str):
+            broken.why = f"{broken.why}; it cannot be continued exactly: {continuation}"
             await self._endings.fail_broken(gen, broken)
             return False
         gen.continuation = continuation

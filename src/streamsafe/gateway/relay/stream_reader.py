@@ -166,6 +166,10 @@ class StreamReader:
             )
         if sink.malformed:
             return BrokenAttempt("upstream sent a malformed chunk", 502)
+        if sink.diverged is not None:
+            why = f"the stream broke and could not be continued exactly: {sink.diverged}"
+            await self._endings.fail_mid_stream(gen, why)
+            return None
         if sink.done or gen.finished:
             return None
         route = gen.request.route

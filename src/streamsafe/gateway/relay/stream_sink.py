@@ -52,13 +52,14 @@ class StreamSink:
         "_repeated",
         "_stop",
         "_watch",
+        "diverged",
         "done",
         "errored",
         "gen",
         "last",
         "malformed",
         "refusal",
-        "reshape",
+        "rewrite",
         "skip_role",
         "tokens_before",
     )
@@ -84,8 +85,12 @@ class StreamSink:
         self.skip_role = continuing
         ask = gen.continuation if continuing else None
         self.tokens_before = ask.tokens_before if ask is not None else 0
-        #: Turns a continuation's chunks into the caller's format (one asked by token ids).
-        self.reshape = ask.reshape if ask is not None else None
+        #: What a continuation's reads go through (reshaped from a completion by ids, or
+        #: replayed and verified); dropped once every later read passes unchanged.
+        self.rewrite = ask.rewrite if ask is not None else None
+        #: Why a replayed answer differs from the one delivered: the attempt stopped there, and
+        #: the stream ends with that error.
+        self.diverged: str | None = None
         self._append_now = gen.log.append_nowait
         self._append_one = gen.log.append_one
         self._pending: list[bytes] = []
@@ -128,9 +133,18 @@ class StreamSink:
             or (state is not _RUNNING and state is not _QUEUED)
         ):
             return
-        reshape = self.reshape
-        if reshape is not None:
-            payloads[:] = [reshape(p) for p in payloads]
+        rewrite = self.rewrite
+        if rewrite is not None:
+            payloads[:] = rewrite(payloads)
+            if rewrite.diverged is not None:
+                self.diverged = rewrite.diverged
+                self._stop()  # the engine aborts the rest; the stream ends with the error
+                return
+            if rewrite.passed:
+                self.rewrite = None  # the usual path (and its fast one) from here on
+            if not payloads:
+                self._watch.working()  # the engine replays what was delivered: it works
+                return
         if self.skip_role:
             self.skip_role = False
             if is_role_chunk(payloads[0]):
@@ -211,7 +225,7 @@ class StreamSink:
             or self.malformed
             or self.skip_role
             or self.tokens_before
-            or self.reshape is not None
+            or self.rewrite is not None
             or not self._watch.flowing
             or gen.state is not _RUNNING
             or not payload
