@@ -47,27 +47,57 @@ def test_every_requirement_is_pinned_in_the_lock_file() -> None:
     assert names - {"streamsafe"} <= pins, names - pins
 
 
-def test_the_client_imports_and_builds_without_any_server_package() -> None:
-    # A process in which every server package is missing, as after `pip install streamsafe`.
-    blocked = ", ".join(repr(p) for p in (*SERVER_PACKAGES, "prometheus_client"))
-    code = f"""
+#: Run first in a process as after `pip install streamsafe`: every server package missing.
+_BLOCKED = ", ".join(repr(p) for p in (*SERVER_PACKAGES, "prometheus_client"))
+_WITHOUT_SERVERS = f"""
 import importlib.abc, sys
 class Missing(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ({blocked}):
+        if name.split(".")[0] in ({_BLOCKED}):
             raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
 sys.meta_path.insert(0, Missing())
+"""
+_CLIENT_ALONE = f"""
 import streamsafe
 from streamsafe import AsyncClient, Client, RetryPolicy
 with Client(base_url="http://127.0.0.1:9/v1", api_key="x") as client:
     pass
-print("ok", sorted(m for m in sys.modules if m.split(".")[0] in ({blocked})))
+print("ok", sorted(m for m in sys.modules if m.split(".")[0] in ({_BLOCKED})))
 """
+
+
+def test_the_client_imports_and_builds_without_any_server_package() -> None:
+    code = _WITHOUT_SERVERS + _CLIENT_ALONE
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok []"
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "says"),
+    [
+        (["--help"], 0, "streamsafe[gateway]"),
+        (["-v", "serve", "--help"], 2, "[gateway]"),
+        (["serve", "--upstream", "http://127.0.0.1:9", "--port", "0"], 2, "[gateway]"),
+        (["demo", "--quick"], 2, "streamsafe[demo]"),
+    ],
+)
+def test_the_command_line_names_the_extra_without_a_server_package(
+    argv: list[str], code: int, says: str
+) -> None:
+    # `streamsafe serve` registers its options from the gateway, which imports httptools: a
+    # traceback at parser build, before this, for every command but chat.
+    run = _WITHOUT_SERVERS + f"from streamsafe.cli import main; sys.exit(main({argv!r}))"
+    out = subprocess.run(
+        [sys.executable, "-c", run], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == code, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    assert says in (out.stdout if code == 0 else out.stderr)
+    if code:
+        assert out.stderr.count("\n") == 1, out.stderr
 
 
 #: Extras that reproduce the reported failure with the versions it was reported on (Llama Stack
