@@ -99,6 +99,23 @@ def test_the_image_builds_the_wheel_then_runs_it_as_a_user_on_python_312_slim() 
     assert f"--uid {user}" in install
 
 
+def test_the_build_context_holds_what_the_image_copies_and_nothing_else() -> None:
+    # The context is the repository root, beside virtualenvs of gigabytes.
+    ignore = DOCKERFILE.with_name("Dockerfile.dockerignore").read_text().splitlines()
+    rules = [line for line in ignore if line and not line.startswith("#")]
+    assert rules[0] == "*"
+    allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
+    copied = {
+        source.rstrip("/")
+        for word, rest in _instructions()
+        if word == "COPY" and not rest.startswith("--from")
+        for source in rest.split()[:-1]
+    }
+    assert copied == allowed
+    for path in allowed:
+        assert (ROOT / path).exists(), path
+
+
 def _entrypoint_and_cmd() -> list[str]:
     runtime = _stages()["runtime"]
     words: list[str] = json.loads(_one("ENTRYPOINT", runtime)) + json.loads(_one("CMD", runtime))
