@@ -334,7 +334,7 @@ def test_a_gateway_started_with_the_manifest_answers_its_probes_and_drains(
         body = {
             "model": "sim-llama-8b",
             "messages": [{"role": "user", "content": "drain"}],
-            "max_tokens": 60,
+            "max_tokens": 150,  # 3 s at 20 ms a token: still running when asked
             "stream": True,
         }
 
