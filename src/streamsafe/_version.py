@@ -1,6 +1,5 @@
-from importlib.metadata import PackageNotFoundError, version
+"""The version of streamsafe, written here only: the package metadata reads it at build time
+(pyproject.toml, ``[tool.setuptools.dynamic]``), ``streamsafe --version`` and
+``streamsafe.__version__`` at run time; CHANGELOG.md names each release."""
 
-try:
-    __version__ = version("streamsafe")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0.0.0"
+__version__ = "0.1.0"

@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from streamsafe import _logging
 from streamsafe._version import __version__
@@ -71,23 +72,49 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if only is not None and name != only:
             continue
         try:
-            mod = importlib.import_module(module)
+            # A part's register() may import its server packages (serve: the gateway's options).
+            importlib.import_module(module).register(sub)
         except ModuleNotFoundError as exc:
-            if exc.name != module:
+            if exc.name == module:
+                continue  # a part not built yet
+            top = (exc.name or "").split(".")[0]
+            if top not in _EXTRAS:
                 raise
-            continue  # a part not built yet
-        mod.register(sub)
+            _register_missing(sub, name, top)
     for name, command in sub.choices.items():
         _add_logging(command, _DEFAULT_LEVEL.get(name, "warning"), 1)
     return parser
 
 
-def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+def _register_missing(sub: Any, name: str, package: str) -> None:
+    """``name`` as a command whose part cannot load here (``pip install streamsafe`` holds the
+    client alone; ``serve`` imports the gateway to add its options): ``--help`` lists it with
+    the extra to install, and :func:`main` answers it with that before parsing its options."""
+    extra = _EXTRAS[package]
+    p = sub.add_parser(name, help=f"(needs pip install 'streamsafe[{extra}]')")
+    p.set_defaults(missing=package)
+
+
+def _needs(command: str, package: str) -> int:
+    extra = _EXTRAS[package]
+    print(
+        f"streamsafe {command}: needs {package}, which the {extra!r} extra installs: "
+        f"pip install 'streamsafe[{extra}]' (or make demo, which installs everything)",
+        file=sys.stderr,
+    )
+    return 2
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            found: argparse.ArgumentParser = action.choices[name]
+            found: dict[str, argparse.ArgumentParser] = action.choices
             return found
-    raise KeyError(name)
+    return {}
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    return _subcommands(parser)[name]
 
 
 def _add_logging(parser: argparse.ArgumentParser, default_level: str, depth: int) -> None:
@@ -109,6 +136,11 @@ def _command_in(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_command_in(words))
+    named = next((w for w in words if w in dict(_COMMANDS)), None)
+    if named is not None:
+        missing = _subcommands(parser).get(named)
+        if missing is not None and missing.get_default("missing"):
+            return _needs(named, missing.get_default("missing"))
     args = parser.parse_args(words)
     config = getattr(args, "config", None)
     if config:
@@ -131,13 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         top = (exc.name or "").split(".")[0]
         if top not in _EXTRAS:
             raise
-        extra = _EXTRAS[top]
-        print(
-            f"streamsafe {args.command}: needs {top}, which the {extra!r} extra installs: "
-            f"pip install 'streamsafe[{extra}]' (or make demo, which installs everything)",
-            file=sys.stderr,
-        )
-        return 2
+        return _needs(args.command, top)
     except OSError as exc:
         from streamsafe.serving import CannotListen  # loaded by whatever raised it
 
