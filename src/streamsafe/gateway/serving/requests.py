@@ -120,6 +120,7 @@ def completion_request(
         no_upstream_retry=header(scope, b"x-llamastack-streaming") == b"true",
         route=route,
         forward=forward,
+        model=model if isinstance(model := body.get("model"), str) else "",
     )
 
 
