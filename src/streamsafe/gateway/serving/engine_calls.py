@@ -1,6 +1,6 @@
 """The vLLM routes the gateway passes to one engine of its pool (see
-:mod:`streamsafe.gateway.upstream.routes`): embeddings, pooling, score and rerank, Responses,
-tokenize, audio and the rest.
+:mod:`streamsafe.gateway.upstream.routes`): Responses, tokenize, render, audio and the rest
+(completions and pooling calls are served: :mod:`streamsafe.gateway.serving.completions`).
 
 An admitted route's request is read (a JSON body whole, bounded by ``max_body_bytes``; a
 multipart form only until its ``model`` field, the rest streamed), counted at what it costs the

@@ -4,11 +4,12 @@ that the two agree).
 
 Each :class:`Route` says how the gateway handles the path (:class:`Handling`): served with every
 promise (coalescing, replay, resume, continuation, admission: the completion routes of
-:mod:`~streamsafe.gateway.upstream.kinds`), admitted (routed by its ``model`` across the pool, the
-tenant's key checked, admission by what it costs, then passed through), sent to a live engine
-(routes that take no model), answered by the gateway itself, kept for the operator (the admin key
-only: they change or reveal the engine for everyone), or claimed by a dedicated handler (the
-Anthropic Messages API). A path no entry names answers 404.
+:mod:`~streamsafe.gateway.upstream.kinds`, and the pooling routes as plain calls), admitted
+(routed by its ``model`` across the pool, the tenant's key checked, admission by what it costs,
+then passed through), sent to a live engine (routes that take no model), answered by the
+gateway itself, kept for the operator (the admin key only: they change or reveal the engine for
+everyone), or claimed by a dedicated handler (the Anthropic Messages API). A path no entry
+names answers 404.
 
 The list was read from vLLM 0.32's ``vllm/entrypoints`` (``@router.`` and ``add_api_route``):
 some routes exist only where the model serves the task (pooling routes for a pooling model,
@@ -26,6 +27,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from streamsafe.gateway.upstream.kinds import POOLING_PATHS
+
 __all__ = [
     "ROUTES",
     "Cost",
@@ -42,7 +45,8 @@ class Handling(enum.Enum):
     """What the gateway does with a route's requests."""
 
     #: Coalescing, replay, resume, continuation of a cut stream, admission, failover
-    #: (:mod:`streamsafe.gateway.serving.completions`).
+    #: (:mod:`streamsafe.gateway.serving.completions`); a pooling route's plain calls are
+    #: coalesced, replayed and admitted by their input tokens the same way.
     SERVED = "served"
     #: The tenant's key checked, routed by ``model`` across the pool (a live engine where it names
     #: none), admitted by its cost, then passed through as it came; no coalescing.
@@ -91,6 +95,8 @@ class Route:
     @property
     def guarantees(self) -> str:
         """What the gateway guarantees on the route, in words (the docs' column)."""
+        if self.handling is Handling.SERVED and self.cost is Cost.INPUT:
+            return "coalescing, replay, admission by input tokens, failover (plain calls)"
         if self.handling is Handling.SERVED:
             return "coalescing, replay, resume, continuation, admission, failover"
         if self.handling is Handling.ADMITTED:
@@ -156,16 +162,11 @@ ROUTES: tuple[Route, ...] = (
     _admitted("/invocations", Cost.GENERATION, "SageMaker: the task its body names"),
     _admitted("/generative_scoring", Cost.INPUT),
     _admitted("/v1/systemone", Cost.GENERATION),
-    # -- pooling: embeddings, classify, score, rerank ----------------------------------------
-    _admitted("/v1/embeddings", Cost.INPUT, "a pooling model's"),
-    _admitted("/v2/embed", Cost.INPUT, "a pooling model's"),
-    _admitted("/pooling", Cost.INPUT, "a pooling model's"),
-    _admitted("/classify", Cost.INPUT, "a pooling model's"),
-    _admitted("/score", Cost.INPUT, "a pooling model's"),
-    _admitted("/v1/score", Cost.INPUT, "a pooling model's"),
-    _admitted("/rerank", Cost.INPUT, "a pooling model's"),
-    _admitted("/v1/rerank", Cost.INPUT, "a pooling model's"),
-    _admitted("/v2/rerank", Cost.INPUT, "a pooling model's"),
+    # -- pooling: embeddings, classify, score, rerank: plain calls ----------------------------
+    *(
+        Route(path, _POST, Handling.SERVED, True, Cost.INPUT, note="a pooling model's")
+        for path in POOLING_PATHS
+    ),
     # -- audio: multipart, streamed -----------------------------------------------------------
     _admitted(
         "/v1/audio/transcriptions",
