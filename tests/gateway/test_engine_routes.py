@@ -96,6 +96,14 @@ def test_a_request_goes_to_an_engine_of_the_model_it_names() -> None:
             r = client.post(gw_server.url + "/v1/embeddings", json={"model": "zz", "input": "x"})
             assert r.status_code == 404
             assert "no engine serves model 'zz'" in r.json()["error"]["message"]
+            # A form passed through (not served) is routed by its model field too.
+            start, end = _form("model-b", b"RIFF")
+            form = {"content-type": "multipart/form-data; boundary=b0undary"}
+            r = client.post(
+                gw_server.url + "/v1/audio/transcriptions", content=start + end, headers=form
+            )
+            assert r.status_code == 200
+            assert [sim.stats()["form_bytes_received"] for sim in sims] == [0, len(start + end)]
             # A route that takes no model goes to a live engine.
             assert client.get(gw_server.url + "/version").json() == {"version": "streamsafe-sim"}
     finally:

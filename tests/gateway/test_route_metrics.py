@@ -52,6 +52,11 @@ def test_requests_are_counted_by_route_model_and_status_class() -> None:
     assert _value(samples, P + "route_completion_tokens_total", **chat) == 8
     prompt = _value(samples, P + "route_prompt_tokens_total", **chat)
     assert prompt is not None and prompt > 0
+    # An embedding's tokens, counted once (the same call again was replayed), and no
+    # completion tokens in the generations' histogram.
+    embed = {"route": "/v1/embeddings", "model": MODEL}
+    assert _value(samples, P + "route_prompt_tokens_total", **embed) == 1
+    assert _value(samples, P + "completion_tokens_count") == 1
     names = {name for name, _ in samples}
     assert names <= exported_names()
 

@@ -66,6 +66,7 @@ from streamsafe.gateway.serving.requests import tenant_id
 from streamsafe.gateway.tracing import Tracing
 from streamsafe.gateway.upstream.breaker import BreakerState
 from streamsafe.gateway.upstream.routes import Handling, find_route, operator_route, route_label
+from streamsafe.gateway.upstream.wire import Wire
 
 __all__ = ["Gateway"]
 
@@ -239,7 +240,9 @@ class Gateway:
                 if gen.admitted_at is not None:
                     h.admission_wait_seconds.observe(max(0.0, gen.admitted_at - gen.created_at))
                 tokens = completion_tokens(gen)
-                if tokens is not None and gen.state is State.DONE:
+                route = gen.request.route
+                generated = route is None or route.wire is not Wire.OPENAI_POOLING
+                if tokens is not None and gen.state is State.DONE and generated:
                     h.completion_tokens.observe(tokens)
         logged = access_log.isEnabledFor(access.level)
         if logged or access.span is not None:
