@@ -404,5 +404,9 @@ def parse_error_event(kind: UpstreamKind, payload: bytes) -> ErrorEvent | None:
 def describe_kind(kind: UpstreamKind) -> str:
     """What the gateway does with ``kind``'s routes, for the log."""
     served = ", ".join(kind.routes)
-    rest = "passes every other route through" if kind.passthrough else "answers no other route"
+    rest = (
+        "passes every other route through"
+        if kind.passthrough
+        else "passes vLLM's other routes as its route table says (upstream/routes.py)"
+    )
     return f"serves POST {served} with every promise; {rest}"
