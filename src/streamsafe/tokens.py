@@ -14,6 +14,7 @@ from typing import Any
 __all__ = [
     "completion_prompts",
     "content_text",
+    "estimate_input_tokens",
     "estimate_prompt_tokens",
     "estimate_text_tokens",
     "prompt_text",
@@ -86,3 +87,32 @@ def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
                 total += _PER_MESSAGE + estimate_text_tokens(content_text(msg.get("content")))
         return total
     return sum(_one_prompt_tokens(p) for p in completion_prompts(body.get("prompt")))
+
+
+#: Fields of a request that name, but are not, its input.
+_NOT_INPUT = frozenset(
+    ("model", "encoding_format", "user", "truncate_prompt_tokens", "priority", "request_id")
+)
+
+
+def estimate_input_tokens(body: Mapping[str, Any]) -> int:
+    """Input tokens of a request with no single prompt field (embeddings' ``input``, rerank's
+    ``query`` and ``documents``, score's ``text_1`` and ``text_2``, a pooling ``messages``):
+    every string in the body counted by :func:`estimate_text_tokens` and every integer in a
+    list as one token id, outside the fields that name a setting (``model``, ...). An
+    over-estimate where settings are strings, never an under-estimate of the text sent."""
+    total = 0
+    stack: list[Any] = [v for k, v in body.items() if k not in _NOT_INPUT]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            total += estimate_text_tokens(value)
+        elif isinstance(value, Mapping):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            for item in value:
+                if isinstance(item, int) and not isinstance(item, bool):
+                    total += 1
+                else:
+                    stack.append(item)
+    return total

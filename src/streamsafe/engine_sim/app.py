@@ -1,8 +1,10 @@
 """The simulator as a plain ASGI app: vLLM's OpenAI endpoints over :class:`Engine`.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming and not),
-``GET /v1/models``, ``GET /health`` (503 once dead), ``GET /metrics`` (Prometheus text with vLLM's
-names), ``GET /stats`` (JSON counters), ``POST /admin/restart``.
+``POST /tokenize``, ``POST /v1/embeddings``, ``POST /v1/audio/transcriptions`` (a form read as it
+comes), ``GET /v1/models``, ``GET /version``, ``GET /is_sleeping``, ``GET /health`` (503 once
+dead), ``GET /metrics`` (Prometheus text with vLLM's names), ``GET /stats`` (JSON counters),
+``POST /admin/restart``.
 
 A completion request is read, counted, validated and checked for the faults that refuse it
 outright (an outage of the whole engine, a status, a reset, no answer) here;
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -41,7 +44,7 @@ from streamsafe.engine_sim.outage import Outage, Outages
 from streamsafe.engine_sim.text import split_continuation
 from streamsafe.engine_sim.validation import INVALID_PREFILL, BadRequest, ContextTooLong, validate
 from streamsafe.engine_sim.wire import DONE_EVENT, error_body
-from streamsafe.tokens import estimate_prompt_tokens
+from streamsafe.tokens import estimate_input_tokens, estimate_prompt_tokens
 
 __all__ = ["Simulator"]
 
@@ -69,6 +72,10 @@ class Simulator:
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
             ("POST", "/tokenize"): self._tokenize,
+            ("POST", "/v1/embeddings"): self._embeddings,
+            ("POST", "/v1/audio/transcriptions"): self._transcription,
+            ("GET", "/version"): self._version,
+            ("GET", "/is_sleeping"): self._is_sleeping,
             ("GET", "/v1/models"): self._models,
             ("GET", "/health"): self._health,
             ("GET", "/metrics"): self._metrics,
@@ -190,6 +197,67 @@ class Simulator:
         text = render_metrics(cfg.model, self.stats(), kv_tokens)
         await respond(send, 200, text.encode(), content_type=_METRICS_TYPE)
 
+    async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await respond(send, 200, b'{"version":"streamsafe-sim"}')
+
+    async def _is_sleeping(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """vLLM's dev-mode ``GET /is_sleeping`` (an operator route: the simulator never
+        sleeps)."""
+        await respond(send, 200, b'{"is_sleeping":false}')
+
+    # -- pooling and audio -------------------------------------------------------------------
+
+    async def _embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """vLLM's ``POST /v1/embeddings`` in its shape: one vector per input, a function of
+        the input's text (equal inputs, equal vectors), ``usage`` counted as the gateway's
+        admission counts it."""
+        try:
+            body = orjson.loads(await read_body(receive, self.config.max_body_bytes))
+            if not isinstance(body, dict) or body.get("model", self.config.model) != (
+                self.config.model
+            ):
+                raise BadRequest(f"The model `{_model_named(body)}` does not exist.", 404)
+            given = body.get("input")
+            inputs = given if isinstance(given, list) and given else [given]
+            if not all(isinstance(i, str) for i in inputs):
+                raise BadRequest("'input' must be a string or a list of strings")
+        except Disconnected:
+            return
+        except (BodyTooLarge, orjson.JSONDecodeError, BadRequest) as exc:
+            await _refuse(send, exc)
+            return
+        self.engine.count("embeddings")
+        tokens = estimate_input_tokens({"input": inputs})
+        data = [
+            {"index": i, "object": "embedding", "embedding": _vector(text)}
+            for i, text in enumerate(inputs)
+        ]
+        answer = {
+            "id": f"embd-{self.engine.stats()['embeddings']}",
+            "object": "list",
+            "created": int(time.time()),
+            "model": self.config.model,
+            "data": data,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
+        }
+        await respond(send, 200, orjson.dumps(answer))
+
+    async def _transcription(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """vLLM's ``POST /v1/audio/transcriptions``: a multipart form read as it comes (each
+        chunk counted in ``form_bytes_received`` on arrival, so a test sees whether a gateway
+        streams it), answered ``{"text"}`` naming its size."""
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            self.engine.count("form_bytes_received", len(chunk))
+            if not message.get("more_body", False):
+                break
+        await respond(send, 200, orjson.dumps({"text": f"{size} bytes of form"}))
+
     # -- completions -------------------------------------------------------------------------
 
     async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -282,6 +350,16 @@ class Simulator:
             await _refuse_in_stream(send, faults.error_event.status, job.stream)
             return
         await Completion(engine, self.config, job, faults).serve(receive, send)
+
+
+def _vector(text: str, size: int = 8) -> list[float]:
+    """An embedding of ``text``: ``size`` numbers in [-1, 1) drawn from its digest."""
+    digest = hashlib.blake2b(text.encode(), digest_size=size).digest()
+    return [(b - 128) / 128 for b in digest]
+
+
+def _model_named(body: Any) -> str:
+    return str(body.get("model")) if isinstance(body, dict) else ""
 
 
 async def _refuse_in_stream(send: Send, code: int, stream: bool) -> None:

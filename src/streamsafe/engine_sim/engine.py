@@ -56,6 +56,8 @@ class Engine:
         self._c: dict[str, int] = dict.fromkeys(
             (
                 "requests_received",
+                "embeddings",
+                "form_bytes_received",
                 "generations_started",
                 "continuations",
                 "generations_completed",
@@ -210,6 +212,8 @@ class Engine:
             c = self._c
             return {
                 "requests_received": c["requests_received"],
+                "embeddings": c["embeddings"],
+                "form_bytes_received": c["form_bytes_received"],
                 "generations_started": c["generations_started"],
                 "continuations": c["continuations"],
                 "generations_completed": c["generations_completed"],

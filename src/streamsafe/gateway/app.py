@@ -6,14 +6,17 @@ reads it, :class:`~streamsafe.gateway.registry.Registry` finds or starts its gen
 :mod:`streamsafe.gateway.serving.subscriber` writes the generation to the client. Tenants are
 :mod:`streamsafe.gateway.serving.api_keys`'s, ``/ready`` and the model list
 :mod:`streamsafe.gateway.serving.engine_routes`'s, the drain's wait
-:mod:`streamsafe.gateway.serving.drain`'s; every other route is passed through.
+:mod:`streamsafe.gateway.serving.drain`'s. Behind vLLM every other route is handled as the route
+table (:mod:`streamsafe.gateway.upstream.routes`) says, by
+:mod:`streamsafe.gateway.serving.engine_calls`; behind a kind with pass-through, every other route
+is passed through; behind any kind, an engine's operator routes need the admin key.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import orjson
@@ -39,21 +42,31 @@ from streamsafe.gateway.metrics import (
     Histograms,
     Metrics,
     Readings,
+    RouteMetrics,
     stats_document,
 )
 from streamsafe.gateway.registry import Registry
 from streamsafe.gateway.replicas.replicas import Replicas
 from streamsafe.gateway.replicas.store_redis import RedisStore
-from streamsafe.gateway.serving.access import Access, access_log, completion_tokens, write_access
+from streamsafe.gateway.serving.access import (
+    Access,
+    access_log,
+    completion_tokens,
+    prompt_tokens,
+    write_access,
+)
 from streamsafe.gateway.serving.api_keys import ANONYMOUS, ApiKeys
 from streamsafe.gateway.serving.completions import Completions
 from streamsafe.gateway.serving.drain import let_finish
-from streamsafe.gateway.serving.engine_routes import MODEL_ROUTES, answer_models, answer_ready
+from streamsafe.gateway.serving.engine_calls import EngineCalls
+from streamsafe.gateway.serving.engine_routes import answer_models, answer_ready
 from streamsafe.gateway.serving.passthrough import pass_through, shared_route
 from streamsafe.gateway.serving.paths import canonical_path
 from streamsafe.gateway.serving.requests import tenant_id
 from streamsafe.gateway.tracing import Tracing
 from streamsafe.gateway.upstream.breaker import BreakerState
+from streamsafe.gateway.upstream.routes import Handling, find_route, operator_route, route_label
+from streamsafe.gateway.upstream.wire import Wire
 
 __all__ = ["Gateway"]
 
@@ -102,10 +115,16 @@ class Gateway:
         self.registry = Registry(config, self.fleet, self.admission, self.engines)
         self.tracing = Tracing(config.tracing)
         self.histograms = Histograms()
-        self.metrics = Metrics(self.stats, self.histograms, self.engine_readings)
+        self.metrics = Metrics(
+            self.stats,
+            self.histograms,
+            self.engine_readings,
+            RouteMetrics(self.engines.pool.models()),
+        )
         self._completions = Completions(
             config, self.registry, self.admission, self.tracing, self._api_keys
         )
+        self._calls = EngineCalls(config, self.engines, self.admission)
         self._started = time.monotonic()
         #: Shutting down (see :meth:`drain`): no new work, ``/ready`` answers 503.
         self.draining = False
@@ -209,6 +228,7 @@ class Gateway:
         """A request ended: its access line, and the histograms it feeds."""
         now = time.monotonic()
         gen = access.gen
+        self._observe_route(access, now)
         if access.completion and gen is not None and access.status is not None:
             h = self.histograms
             h.request_duration_seconds.observe(now - access.started)
@@ -220,7 +240,9 @@ class Gateway:
                 if gen.admitted_at is not None:
                     h.admission_wait_seconds.observe(max(0.0, gen.admitted_at - gen.created_at))
                 tokens = completion_tokens(gen)
-                if tokens is not None and gen.state is State.DONE:
+                route = gen.request.route
+                generated = route is None or route.wire is not Wire.OPENAI_POOLING
+                if tokens is not None and gen.state is State.DONE and generated:
                     h.completion_tokens.observe(tokens)
         logged = access_log.isEnabledFor(access.level)
         if logged or access.span is not None:
@@ -228,6 +250,26 @@ class Gateway:
             if logged:
                 write_access(access, fields)
             self.tracing.end_request(access.span, fields)
+
+    def _observe_route(self, access: Access, now: float) -> None:
+        """The request's per-route series: its labels resolved once, here, at its end."""
+        gen = access.gen
+        per_token = None
+        tokens: tuple[int | None, int | None] = (None, None)
+        if gen is not None and access.joined == "new" and gen.state is State.DONE:
+            completion = completion_tokens(gen)
+            tokens = (prompt_tokens(gen), completion)
+            first = gen.first_event_at
+            if access.stream and completion is not None and completion > 1 and first is not None:
+                per_token = max(0.0, now - first) / (completion - 1)
+        self.metrics.routes.observe(
+            route_label(access.path),
+            access.model,
+            access.status,
+            now - access.started,
+            per_token,
+            tokens,
+        )
 
     async def _route(self, scope: Scope, receive: Receive, send: Send, access: Access) -> None:
         # One spelling for routing and forwarding (see paths.py): no other reaches an
@@ -256,14 +298,55 @@ class Gateway:
             if route is not None and (method == "POST" or not kind.passthrough):
                 _allow(method, path, "POST")
                 await self._completions.serve(scope, receive, send, route, access)
+            elif operator_route(path):
+                self._api_keys.check_operator(scope)
+                access.tenant = "operator"
+                await self._passing_through(self._calls.serve_operator(scope, receive, send))
             elif kind.passthrough:
                 await self._pass_through(scope, receive, send, access, method, path)
-            elif path in MODEL_ROUTES:
-                _allow(method, path, "GET")
-                access.tenant = self._api_keys.tenant(scope)
-                await answer_models(send, self.engines)
             else:
-                raise BadRequest(404, f"no route {method} {path}")
+                await self._engine_route(scope, receive, send, access, method, path)
+
+    async def _engine_route(
+        self, scope: Scope, receive: Receive, send: Send, access: Access, method: str, path: str
+    ) -> None:
+        """A route of an upstream with no pass-through (vLLM), as the route table says: every
+        vLLM route, each with its own guarantees (see upstream/routes.py)."""
+        entry = find_route(path)
+        if entry is None:
+            raise BadRequest(404, f"no route {method} {path}")
+        if method not in entry.methods:
+            allow = ", ".join(entry.methods).encode()
+            msg = f"{path} accepts {' or '.join(entry.methods)} only"
+            raise BadRequest(405, msg, headers=[(b"allow", allow)])
+        handling = entry.handling
+        if handling is Handling.DEDICATED:
+            raise BadRequest(404, f"no route {method} {path}: its own handler is not installed")
+        access.tenant = tenant = self._api_keys.tenant(scope)
+        if handling is Handling.GATEWAY:  # the model list; the others are answered above
+            await answer_models(send, self.engines)
+            return
+        if await self._completions.answer_held_response(
+            scope, receive, send, access, tenant, method, path
+        ):
+            return
+        if self.draining:
+            raise shutting_down()
+        if handling is Handling.ADMITTED:
+            await self._passing_through(self._calls.serve(scope, receive, send, entry, access))
+            return
+        if entry.tenant_state:
+            self._calls.check_tenant_state(tenant)
+        await self._passing_through(self._calls.serve_engine_route(scope, receive, send, entry))
+
+    async def _passing_through(self, work: Awaitable[None]) -> None:
+        """Run ``work``, a request passed to an engine, counted (a drain waits for it)."""
+        self.registry.counters.passed_through += 1
+        self._passing += 1
+        try:
+            await work
+        finally:
+            self._passing -= 1
 
     async def _pass_through(
         self, scope: Scope, receive: Receive, send: Send, access: Access, method: str, path: str

@@ -2,7 +2,9 @@
 
 Every series :mod:`~streamsafe.gateway.metrics` defines gets a panel, so a series added there
 is on the dashboard at the next ``make docs``: a counter as its rate, a gauge as its value, a
-per-engine series per ``engine``, a histogram as its p50/p95/p99. Rows group them as an operator
+per-engine series per ``engine``, a histogram as its p50/p95/p99, a per-route histogram as its
+p95 by route (and its rate by route, model and status), a per-route counter by route and
+model. Rows group them as an operator
 reads them (traffic, latency, admission, engines, replicas); a series no row names lands in
 "Other". The queries name only series the gateway exports (``tests/test_dashboard.py`` checks
 each against ``/metrics``), summed over the instances the ``instance`` variable selects.
@@ -56,6 +58,15 @@ ROWS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "request_duration_seconds",
             "admission_wait_seconds",
             "completion_tokens",
+        ),
+    ),
+    (
+        "Routes and models",
+        (
+            "route_request_duration_seconds",
+            "route_time_per_output_token_seconds",
+            "route_prompt_tokens",
+            "route_completion_tokens",
         ),
     ),
     (
@@ -121,6 +132,28 @@ def _targets(name: str, kind: str) -> list[dict[str, str]]:
             }
             for q in (0.5, 0.95, 0.99)
         ]
+    if kind == "route_histogram":
+        by = "route, status" if "duration" in name else "route, model"
+        legend = "{{route}} {{status}}" if "duration" in name else "{{route}} {{model}}"
+        targets = [
+            {
+                "expr": f"histogram_quantile(0.95, sum by (le, {by}) "
+                f"(rate({name}_bucket{_SELECT}[$__rate_interval])))",
+                "legendFormat": f"p95 {legend}",
+            }
+        ]
+        if "duration" in name:
+            targets.append(
+                {
+                    "expr": f"sum by (route, model, status) "
+                    f"(rate({name}_count{_SELECT}[$__rate_interval]))",
+                    "legendFormat": "{{route}} {{model}} {{status}} per second",
+                }
+            )
+        return targets
+    if kind == "route_counter":
+        expr = f"sum by (route, model) (rate({name}_total{_SELECT}[$__rate_interval]))"
+        return [{"expr": expr, "legendFormat": "{{route}} {{model}}"}]
     if kind == "engine_counter":
         expr = f"sum by (engine) (rate({name}_total{_SELECT}[$__rate_interval]))"
         return [{"expr": expr, "legendFormat": "{{engine}}"}]
@@ -140,6 +173,8 @@ def _unit(name: str, kind: str) -> str:
         return "s"
     if name.endswith("_bytes"):
         return "bytes"
+    if name.endswith("_tokens"):
+        return "short"
     return "reqps" if kind.endswith("counter") else "short"
 
 

@@ -5,8 +5,10 @@ Each series is a field of :class:`Counters` (incremented by the gateway as thing
 :class:`Readings` (read from admission, the registry and the upstream at scrape time); its help
 text sits in the field's metadata, so adding a series is one line. Per-engine series
 (:data:`ENGINE_SERIES`, label ``engine``) come from :class:`EngineReading` values, one per engine
-of the pool (a gateway with one upstream is a pool of one). Histograms
-(:data:`HISTOGRAMS`) are observed once per request, when its access line is written, never per
+of the pool (a gateway with one upstream is a pool of one); per-route series
+(:class:`RouteMetrics`, labels ``route``, ``model``, ``status``) by route and model, their
+labels bounded. Histograms (:data:`HISTOGRAMS`, :data:`ROUTE_HISTOGRAMS`) are observed once per
+request, when its access line is written, never per
 chunk. Prometheus reads all of it through a custom collector at scrape time, so the hot path pays
 nothing for metrics: no per-chunk ``Counter.inc()`` and its lock. Each gateway has its own
 Prometheus registry, so several gateways in one process (tests, benchmarks) do not collide.
@@ -31,7 +33,11 @@ __all__ = [
     "CONTENT_TYPE",
     "ENGINE_SERIES",
     "HISTOGRAMS",
+    "LEARNED_MODELS",
     "PREFIX",
+    "ROUTE_COUNTERS",
+    "ROUTE_HISTOGRAMS",
+    "STATUS_CLASSES",
     "Counters",
     "EngineReading",
     "Histogram",
@@ -39,9 +45,11 @@ __all__ = [
     "Histograms",
     "Metrics",
     "Readings",
+    "RouteMetrics",
     "exported_names",
     "series",
     "stats_document",
+    "status_class",
 ]
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
@@ -227,6 +235,125 @@ class Histograms:
         self.completion_tokens = self.all["completion_tokens"]
 
 
+#: Histograms labelled ``route``, ``model`` (and ``status`` where the spec says), observed once
+#: per request like the others (see :class:`RouteMetrics`).
+ROUTE_HISTOGRAMS = (
+    HistogramSpec(
+        "route_request_duration_seconds",
+        "Seconds from a request's arrival to the end of its answer, by route, model and status "
+        "class",
+        (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
+    ),
+    HistogramSpec(
+        "route_time_per_output_token_seconds",
+        "Streamed generations a request started: seconds per completion token after the first, "
+        "by route and model",
+        (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0),
+    ),
+)
+#: Counters labelled ``route`` and ``model``: (name, help).
+ROUTE_COUNTERS = (
+    ("route_prompt_tokens", "Prompt tokens of generations answered whole, where usage says"),
+    (
+        "route_completion_tokens",
+        "Completion tokens of generations answered whole, where usage says",
+    ),
+)
+#: The ``status`` label: the class of the answer's status, ``none`` where none went out.
+STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx", "none")
+#: Models a gateway whose engines name none labels by name (the first this many answered
+#: 2xx, so a name the engine does not serve never takes a place); the rest are ``other``.
+LEARNED_MODELS = 16
+
+
+def status_class(status: int | None) -> str:
+    """``2xx`` for 200 (and so on); ``none`` where no answer started."""
+    if status is None or not 100 <= status <= 599:
+        return "none"
+    return STATUS_CLASSES[status // 100 - 1]
+
+
+class RouteMetrics:
+    """Requests by ``route`` (a path of the route table, or ``other``), ``model`` and status
+    class, their time per output token, and the tokens their generations took, with bounded
+    labels: a model the engines name (``known_models``), or, where they name none, one of the
+    first :data:`LEARNED_MODELS` models answered 2xx; else ``other`` (``none`` where the request
+    named none). Each request resolves its label values once, at its end."""
+
+    def __init__(self, known_models: Sequence[str] = ()) -> None:
+        self._known = frozenset(known_models)
+        self._learned: set[str] = set()
+        self.durations: dict[tuple[str, str, str], Histogram] = {}
+        self.per_token: dict[tuple[str, str], Histogram] = {}
+        #: (prompt, completion) tokens by (route, model).
+        self.tokens: dict[tuple[str, str], list[int]] = {}
+
+    def model_label(self, model: str | None, status: int | None) -> str:
+        """The ``model`` label of a request for ``model`` answered ``status``."""
+        if not model:
+            return "none"
+        if model in self._known or model in self._learned:
+            return model
+        if (
+            not self._known
+            and len(self._learned) < LEARNED_MODELS
+            and status_class(status) == ("2xx")
+        ):
+            self._learned.add(model)
+            return model
+        return "other"
+
+    def observe(
+        self,
+        route: str,
+        model: str | None,
+        status: int | None,
+        duration: float,
+        per_token: float | None = None,
+        tokens: tuple[int | None, int | None] = (None, None),
+    ) -> None:
+        """One request on ``route`` for ``model`` ended with ``status`` after ``duration``
+        seconds; ``per_token``: its generation's seconds per output token; ``tokens``: its
+        generation's (prompt, completion) tokens."""
+        label = self.model_label(model, status)
+        key = (route, label, status_class(status))
+        h = self.durations.get(key)
+        if h is None:
+            h = self.durations[key] = Histogram(ROUTE_HISTOGRAMS[0].buckets)
+        h.observe(duration)
+        if per_token is not None:
+            pair = (route, label)
+            t = self.per_token.get(pair)
+            if t is None:
+                t = self.per_token[pair] = Histogram(ROUTE_HISTOGRAMS[1].buckets)
+            t.observe(per_token)
+        prompt, completion = tokens
+        if prompt is not None or completion is not None:
+            counts = self.tokens.setdefault((route, label), [0, 0])
+            counts[0] += prompt or 0
+            counts[1] += completion or 0
+
+    def families(self) -> Iterator[Any]:
+        """The Prometheus families of these series (read at scrape time)."""
+        spec = ROUTE_HISTOGRAMS[0]
+        family = HistogramMetricFamily(
+            _PREFIX + spec.name, spec.doc, labels=["route", "model", "status"]
+        )
+        for labels, h in sorted(list(self.durations.items())):
+            family.add_metric(list(labels), h.cumulative(), h.sum)
+        yield family
+        spec = ROUTE_HISTOGRAMS[1]
+        family = HistogramMetricFamily(_PREFIX + spec.name, spec.doc, labels=["route", "model"])
+        for pair, h in sorted(list(self.per_token.items())):
+            family.add_metric(list(pair), h.cumulative(), h.sum)
+        yield family
+        for i, (name, doc) in enumerate(ROUTE_COUNTERS):
+            counter = CounterMetricFamily(_PREFIX + name, doc, labels=["route", "model"])
+            for pair, counts in sorted(list(self.tokens.items())):
+                counter.add_metric(list(pair), counts[i])
+            yield counter
+
+
 @dataclass(frozen=True, slots=True)
 class EngineReading:
     """One engine's figures at scrape time (label ``engine``: its URL)."""
@@ -268,13 +395,16 @@ ENGINE_SERIES = tuple(
 
 def series() -> list[tuple[str, str, str]]:
     """(full name, help, kind) of every series the gateway exports: ``counter``, ``gauge``,
-    ``histogram``, or ``engine_counter`` / ``engine_gauge`` (labelled ``engine``). Counters
+    ``histogram``, ``engine_counter`` / ``engine_gauge`` (labelled ``engine``), or
+    ``route_histogram`` / ``route_counter`` (labelled ``route`` and ``model``). Counters
     are exposed with ``_total`` (Prometheus's rule), histograms with ``_bucket``, ``_sum`` and
     ``_count``."""
     out = [(PREFIX + name, doc, kind) for name, doc, kind in _SERIES]
     out.append((PREFIX + "errors", "Requests refused by the gateway, by status", "counter"))
     out += [(PREFIX + name, doc, "engine_" + kind) for name, doc, kind in ENGINE_SERIES]
     out += [(PREFIX + spec.name, spec.doc, "histogram") for spec in HISTOGRAMS]
+    out += [(PREFIX + spec.name, spec.doc, "route_histogram") for spec in ROUTE_HISTOGRAMS]
+    out += [(PREFIX + name, doc, "route_counter") for name, doc in ROUTE_COUNTERS]
     return out
 
 
@@ -285,7 +415,7 @@ def exported_names() -> set[str]:
     for name, _doc, kind in series():
         if kind.endswith("counter"):
             names.add(name + "_total")
-        elif kind == "histogram":
+        elif kind.endswith("histogram"):
             names.update(name + suffix for suffix in ("_bucket", "_sum", "_count"))
         else:
             names.add(name)
@@ -309,10 +439,12 @@ class _Collector:
         stats: Callable[[], dict[str, Any]],
         histograms: Histograms | None,
         engines: Callable[[], Sequence[EngineReading]] | None,
+        routes: RouteMetrics | None = None,
     ) -> None:
         self._stats = stats
         self._histograms = histograms
         self._engines = engines
+        self._routes = routes
 
     def collect(self) -> Iterator[Any]:
         stats = self._stats()
@@ -335,6 +467,8 @@ class _Collector:
                 yield HistogramMetricFamily(
                     _PREFIX + spec.name, spec.doc, buckets=h.cumulative(), sum_value=h.sum
                 )
+        if self._routes is not None:
+            yield from self._routes.families()
 
 
 def _engine_families(readings: Sequence[EngineReading]) -> Iterator[Any]:
@@ -350,18 +484,20 @@ def _engine_families(readings: Sequence[EngineReading]) -> Iterator[Any]:
 
 class Metrics:
     """A Prometheus registry over ``stats`` (a callable returning :func:`stats_document`), the
-    ``histograms`` and the per-engine readings ``engines`` returns; :meth:`render` gives the
-    ``/metrics`` body."""
+    ``histograms``, the per-engine readings ``engines`` returns and the per-route ``routes``;
+    :meth:`render` gives the ``/metrics`` body."""
 
     def __init__(
         self,
         stats: Callable[[], dict[str, Any]],
         histograms: Histograms | None = None,
         engines: Callable[[], Sequence[EngineReading]] | None = None,
+        routes: RouteMetrics | None = None,
     ) -> None:
         self.histograms = histograms if histograms is not None else Histograms()
+        self.routes = routes if routes is not None else RouteMetrics()
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(stats, self.histograms, engines))
+        self.registry.register(_Collector(stats, self.histograms, engines, self.routes))
 
     def render(self) -> bytes:
         """The exposition text (its content type is :data:`CONTENT_TYPE`)."""

@@ -84,6 +84,9 @@ class GenerationRequest:
     #: Read from a Redis record that left its ``forward`` out (no ``--redis-secret``): another
     #: replica cannot continue it under the credentials it came with.
     withheld: bool = False
+    #: The model the body names ("" where none): the label of the request's metrics. Not
+    #: kept in a replica's record (a mirrored generation's requests are labelled by their own).
+    model: str = ""
 
 
 class Rewrite(Protocol):

@@ -27,6 +27,7 @@ __all__ = [
     "access_log",
     "completion_tokens",
     "outcome",
+    "prompt_tokens",
     "write_access",
 ]
 
@@ -49,6 +50,7 @@ OUTCOMES = (
 #: Paths polled by load balancers and scrapers: logged at DEBUG.
 _PROBES = frozenset({"/health", "/ready", "/metrics"})
 _USAGE_KEY = b'"completion_tokens":'
+_PROMPT_KEY = b'"prompt_tokens":'
 _ids = itertools.count()
 _ID_PREFIX = os.urandom(4).hex()
 
@@ -68,6 +70,7 @@ class Access:
         "gen",
         "joined",
         "method",
+        "model",
         "path",
         "request_id",
         "span",
@@ -86,6 +89,8 @@ class Access:
         #: The status of the answer, once its start went out (``None``: none did).
         self.status: int | None = None
         self.tenant: str | None = None
+        #: The model the request named, where the gateway read it (its metrics' label).
+        self.model: str | None = None
         #: The generation a completion request joined, and how (one of :data:`JOINED`).
         self.gen: Generation | None = None
         self.joined = ""
@@ -185,22 +190,30 @@ def completion_tokens(gen: Generation) -> int | None:
     """The completion tokens the usage of ``gen``'s answer says, where its log is in this
     process and its last events (the non-streamed answer, or a stream's usage chunk) carry
     one; read once, at the end, never per chunk."""
-    if gen.completion_tokens is not None:
-        return gen.completion_tokens
+    if gen.completion_tokens is None:
+        gen.completion_tokens = _usage(gen, _USAGE_KEY)
+    return gen.completion_tokens
+
+
+def prompt_tokens(gen: Generation) -> int | None:
+    """The prompt tokens the usage of ``gen``'s answer says (as :func:`completion_tokens`)."""
+    return _usage(gen, _PROMPT_KEY)
+
+
+def _usage(gen: Generation, key: bytes) -> int | None:
     read = gen.log.read_nowait
     if gen.state is not State.DONE or read is None or not gen.length:
         return None
     for payload in reversed(read(max(0, gen.length - 3))):
-        at = payload.rfind(_USAGE_KEY)
+        at = payload.rfind(key)
         if at < 0:
             continue
-        digits = payload[at + len(_USAGE_KEY) :].lstrip()[:12]
+        digits = payload[at + len(key) :].lstrip()[:12]
         end = 0
         while end < len(digits) and 48 <= digits[end] <= 57:
             end += 1
         if end:
-            gen.completion_tokens = int(digits[:end])
-            return gen.completion_tokens
+            return int(digits[:end])
     return None
 
 

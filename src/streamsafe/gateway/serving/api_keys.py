@@ -1,5 +1,5 @@
 """Who calls: the tenant a request's API key names, and the admin key that guards ``/stats`` and
-``/metrics``.
+``/metrics`` and opens the engine's operator routes.
 
 Keys are held by digest only: no API key stays in the gateway's memory as text, and a tenant is
 known by a digest of its key (:func:`~streamsafe.gateway.serving.requests.tenant_id`).
@@ -73,3 +73,19 @@ class ApiKeys:
         digest = hashlib.sha256(token.strip()).digest()
         if scheme.lower() != b"bearer" or not hmac.compare_digest(digest, self._admin_digest):
             raise BadRequest(401, "invalid admin key")
+
+    def check_operator(self, scope: Scope) -> None:
+        """Raise a 403 :class:`~streamsafe.gateway.errors.BadRequest` unless the request
+        carries the admin key: an operator route (``/sleep``, ``/reset_prefix_cache``, ...)
+        changes or reveals the engine for every tenant, so it is closed where no admin key is
+        set, unlike ``/metrics``."""
+        if self._admin_digest is None:
+            raise BadRequest(403, _OPERATOR_CLOSED + " (the gateway has no admin key)")
+        auth = header(scope, b"authorization")
+        scheme, _, token = (auth or b"").partition(b" ")
+        digest = hashlib.sha256(token.strip()).digest()
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(digest, self._admin_digest):
+            raise BadRequest(403, _OPERATOR_CLOSED + ": send Authorization: Bearer <admin key>")
+
+
+_OPERATOR_CLOSED = "an operator route of the engine answers the gateway's admin key only"

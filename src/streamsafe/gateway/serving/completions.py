@@ -137,6 +137,7 @@ class Completions:
             self._config.forward_authorization,
         )
         access.stream = req.stream
+        access.model = req.model
         if req.retry:
             counters.retries_seen += 1
         opened = await self._open(req, send)

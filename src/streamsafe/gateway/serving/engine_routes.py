@@ -12,11 +12,7 @@ from streamsafe.gateway.engines.engines import Engines
 from streamsafe.gateway.errors import BadRequest, error_body
 from streamsafe.gateway.upstream.connect_failure import connect_failure
 
-__all__ = ["MODEL_ROUTES", "answer_models", "answer_ready"]
-
-#: Model lists the gateway answers itself for an upstream with no pass-through (vLLM): Llama
-#: Stack 0.2's alias included, so llama-stack-client can list models through it.
-MODEL_ROUTES = ("/v1/models", "/v1/openai/v1/models")
+__all__ = ["answer_models", "answer_ready"]
 
 
 async def answer_ready(

@@ -84,11 +84,16 @@ async def pass_through(
     send: Send,
     *,
     keep_authorization: bool = False,
+    body: bytes | None = None,
+    head: bytes = b"",
 ) -> int:
     """Forward the request in ``scope`` through ``client`` (whose base URL is the upstream) and
-    relay the response; return the status sent to the client (0 if the client left first).
+    relay the response; return the status sent to the client (0 if the client left first, -1
+    if the upstream never answered: the client got a 502).
     ``keep_authorization``: the caller's ``Authorization`` goes upstream too (for an upstream
-    that authenticates its own users; see ``GatewayConfig.forward_authorization``)."""
+    that authenticates its own users; see ``GatewayConfig.forward_authorization``). ``body``:
+    the whole body, read already; else ``head``: the start of the body, read already (the rest
+    still to come from ``receive``, streamed)."""
     method: str = scope["method"]
     path = scope.get("raw_path") or scope["path"].encode()
     query = scope.get("query_string") or b""
@@ -101,7 +106,12 @@ async def pass_through(
     body_done = asyncio.Event()
     content: bytes | AsyncIterator[bytes]
     declared = _content_length(scope)
-    if declared is not None and declared <= _BUFFER_LIMIT:
+    if body is not None:
+        content = body
+        body_done.set()
+    elif head:
+        content = _stream_body(receive, body_done, head)
+    elif declared is not None and declared <= _BUFFER_LIMIT:
         try:
             content = await _read_all(receive)
         except _ClientGone:
@@ -154,7 +164,7 @@ async def _relay(client: httpx2.AsyncClient, request: httpx2.Request, send: Send
         why = connect_failure(exc) if isinstance(exc, httpx2.ConnectError) else None
         msg = f"upstream unreachable: {why or type(exc).__name__}"
         await respond(send, 502, error_body(msg, "upstream_error", 502))
-        return 502
+        return -1
     try:
         headers = [
             (k.lower(), v) for k, v in response.headers.raw if k.lower() not in _RESPONSE_DROP
@@ -203,7 +213,11 @@ async def _read_all(receive: Receive) -> bytes:
             return b"".join(parts)
 
 
-async def _stream_body(receive: Receive, done: asyncio.Event) -> AsyncIterator[bytes]:
+async def _stream_body(
+    receive: Receive, done: asyncio.Event, head: bytes = b""
+) -> AsyncIterator[bytes]:
+    if head:
+        yield head
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":

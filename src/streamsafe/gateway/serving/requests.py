@@ -21,7 +21,8 @@ from streamsafe.gateway.generations.generation import GenerationRequest
 from streamsafe.gateway.relay.continuation import with_token_ids
 from streamsafe.gateway.serving.body_work import MAX_JSON_CONTAINERS, exceeds_containers
 from streamsafe.gateway.upstream.kinds import CompletionRoute, Wire, cost_view
-from streamsafe.request_cost import InvalidField, is_deterministic
+from streamsafe.request_cost import MAX_REQUEST_COST, InvalidField, is_deterministic
+from streamsafe.tokens import estimate_input_tokens
 
 __all__ = [
     "FORWARDED_HEADERS",
@@ -101,7 +102,8 @@ def completion_request(
         + (b"\0" + forward if forward else b""),
         digest_size=16,
     ).digest()
-    stream = body.get("stream") is True
+    pooling = route.wire is Wire.OPENAI_POOLING
+    stream = body.get("stream") is True and not pooling
     view, chat = cost_view(route.wire, body)
     # A stream asks vLLM for its token ids, so a broken one is continued exactly (the fingerprint
     # above is the caller's body: retries still find it).
@@ -111,8 +113,9 @@ def completion_request(
         path=upstream_path,
         body=upstream_body,
         fingerprint=fingerprint,
-        cost=_cost(view, chat, route.wire, default_max_tokens),
-        deterministic=is_deterministic(view),
+        cost=_input_cost(body) if pooling else _cost(view, chat, route.wire, default_max_tokens),
+        # A pooling answer is a function of its input: one answer, whoever asks.
+        deterministic=pooling or is_deterministic(view),
         stream=stream,
         idempotency_key=key.decode("ascii") if key is not None else None,
         retry=_retry_count(scope) >= 1,
@@ -120,6 +123,7 @@ def completion_request(
         no_upstream_retry=header(scope, b"x-llamastack-streaming") == b"true",
         route=route,
         forward=forward,
+        model=model if isinstance(model := body.get("model"), str) else "",
     )
 
 
@@ -132,6 +136,11 @@ def _cost(view: Mapping[str, object], chat: bool, wire: Wire, default_max_tokens
         # The view's limit is named as the caller's body names it.
         field = _LIMIT_NAMES.get(wire, exc.field) if exc.field == "max_tokens" else exc.field
         raise BadRequest(400, str(exc).replace(exc.field, field), field) from None
+
+
+def _input_cost(body: Mapping[str, Any]) -> int:
+    """The engine memory a pooling request takes: its input tokens (no output)."""
+    return min(MAX_REQUEST_COST, max(1, estimate_input_tokens(body)))
 
 
 _LIMIT_NAMES = {
@@ -227,6 +236,12 @@ def _parse_body(raw: bytes, wire: Wire) -> dict[str, Any]:
         raise BadRequest(400, _TOO_DEEP)
     model_field = wire.model_field
     model = body.get(model_field)
+    if wire is Wire.OPENAI_POOLING:
+        # vLLM's pooling requests may leave the model out; every other field is the engine's
+        # to read (each route has its own: input, query and documents, text_1 and text_2).
+        if model is not None and not isinstance(model, str):
+            raise BadRequest(400, f"'{model_field}' must be a string", model_field)
+        return body
     if not isinstance(model, str) or not model:
         raise BadRequest(400, f"missing required field '{model_field}'", model_field)
     if wire.is_chat:

@@ -54,6 +54,7 @@ from streamsafe.gateway.upstream.wire import Wire
 
 __all__ = [
     "KINDS",
+    "POOLING_PATHS",
     "CompletionRoute",
     "ErrorEvent",
     "KindName",
@@ -132,6 +133,19 @@ def _routes(*routes: CompletionRoute) -> Mapping[str, CompletionRoute]:
     return {r.path: r for r in routes}
 
 
+#: vLLM's pooling routes, served as plain calls (:data:`Wire.OPENAI_POOLING`).
+POOLING_PATHS = (
+    "/v1/embeddings",
+    "/v2/embed",
+    "/pooling",
+    "/classify",
+    "/score",
+    "/v1/score",
+    "/rerank",
+    "/v1/rerank",
+    "/v2/rerank",
+)
+
 _OPENAI_ROUTES = (
     CompletionRoute("/v1/chat/completions", "/v1/chat/completions", Wire.OPENAI_CHAT, True, True),
     CompletionRoute("/v1/completions", "/v1/completions", Wire.OPENAI_COMPLETION, True, True),
@@ -160,6 +174,11 @@ KINDS: Mapping[KindName, UpstreamKind] = {
                 True,
                 True,
                 token_ids=True,
+            ),
+            # Pooling: plain JSON calls, coalesced and replayed as a plain chat is.
+            *(
+                CompletionRoute(path, path, Wire.OPENAI_POOLING, True, True)
+                for path in POOLING_PATHS
             ),
             # Llama Stack's OpenAI aliases, served in Llama Stack's way (no [DONE]) so
             # llama-stack-client 0.2.x can talk to a gateway standing in for Llama Stack.
@@ -270,7 +289,7 @@ def cost_view(wire: Wire, body: Mapping[str, object]) -> tuple[Mapping[str, obje
     default, where none is given) and greedy sampling ``sampling_params.strategy``."""
     if wire is Wire.OPENAI_CHAT:
         return body, True
-    if wire is Wire.OPENAI_COMPLETION:
+    if wire is Wire.OPENAI_COMPLETION or wire is Wire.OPENAI_POOLING:
         return body, False
     if wire is Wire.OPENAI_RESPONSES:
         given = body.get("input")
@@ -385,5 +404,9 @@ def parse_error_event(kind: UpstreamKind, payload: bytes) -> ErrorEvent | None:
 def describe_kind(kind: UpstreamKind) -> str:
     """What the gateway does with ``kind``'s routes, for the log."""
     served = ", ".join(kind.routes)
-    rest = "passes every other route through" if kind.passthrough else "answers no other route"
+    rest = (
+        "passes every other route through"
+        if kind.passthrough
+        else "passes vLLM's other routes as its route table says (upstream/routes.py)"
+    )
     return f"serves POST {served} with every promise; {rest}"

@@ -1,5 +1,6 @@
 """The body formats of the completion routes the gateway serves (:class:`Wire`): OpenAI's chat,
-completion and Responses API, Llama Stack's native chat and completion."""
+completion and Responses API, vLLM's pooling requests, Llama Stack's native chat and
+completion."""
 
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ class Wire(enum.Enum):
     """The Responses API: ``input`` (a string or items) in; a ``response`` object out, or a
     stream of typed events (``response.created`` ... ``response.output_text.delta`` ...
     ``response.completed``), each with its ``sequence_number``."""
+
+    OPENAI_POOLING = "openai-pooling"
+    """A pooling request (vLLM's embeddings, pooling, classify, score, rerank): texts or token
+    ids in, one JSON answer out, never streamed; ``model`` may be left out (the engine's
+    one)."""
 
     LLAMA_STACK_CHAT = "llama-stack-chat"
     """Llama Stack's native chat: ``{"event": {"event_type", "delta": {"text"}, ...}}`` chunks,
