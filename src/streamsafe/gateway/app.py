@@ -49,6 +49,7 @@ from streamsafe.gateway.serving.api_keys import ANONYMOUS, ApiKeys
 from streamsafe.gateway.serving.completions import Completions
 from streamsafe.gateway.serving.drain import let_finish
 from streamsafe.gateway.serving.engine_routes import MODEL_ROUTES, answer_models, answer_ready
+from streamsafe.gateway.serving.messages_errors import MESSAGES_PATHS, anthropic_errors
 from streamsafe.gateway.serving.passthrough import pass_through, shared_route
 from streamsafe.gateway.serving.paths import canonical_path
 from streamsafe.gateway.serving.requests import tenant_id
@@ -188,6 +189,8 @@ class Gateway:
         if self.tracing.enabled:
             access.span = self.tracing.request(scope, access.method, access.path)
         reply = access.sender(send)
+        if scope["path"].startswith(MESSAGES_PATHS[0]):  # Anthropic's API: its error shape
+            reply = anthropic_errors(reply)
         try:
             await self._route(scope, receive, reply, access)
         except BadRequest as exc:
@@ -256,7 +259,7 @@ class Gateway:
             if route is not None and (method == "POST" or not kind.passthrough):
                 _allow(method, path, "POST")
                 await self._completions.serve(scope, receive, send, route, access)
-            elif kind.passthrough:
+            elif kind.passthrough or path == MESSAGES_PATHS[1]:
                 await self._pass_through(scope, receive, send, access, method, path)
             elif path in MODEL_ROUTES:
                 _allow(method, path, "GET")

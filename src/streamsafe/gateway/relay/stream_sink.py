@@ -19,7 +19,8 @@ from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.attempt_watch import AttemptWatch
 from streamsafe.gateway.relay.continuation import is_role_chunk, whole_usage
 from streamsafe.gateway.upstream.connection import is_engine_death
-from streamsafe.gateway.upstream.kinds import parse_error_event
+from streamsafe.gateway.upstream.kinds import Wire, parse_error_event
+from streamsafe.gateway.upstream.wire import ANTHROPIC_ERROR_PREFIXES
 from streamsafe.sse import DONE
 
 __all__ = ["StreamSink"]
@@ -45,6 +46,7 @@ class StreamSink:
         "_append_one",
         "_attempts",
         "_counters",
+        "_errors",
         "_finish",
         "_pending",
         "_preamble",
@@ -88,11 +90,18 @@ class StreamSink:
         self.reshape = ask.reshape if ask is not None else None
         self._append_now = gen.log.append_nowait
         self._append_one = gen.log.append_one
+        route = gen.request.route
+        #: How an error event starts in this route's stream.
+        self._errors = ERROR_PREFIXES
+        if route is not None and route.wire is Wire.ANTHROPIC_MESSAGES:
+            self._errors = ANTHROPIC_ERROR_PREFIXES
+            # Its events are framed with names (see generations/framing.py): never by the
+            # one-chunk path, which writes OpenAI's framing.
+            self._append_one = None
         self._pending: list[bytes] = []
         self._ready: asyncio.Future[None] | None = None
         # Events before the engine's first token (Llama Stack's start event) do not end the
         # first-token wait.
-        route = gen.request.route
         self._preamble = route.preamble if route is not None else 0
         # An attempt asked again after the log got only those events sends them again: the
         # log has them. They come before the first token, so never through :meth:`one`
@@ -130,7 +139,10 @@ class StreamSink:
             return
         reshape = self.reshape
         if reshape is not None:
-            payloads[:] = [reshape(p) for p in payloads]
+            # b"": an event the continuation repeats, which the log has (not relayed again).
+            payloads[:] = [q for q in map(reshape, payloads) if q]
+            if not payloads:
+                return
         if self.skip_role:
             self.skip_role = False
             if is_role_chunk(payloads[0]):
@@ -144,8 +156,9 @@ class StreamSink:
             if not payloads:
                 return
         malformed = None
+        errors = self._errors
         for i, p in enumerate(payloads):
-            if p.startswith(ERROR_PREFIXES):
+            if p.startswith(errors):
                 if gen.length + i <= self._answer_at and not self._watch.flowing:
                     refusal = self._refusal(p)
                     if refusal is not None:
@@ -217,7 +230,7 @@ class StreamSink:
             or not payload
             or payload[0] != 123  # {
             or payload[-1] != 125  # }
-            or payload.startswith(ERROR_PREFIXES)
+            or payload.startswith(self._errors)
         ):
             return False
         length = append_one(payload)

@@ -1,11 +1,16 @@
 """The body formats of the completion routes the gateway serves (:class:`Wire`): OpenAI's chat,
-completion and Responses API, Llama Stack's native chat and completion."""
+completion and Responses API, Anthropic's Messages API, Llama Stack's native chat and
+completion."""
 
 from __future__ import annotations
 
 import enum
 
-__all__ = ["Wire"]
+__all__ = ["ANTHROPIC_ERROR_PREFIXES", "Wire"]
+
+#: How an error event of Anthropic's Messages stream starts (``{"type": "error", "error":
+#: {...}}``), as vLLM (pydantic) and json.dumps write it.
+ANTHROPIC_ERROR_PREFIXES = (b'{"type":"error"', b'{"type": "error"')
 
 
 class Wire(enum.Enum):
@@ -21,6 +26,12 @@ class Wire(enum.Enum):
     """The Responses API: ``input`` (a string or items) in; a ``response`` object out, or a
     stream of typed events (``response.created`` ... ``response.output_text.delta`` ...
     ``response.completed``), each with its ``sequence_number``."""
+
+    ANTHROPIC_MESSAGES = "anthropic-messages"
+    """Anthropic's Messages API (vLLM serves it): ``messages``, ``system`` and ``max_tokens``
+    in; a ``message`` out, or a stream of named events (``message_start``,
+    ``content_block_start`` / ``_delta`` / ``_stop``, ``message_delta``, ``message_stop``) whose
+    ``data`` names its event in ``type``, with no ``[DONE]``."""
 
     LLAMA_STACK_CHAT = "llama-stack-chat"
     """Llama Stack's native chat: ``{"event": {"event_type", "delta": {"text"}, ...}}`` chunks,
