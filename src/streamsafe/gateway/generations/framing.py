@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from streamsafe.gateway.errors import Failure
+from streamsafe.gateway.errors import ERROR_PREFIXES, Failure
 from streamsafe.gateway.generations.keepalive import KEEPALIVE_LINE
 from streamsafe.gateway.upstream.kinds import CompletionRoute, Wire
 from streamsafe.sse import encode_event, encode_events
@@ -72,10 +72,27 @@ def _event_name(payload: bytes) -> bytes | None:
     return name if name and name.replace(b"_", b"").replace(b".", b"").isalnum() else None
 
 
+def _as_anthropic(payload: bytes) -> bytes:
+    """An error event the gateway wrote in OpenAI's shape (``{"error": {"message", "code"}}``:
+    a stream it could not continue) in Anthropic's."""
+    try:
+        error = orjson.loads(payload).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return payload
+    if not isinstance(error, dict):
+        return payload
+    code = error.get("code")
+    status = code if isinstance(code, int) else 500
+    return anthropic_error(status, str(error.get("message") or "the stream failed"))
+
+
 def encode_named_events(payloads: Sequence[bytes], first_id: int, multiline: bool = True) -> bytes:
-    """:func:`~streamsafe.sse.encode_events` with each event named by its data's ``type``."""
+    """:func:`~streamsafe.sse.encode_events` with each event named by its data's ``type``;
+    the gateway's own error events (OpenAI's shape in the log) in Anthropic's."""
     out = []
     for i, p in enumerate(payloads, first_id):
+        if p.startswith(ERROR_PREFIXES):
+            p = _as_anthropic(p)
         name = _event_name(p)
         if multiline or name is None:
             out.append(encode_event(p, event=None if name is None else name.decode(), id=i))

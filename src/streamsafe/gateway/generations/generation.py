@@ -91,7 +91,8 @@ class Continuation:
     (see docs/design.md, Continuation): ``body`` to ``path``; ``tokens_before`` delivered before
     it (its usage is made whole with them); ``reshape``, where its chunks come in another format
     than the caller's (a chat answer continued on the completion route by token ids), turns each
-    into the caller's."""
+    into the caller's; ``b""`` for an event the caller already has (a Messages answer asked
+    again, see :mod:`streamsafe.gateway.relay.messages_continuation`)."""
 
     path: str
     body: bytes
