@@ -45,7 +45,8 @@ def _body(model: str, content: str, max_tokens: int, **extra: Any) -> dict[str, 
 def _sdk(model: str, content: str, max_tokens: int) -> dict[str, Any]:
     """The SDK's arguments for :func:`_body` (it takes no ``temperature`` of its own)."""
     body = _body(model, content, max_tokens)
-    return {**body, "extra_body": {"temperature": body.pop("temperature")}}
+    temperature = body.pop("temperature")
+    return {**body, "extra_body": {"temperature": temperature}}
 
 
 def _read(base: str, body: dict[str, Any]) -> tuple[str, int, int, int]:
