@@ -110,15 +110,16 @@ def test_a_request_goes_to_an_engine_of_the_model_it_names() -> None:
         stop_later(gw_server, *servers)
 
 
-def test_unknown_routes_methods_and_the_messages_api_are_refused_with_json() -> None:
+def test_unknown_routes_and_methods_and_bad_messages_are_refused_with_json() -> None:
     with make_stack() as stack, httpx2.Client(timeout=10) as client:
         r = client.post(stack.url + "/v1/no-such-route", json={})
         assert r.status_code == 404 and "no route" in r.json()["error"]["message"]
         r = client.get(stack.url + "/v1/embeddings")
         assert r.status_code == 405 and r.headers["allow"] == "POST"
-        # Left to the Anthropic Messages handler; none is installed here.
+        # A Messages request without its messages: Anthropic's error shape, naming the field.
         r = client.post(stack.url + "/v1/messages", json={"model": MODEL})
-        assert r.status_code == 404 and "its own handler" in r.json()["error"]["message"]
+        assert r.status_code == 400 and r.json()["type"] == "error"
+        assert r.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_operator_routes_need_the_admin_key_and_are_closed_without_one() -> None:

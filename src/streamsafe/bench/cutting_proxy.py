@@ -41,7 +41,7 @@ class CuttingProxy:
     def _cut_at(self, path: str, body: bytes) -> int | None:
         with self._lock:
             self.paths.append(path)
-            if not path.endswith("/chat/completions"):
+            if not path.endswith(("/chat/completions", "/v1/messages")):
                 return None
             for marker, n in self.plan.items():
                 if marker.encode() in body:

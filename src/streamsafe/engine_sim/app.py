@@ -1,10 +1,11 @@
 """The simulator as a plain ASGI app: vLLM's OpenAI endpoints over :class:`Engine`.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming and not),
-``POST /tokenize``, ``POST /v1/embeddings``, ``POST /v1/audio/transcriptions`` (a form read as it
-comes), ``GET /v1/models``, ``GET /version``, ``GET /is_sleeping``, ``GET /health`` (503 once
-dead), ``GET /metrics`` (Prometheus text with vLLM's names), ``GET /stats`` (JSON counters),
-``POST /admin/restart``.
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/messages``
+(Anthropic's, see :mod:`~streamsafe.engine_sim.messages`; streaming and not),
+``POST /v1/messages/count_tokens``, ``POST /tokenize``, ``POST /v1/embeddings``,
+``POST /v1/audio/transcriptions`` (a form read as it comes), ``GET /v1/models``, ``GET /version``,
+``GET /is_sleeping``, ``GET /health`` (503 once dead), ``GET /metrics`` (Prometheus text with
+vLLM's names), ``GET /stats`` (JSON counters), ``POST /admin/restart``.
 
 A completion request is read, counted, validated and checked for the faults that refuse it
 outright (an outage of the whole engine, a status, a reset, no answer) here;
@@ -40,6 +41,7 @@ from streamsafe.engine_sim.completion import Completion
 from streamsafe.engine_sim.config import SimConfig
 from streamsafe.engine_sim.engine import Engine
 from streamsafe.engine_sim.faults import FaultDraw, StreamCut
+from streamsafe.engine_sim.messages import MessagesWriter, count_tokens_body, to_chat
 from streamsafe.engine_sim.outage import Outage, Outages
 from streamsafe.engine_sim.text import split_continuation
 from streamsafe.engine_sim.validation import INVALID_PREFILL, BadRequest, ContextTooLong, validate
@@ -71,6 +73,8 @@ class Simulator:
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
+            ("POST", "/v1/messages"): self._messages,
+            ("POST", "/v1/messages/count_tokens"): self._count_tokens,
             ("POST", "/tokenize"): self._tokenize,
             ("POST", "/v1/embeddings"): self._embeddings,
             ("POST", "/v1/audio/transcriptions"): self._transcription,
@@ -289,8 +293,28 @@ class Simulator:
     async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._complete(scope, receive, send, chat=False)
 
-    async def _complete(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
+    async def _messages(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._complete(scope, receive, send, chat=True, messages=True)
+
+    async def _count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /v1/messages/count_tokens``: the prompt's tokens, as the chat counts them."""
+        try:
+            chat = to_chat(
+                orjson.loads(await read_body(receive, self.config.max_body_bytes)), count_only=True
+            )
+        except (BadRequest, orjson.JSONDecodeError, BodyTooLarge, Disconnected) as exc:
+            await _refuse(MessagesWriter(send, 0).send, exc)
+            return
+        await respond(send, 200, count_tokens_body(estimate_prompt_tokens(chat)))
+
+    async def _complete(
+        self, scope: Scope, receive: Receive, send: Send, chat: bool, messages: bool = False
+    ) -> None:
         engine = self.engine
+        # Anthropic's API is answered from the chat it stands for, in its own shapes.
+        writer = MessagesWriter(send, 0) if messages else None
+        if writer is not None:
+            send = writer.send
         try:
             raw = await read_body(receive, self.config.max_body_bytes)
         except BodyTooLarge as exc:
@@ -313,7 +337,11 @@ class Simulator:
         try:
             if isinstance(body, orjson.JSONDecodeError):
                 raise body
+            if writer is not None:
+                body = to_chat(body)
             job = validate(body, chat, self.config)
+            if writer is not None:
+                writer.prompt_tokens = job.prompt_tokens
             continuation = split_continuation(job.body) is not None
             faults = self._faults.draw(scope.get("headers", ()), continuation)
         except (BadRequest, ValueError) as exc:  # ValueError: bad JSON, a bad x-sim-fault header
@@ -393,7 +421,7 @@ async def _refuse(send: Send, exc: Exception) -> None:
 
 
 _LLAMA_STACK_PREFIX = "/v1/openai/v1/"
-_COMPLETIONS = frozenset(("/v1/chat/completions", "/v1/completions"))
+_COMPLETIONS = frozenset(("/v1/chat/completions", "/v1/completions", "/v1/messages"))
 
 
 def _without_done(send: Send) -> Send:

@@ -60,6 +60,7 @@ from streamsafe.gateway.serving.completions import Completions
 from streamsafe.gateway.serving.drain import let_finish
 from streamsafe.gateway.serving.engine_calls import EngineCalls
 from streamsafe.gateway.serving.engine_routes import answer_models, answer_ready
+from streamsafe.gateway.serving.messages_errors import MESSAGES_PATHS, anthropic_errors
 from streamsafe.gateway.serving.passthrough import pass_through, shared_route
 from streamsafe.gateway.serving.paths import canonical_path
 from streamsafe.gateway.serving.requests import tenant_id
@@ -207,6 +208,8 @@ class Gateway:
         if self.tracing.enabled:
             access.span = self.tracing.request(scope, access.method, access.path)
         reply = access.sender(send)
+        if scope["path"].startswith(MESSAGES_PATHS[0]):  # Anthropic's API: its error shape
+            reply = anthropic_errors(reply)
         try:
             await self._route(scope, receive, reply, access)
         except BadRequest as exc:
@@ -320,8 +323,6 @@ class Gateway:
             msg = f"{path} accepts {' or '.join(entry.methods)} only"
             raise BadRequest(405, msg, headers=[(b"allow", allow)])
         handling = entry.handling
-        if handling is Handling.DEDICATED:
-            raise BadRequest(404, f"no route {method} {path}: its own handler is not installed")
         access.tenant = tenant = self._api_keys.tenant(scope)
         if handling is Handling.GATEWAY:  # the model list; the others are answered above
             await answer_models(send, self.engines)

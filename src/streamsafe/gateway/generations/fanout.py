@@ -16,7 +16,7 @@ last) are left to the loops too: each sends them with the end of its response in
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from streamsafe._asgi import BodyWriter
 from streamsafe.gateway.generations.keepalive import KEEPALIVE_LINE, Keepalive
@@ -41,9 +41,16 @@ _Members = list[_Member] | tuple[()]
 class Fanout:
     """The members of one generation (see the module docstring)."""
 
-    __slots__ = ("_keepalive", "_members")
+    __slots__ = ("_encode", "_heartbeat_bytes", "_keepalive", "_members")
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        encode: Callable[[Sequence[bytes], int, bool], bytes] = encode_events,
+        heartbeat: bytes = KEEPALIVE_LINE,
+    ) -> None:
+        # The route's framing (see streamsafe.gateway.generations.framing).
+        self._encode = encode
+        self._heartbeat_bytes = heartbeat
         # A list only while it has members (see Generation._waiters).
         self._members: _Members = ()
         # Only while it has members with heartbeats on.
@@ -84,13 +91,12 @@ class Fanout:
             # The end follows at once: each loop sends these events and the end in one write.
             self.release_all()
             return
-        self._write(
-            members, encode_events(payloads, first, multiline), first, first + len(payloads)
-        )
+        self._write(members, self._encode(payloads, first, multiline), first, first + len(payloads))
 
     def publish_one(self, payload: bytes, index: int) -> None:
         """:meth:`publish` of one single-line payload that does not end the stream (the usual
-        read, see :meth:`streamsafe.gateway.relay.stream_sink.StreamSink.one`)."""
+        read, see :meth:`streamsafe.gateway.relay.stream_sink.StreamSink.one`), framed as
+        OpenAI's: a route of another framing never takes that path."""
         members = self._members
         if members:
             self._write(members, b"id: %d\ndata: %s\n\n" % (index, payload), index, index + 1)
@@ -115,8 +121,9 @@ class Fanout:
     def _heartbeat(self) -> None:
         """The generation was silent a heartbeat interval: a comment line to every member. A
         writer that declines leaves the member as it is: its client has bytes to read."""
+        beat = self._heartbeat_bytes
         for member in self._members:
-            member.writer(KEEPALIVE_LINE)
+            member.writer(beat)
 
     def release_all(self) -> None:
         """Hand every member back to its own loop."""

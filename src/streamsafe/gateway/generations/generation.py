@@ -21,6 +21,7 @@ from typing import Protocol
 from streamsafe.gateway.admission.fair_queue import Waiter
 from streamsafe.gateway.errors import Failure
 from streamsafe.gateway.generations.fanout import Fanout
+from streamsafe.gateway.generations.framing import framing_for
 from streamsafe.gateway.generations.store import EventLog
 from streamsafe.gateway.tracing import GenerationTrace
 from streamsafe.gateway.upstream.kinds import CompletionRoute
@@ -197,7 +198,8 @@ class Generation:
         # garbage collector walks but what it needs (see docs/benchmarks.md).
         self._waiters: list[asyncio.Future[None]] | tuple[()] = ()
         #: Subscribers that keep up, written to as events are published.
-        self.fanout = Fanout()
+        framing = framing_for(request.route)
+        self.fanout = Fanout(framing.encode, framing.heartbeat)
         #: The upstream reader.
         self.task: asyncio.Task[None] | None = None
         #: While live: the grace timer that aborts it; once finished: its retention timer.

@@ -28,14 +28,21 @@ from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.engines.attempts import Attempts
 from streamsafe.gateway.engines.engines import Engines
 from streamsafe.gateway.errors import Failure, error_body
-from streamsafe.gateway.generations.generation import Generation, State
+from streamsafe.gateway.generations.generation import Continuation, Generation, State
 from streamsafe.gateway.generations.store import LeaseLost
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.attempt_watch import AttemptWatch, UpstreamStalled, UpstreamTimeouts
 from streamsafe.gateway.relay.continuation import Partial, continuation_for, owed_end, read_partial
 from streamsafe.gateway.relay.endings import BrokenAttempt, Endings, Finish
+from streamsafe.gateway.relay.messages_continuation import (
+    MessagesPartial,
+    messages_continuation,
+    messages_owed_end,
+    read_messages_partial,
+)
 from streamsafe.gateway.relay.stream_reader import StreamReader
 from streamsafe.gateway.tracing import Tracing
+from streamsafe.gateway.upstream.wire import Wire
 from streamsafe.retry import REFUSAL_STATUSES
 
 __all__ = ["BrokenAttempt", "Finish", "Relay"]
@@ -45,6 +52,7 @@ log = logging.getLogger("streamsafe.gateway")
 #: Longest Retry-After a refused continuation waits for; past it the stream ends with an error
 #: (an engine that asks for longer is not coming back while its caller reads).
 _MAX_REFUSAL_WAIT = 10.0
+_MESSAGES = Wire.ANTHROPIC_MESSAGES
 
 
 class Relay:
@@ -204,11 +212,16 @@ class Relay:
             # Only a stream the upstream ends with [DONE] (OpenAI's format) reads back as a
             # partial answer; Llama Stack's streams end in their own way (see stream_reader).
             route = gen.request.route
-            partial = None
-            if gen.stream and gen.length and (route is None or route.upstream_done):
+            partial: Partial | MessagesPartial | None = None
+            if gen.stream and gen.length and route is not None and route.wire is _MESSAGES:
+                partial = await read_messages_partial(gen.log)
+            elif gen.stream and gen.length and (route is None or route.upstream_done):
                 partial = await read_partial(gen.log)
             if partial is not None and partial.finished:  # only the end was missing
-                end = await owed_end(gen.request, partial, attempts.upstream.prompt_tokens)
+                if isinstance(partial, MessagesPartial):
+                    end = messages_owed_end(partial)
+                else:
+                    end = await owed_end(gen.request, partial, attempts.upstream.prompt_tokens)
                 self.counters.usage_recovered += len(end) > 1
                 gen.length = await gen.log.append(end)
                 attempts.succeeded()
@@ -342,7 +355,7 @@ class Relay:
         gen: Generation,
         broken: BrokenAttempt,
         attempts: Attempts,
-        partial: Partial | None,
+        partial: Partial | MessagesPartial | None,
     ) -> bool:
         """What the next attempt asks: the request as it was where nothing of the answer was
         relayed (at most the events the upstream sends before the first token, which the next
@@ -354,10 +367,14 @@ class Relay:
         if gen.length <= (route.preamble if route is not None else 0):
             gen.continuation = None
             return True
-        if not attempts.upstream.kind.can_continue:
+        continuation: Continuation | str
+        if isinstance(partial, MessagesPartial):  # asked again, whatever the upstream
+            continuation = messages_continuation(gen.request, partial)
+        elif not attempts.upstream.kind.can_continue:
             await self._endings.fail_broken(gen, broken)
             return False
-        continuation = continuation_for(gen.request, partial)
+        else:
+            continuation = continuation_for(gen.request, partial)
         if isinstance(continuation, str):
             broken.why = f"{broken.why}; it cannot be continued exactly: {continuation}"
             await self._endings.fail_broken(gen, broken)

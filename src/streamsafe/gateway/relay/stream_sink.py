@@ -19,7 +19,8 @@ from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.attempt_watch import AttemptWatch
 from streamsafe.gateway.relay.continuation import is_role_chunk, whole_usage
 from streamsafe.gateway.upstream.connection import is_engine_death
-from streamsafe.gateway.upstream.kinds import parse_error_event
+from streamsafe.gateway.upstream.kinds import Wire, parse_error_event
+from streamsafe.gateway.upstream.wire import ANTHROPIC_ERROR_PREFIXES
 from streamsafe.sse import DONE
 
 __all__ = ["StreamSink"]
@@ -45,6 +46,7 @@ class StreamSink:
         "_append_one",
         "_attempts",
         "_counters",
+        "_errors",
         "_finish",
         "_pending",
         "_preamble",
@@ -93,11 +95,18 @@ class StreamSink:
         self.diverged: str | None = None
         self._append_now = gen.log.append_nowait
         self._append_one = gen.log.append_one
+        route = gen.request.route
+        #: How an error event starts in this route's stream.
+        self._errors = ERROR_PREFIXES
+        if route is not None and route.wire is Wire.ANTHROPIC_MESSAGES:
+            self._errors = ANTHROPIC_ERROR_PREFIXES
+            # Its events are framed with names (see generations/framing.py): never by the
+            # one-chunk path, which writes OpenAI's framing.
+            self._append_one = None
         self._pending: list[bytes] = []
         self._ready: asyncio.Future[None] | None = None
         # Events before the engine's first token (Llama Stack's start event) do not end the
         # first-token wait.
-        route = gen.request.route
         self._preamble = route.preamble if route is not None else 0
         # An attempt asked again after the log got only those events sends them again: the
         # log has them. They come before the first token, so never through :meth:`one`
@@ -158,8 +167,9 @@ class StreamSink:
             if not payloads:
                 return
         malformed = None
+        errors = self._errors
         for i, p in enumerate(payloads):
-            if p.startswith(ERROR_PREFIXES):
+            if p.startswith(errors):
                 if gen.length + i <= self._answer_at and not self._watch.flowing:
                     refusal = self._refusal(p)
                     if refusal is not None:
@@ -231,7 +241,7 @@ class StreamSink:
             or not payload
             or payload[0] != 123  # {
             or payload[-1] != 125  # }
-            or payload.startswith(ERROR_PREFIXES)
+            or payload.startswith(self._errors)
         ):
             return False
         length = append_one(payload)

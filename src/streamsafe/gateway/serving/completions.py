@@ -32,6 +32,7 @@ from streamsafe.gateway.errors import (
     send_failure,
     shutting_down,
 )
+from streamsafe.gateway.generations.framing import framing_for
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest
 from streamsafe.gateway.generations.generation_index import GenerationIndex
 from streamsafe.gateway.generations.refusals import EngineRefused
@@ -278,6 +279,7 @@ class Completions:
                     reset_on_failure=reset,
                     preamble=route.preamble,
                     writer=body_writer(scope),
+                    framing=framing_for(route),
                 )
                 await serve_stream(sub, start, send, terms)
             else:

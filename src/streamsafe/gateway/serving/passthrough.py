@@ -60,9 +60,16 @@ _SHARED_PATHS = frozenset(("/v1/models", "/v1/openai/v1/models", "/v1/health", "
 _SHARED_PREFIXES = ("/v1/models/", "/v1/openai/v1/models/")
 
 
+#: POSTs that hold no tenant's data: Anthropic's token count (a prompt in, a number out).
+_SHARED_POSTS = frozenset(("/v1/messages/count_tokens",))
+
+
 def shared_route(method: str, path: str) -> bool:
     """Whether ``method`` on ``path`` (as the gateway routes it) reads only what every tenant
-    may see: the upstream's model list, one model, its health and version."""
+    may see: the upstream's model list, one model, its health and version; or counts a
+    prompt's tokens."""
+    if method == "POST":
+        return path in _SHARED_POSTS
     return method in ("GET", "HEAD") and (
         path in _SHARED_PATHS or path.startswith(_SHARED_PREFIXES)
     )

@@ -249,6 +249,10 @@ def _parse_body(raw: bytes, wire: Wire) -> dict[str, Any]:
     elif wire is Wire.LLAMA_STACK_COMPLETION:
         if "content" not in body or body["content"] is None:
             raise BadRequest(400, "missing required field 'content'", "content")
+    elif wire is Wire.ANTHROPIC_MESSAGES:
+        _check_messages(body.get("messages"))
+        if body.get("max_tokens") is None:
+            raise BadRequest(400, "missing required field 'max_tokens'", "max_tokens")
     elif wire is Wire.OPENAI_RESPONSES:
         given = body.get("input")
         if not (isinstance(given, str) and given) and not (isinstance(given, list) and given):

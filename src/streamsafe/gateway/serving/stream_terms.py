@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from streamsafe._asgi import BodyWriter, Message, Send, respond
 from streamsafe.gateway.admission.admission import Admission, retry_after_seconds
 from streamsafe.gateway.errors import Failure, error_body, send_failure
+from streamsafe.gateway.generations.framing import OPENAI, Framing
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.serving.pacing import StreamRules
-from streamsafe.sse import DONE_EVENT, encode_event
+from streamsafe.sse import DONE_EVENT
 
 __all__ = ["StreamTerms", "end_stream", "send_step_back"]
 
@@ -30,7 +31,9 @@ class StreamTerms:
     that would read a clean end as a complete answer). The first ``preamble`` events come before
     the first token (Llama Stack's ``start`` event), so heartbeats go on past them. ``writer``:
     the server's direct body writer, with which a subscriber that keeps up is served from the
-    relay's read callback (:mod:`streamsafe.gateway.generations.fanout`).
+    relay's read callback (:mod:`streamsafe.gateway.generations.fanout`). ``framing``: how
+    events, heartbeats and a failure after commit are written (Anthropic's Messages API names
+    its events, see :mod:`streamsafe.gateway.generations.framing`).
     """
 
     rules: StreamRules
@@ -39,6 +42,7 @@ class StreamTerms:
     reset_on_failure: Callable[[], None] | None = None
     preamble: int = 0
     writer: BodyWriter | None = None
+    framing: Framing = OPENAI
 
 
 async def send_step_back(send: Send, retry_after: float) -> None:
@@ -76,7 +80,7 @@ async def end_stream(
     reset = terms.reset_on_failure if failed else None
     tail = last
     if failure is not None:
-        tail += encode_event(failure.as_event())
+        tail += terms.framing.error(failure)
         if not terms.drop_done:
             tail += DONE_EVENT
     if reset is None:

@@ -47,7 +47,7 @@ from streamsafe.gateway.serving.pacing import (
     heartbeat_within,
 )
 from streamsafe.gateway.serving.stream_terms import StreamTerms, end_stream, send_step_back
-from streamsafe.sse import DONE, encode_events
+from streamsafe.sse import DONE
 
 __all__ = ["Subscriber", "serve_json", "serve_stream"]
 
@@ -243,6 +243,7 @@ class _Stream:
     __slots__ = (
         "cursor",
         "gen",
+        "heartbeat",
         "pacing",
         "quiet",
         "read_now",
@@ -263,6 +264,12 @@ class _Stream:
         # Heartbeats once events flow, every ``beat`` seconds of silence (0: heartbeats are off).
         beat = heartbeat_within(rules.heartbeat, sub.patience) if rules.heartbeat > 0 else 0.0
         self.quiet = QuietWait(beat)
+        framing = terms.framing
+        self.heartbeat: Message = (
+            _HEARTBEAT_MSG
+            if framing.heartbeat == KEEPALIVE_LINE
+            else {"type": "http.response.body", "body": framing.heartbeat, "more_body": True}
+        )
         headers = [
             (b"content-type", b"text/event-stream; charset=utf-8"),
             (b"cache-control", b"no-cache"),
@@ -307,7 +314,7 @@ class _Stream:
             batch.pop()
         if sub.rename is not None:
             batch = [sub.rename(p) for p in batch]
-        body = encode_events(batch, cursor, gen.multiline)
+        body = terms.framing.encode(batch, cursor, gen.multiline)
         self.cursor = cursor = cursor + n
         pacing.flowing = cursor > terms.preamble
         if gen.finished and cursor >= gen.length:  # the last events and the end: one write
@@ -350,7 +357,7 @@ class _Stream:
             await send_step_back(self.send, pacing.retry_after)
             return _STOP, None
         if step == HEARTBEAT:
-            await self.send(_HEARTBEAT_MSG)
+            await self.send(self.heartbeat)
         return _WAIT, timeout
 
     async def _wait(self, limit: float | None) -> None:
@@ -366,7 +373,7 @@ class _Stream:
                 return
             if quiet.beat > 0:
                 if await quiet.wait(gen):
-                    await self.send(_HEARTBEAT_MSG)
+                    await self.send(self.heartbeat)
                     quiet.wrote()
                 return
         await wait_for_change(gen, limit)

@@ -50,7 +50,7 @@ import orjson
 
 # Telling kinds apart is :mod:`~streamsafe.gateway.upstream.probe`'s.
 from streamsafe.gateway.upstream.probe import KindName
-from streamsafe.gateway.upstream.wire import Wire
+from streamsafe.gateway.upstream.wire import ANTHROPIC_ERROR_PREFIXES, Wire
 
 __all__ = [
     "KINDS",
@@ -63,6 +63,7 @@ __all__ = [
     "cost_view",
     "describe_kind",
     "ends_answer",
+    "messages_view",
     "parse_error_event",
 ]
 
@@ -198,6 +199,8 @@ KINDS: Mapping[KindName, UpstreamKind] = {
                 False,
                 token_ids=True,
             ),
+            # Anthropic's Messages API, which vLLM serves natively (streams end without [DONE]).
+            CompletionRoute("/v1/messages", "/v1/messages", Wire.ANTHROPIC_MESSAGES, False, False),
         ),
         passthrough=False,
         can_continue=True,
@@ -291,6 +294,8 @@ def cost_view(wire: Wire, body: Mapping[str, object]) -> tuple[Mapping[str, obje
         return body, True
     if wire is Wire.OPENAI_COMPLETION or wire is Wire.OPENAI_POOLING:
         return body, False
+    if wire is Wire.ANTHROPIC_MESSAGES:
+        return messages_view(body), True
     if wire is Wire.OPENAI_RESPONSES:
         given = body.get("input")
         messages = given if isinstance(given, list) else [{"role": "user", "content": given}]
@@ -314,6 +319,20 @@ def cost_view(wire: Wire, body: Mapping[str, object]) -> tuple[Mapping[str, obje
     return view, False
 
 
+def messages_view(body: Mapping[str, object]) -> dict[str, object]:
+    """An Anthropic Messages request as the OpenAI chat vLLM makes of it: ``system`` the first
+    message, the same ``max_tokens`` and ``temperature`` (Anthropic has no ``seed``)."""
+    given = body.get("messages")
+    messages = list(given) if isinstance(given, list) else []
+    system = body.get("system")
+    if system:
+        messages.insert(0, {"role": "system", "content": system})
+    view: dict[str, object] = {"messages": messages, "max_tokens": body.get("max_tokens")}
+    if "temperature" in body:
+        view["temperature"] = body["temperature"]
+    return view
+
+
 # -- the end of an answer ---------------------------------------------------------------------
 
 # Byte patterns, not a JSON parse: this runs on the last event of every stream. Servers write
@@ -325,17 +344,21 @@ _RESPONSE_ENDED = tuple(
     for end in (b"completed", b"incomplete", b"failed")
     for space in (b"", b" ")
 )
+_MESSAGE_STOPPED = (b'"type":"message_stop"', b'"type": "message_stop"')
 _LS_CHAT_COMPLETE = (b'"event_type":"complete"', b'"event_type": "complete"')
 _LS_COMPLETION_STOPPED = (b'"stop_reason":"', b'"stop_reason": "')
 
 
 def ends_answer(wire: Wire, payload: bytes) -> bool:
     """True if the event ``payload`` (an SSE ``data`` field) closes a whole answer in ``wire``:
-    a ``finish_reason`` (OpenAI), ``response.completed``, ``.incomplete`` or ``.failed`` (the
-    Responses API), the ``complete`` event (Llama Stack chat), a ``stop_reason`` (Llama Stack
-    completion). A stream that ends on any other event was cut short."""
+    a ``finish_reason`` (OpenAI), ``message_stop`` (Anthropic), ``response.completed``,
+    ``.incomplete`` or ``.failed`` (the Responses API), the ``complete`` event (Llama Stack
+    chat), a ``stop_reason`` (Llama Stack completion). A stream that ends on any other event
+    was cut short."""
     if wire is Wire.OPENAI_RESPONSES:
         patterns = _RESPONSE_ENDED
+    elif wire is Wire.ANTHROPIC_MESSAGES:
+        patterns = _MESSAGE_STOPPED
     elif wire is Wire.LLAMA_STACK_CHAT:
         patterns = _LS_CHAT_COMPLETE
     elif wire is Wire.LLAMA_STACK_COMPLETION:
@@ -348,7 +371,20 @@ def ends_answer(wire: Wire, payload: bytes) -> bool:
 # -- errors after the response started --------------------------------------------------------
 
 _STATUS_PREFIX = re.compile(r"^\s*(\d{3})\s*:\s*")
-_ERROR_PREFIXES = (b'{"error"', b'{ "error"')
+_ERROR_PREFIXES = (b'{"error"', b'{ "error"', *ANTHROPIC_ERROR_PREFIXES)
+#: Anthropic's error types and the statuses they stand for (its documented pairs); any other
+#: type (vLLM's ``internal_error`` under a stream included) reads as 500.
+_ANTHROPIC_STATUSES = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "internal_error": 500,
+    "overloaded_error": 529,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,6 +425,8 @@ def parse_error_event(kind: UpstreamKind, payload: bytes) -> ErrorEvent | None:
         return None
     message = str(error.get("message") or error.get("detail") or "")
     status = 500
+    if body.get("type") == "error":  # Anthropic's shape: the error's type says the status
+        status = _ANTHROPIC_STATUSES.get(str(error.get("type")), 500)
     code = error.get("code")
     if isinstance(code, int) and 400 <= code <= 599:
         status = code

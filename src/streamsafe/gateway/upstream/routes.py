@@ -7,9 +7,9 @@ promise (coalescing, replay, resume, continuation, admission: the completion rou
 :mod:`~streamsafe.gateway.upstream.kinds`, and the pooling routes as plain calls), admitted
 (routed by its ``model`` across the pool, the tenant's key checked, admission by what it costs,
 then passed through), sent to a live engine (routes that take no model), answered by the
-gateway itself, kept for the operator (the admin key only: they change or reveal the engine for
-everyone), or claimed by a dedicated handler (the Anthropic Messages API). A path no entry
-names answers 404.
+gateway itself, or kept for the operator (the admin key only: they change or reveal the engine
+for everyone). The Anthropic Messages API is served as chat is (its own wire format, see
+docs/gateway.md, Messages). A path no entry names answers 404.
 
 The list was read from vLLM 0.32's ``vllm/entrypoints`` (``@router.`` and ``add_api_route``):
 some routes exist only where the model serves the task (pooling routes for a pooling model,
@@ -57,8 +57,6 @@ class Handling(enum.Enum):
     GATEWAY = "gateway"
     #: Only with the gateway's admin key (403 without): passed to the first engine.
     OPERATOR = "operator"
-    #: Claimed by its own handler (the Anthropic Messages API); 404 where none is installed.
-    DEDICATED = "dedicated"
 
 
 class Cost(enum.Enum):
@@ -111,9 +109,7 @@ class Route:
             return "a live engine, pass-through"
         if self.handling is Handling.GATEWAY:
             return "answered by the gateway"
-        if self.handling is Handling.OPERATOR:
-            return "admin key only (403 without), pass-through"
-        return "its own handler (not in this table's pass-through)"
+        return "admin key only (403 without), pass-through"
 
 
 _POST = ("POST",)
@@ -214,10 +210,10 @@ ROUTES: tuple[Route, ...] = (
     Route("/stats", _GET, Handling.GATEWAY, note="admin key where set"),
     Route("/v1/models", _GET, Handling.GATEWAY, note="the pool's, or the first engine's"),
     Route("/v1/openai/v1/models", _GET, Handling.GATEWAY, note="Llama Stack 0.2's alias"),
-    # -- the Anthropic Messages API: its own handler -----------------------------------------
-    Route("/v1/messages", _POST, Handling.DEDICATED, True, Cost.GENERATION),
-    Route("/v1/messages/count_tokens", _POST, Handling.DEDICATED, True),
-    Route("/v1/messages/render", _POST, Handling.DEDICATED, True),
+    # -- the Anthropic Messages API (docs/gateway.md, Messages) -------------------------------
+    Route("/v1/messages", _POST, Handling.SERVED, True, Cost.GENERATION),
+    Route("/v1/messages/count_tokens", _POST, Handling.ADMITTED, True),
+    Route("/v1/messages/render", _POST, Handling.ADMITTED, True),
     # -- operator routes: never a tenant's ---------------------------------------------------
     _operator("/sleep", note="dev mode"),
     _operator("/wake_up", note="dev mode"),

@@ -1,12 +1,16 @@
 """The body formats of the completion routes the gateway serves (:class:`Wire`): OpenAI's chat,
-completion and Responses API, vLLM's pooling requests, Llama Stack's native chat and
-completion."""
+completion and Responses API, vLLM's pooling requests, Anthropic's Messages API, Llama Stack's
+native chat and completion."""
 
 from __future__ import annotations
 
 import enum
 
-__all__ = ["Wire"]
+__all__ = ["ANTHROPIC_ERROR_PREFIXES", "Wire"]
+
+#: How an error event of Anthropic's Messages stream starts (``{"type": "error", "error":
+#: {...}}``), as vLLM (pydantic) and json.dumps write it.
+ANTHROPIC_ERROR_PREFIXES = (b'{"type":"error"', b'{"type": "error"')
 
 
 class Wire(enum.Enum):
@@ -27,6 +31,11 @@ class Wire(enum.Enum):
     """A pooling request (vLLM's embeddings, pooling, classify, score, rerank): texts or token
     ids in, one JSON answer out, never streamed; ``model`` may be left out (the engine's
     one)."""
+    ANTHROPIC_MESSAGES = "anthropic-messages"
+    """Anthropic's Messages API (vLLM serves it): ``messages``, ``system`` and ``max_tokens``
+    in; a ``message`` out, or a stream of named events (``message_start``,
+    ``content_block_start`` / ``_delta`` / ``_stop``, ``message_delta``, ``message_stop``) whose
+    ``data`` names its event in ``type``, with no ``[DONE]``."""
 
     LLAMA_STACK_CHAT = "llama-stack-chat"
     """Llama Stack's native chat: ``{"event": {"event_type", "delta": {"text"}, ...}}`` chunks,
