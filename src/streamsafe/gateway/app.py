@@ -12,6 +12,7 @@ reads it, :class:`~streamsafe.gateway.registry.Registry` finds or starts its gen
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -145,6 +146,8 @@ class Gateway:
         doc["upstream_kind"] = upstream.kind.name if upstream.kind_known else None
         doc["refusals_answered"] = registry.refusals.answered
         doc["engines"] = engines.stats()
+        # Which process answered: with --workers N, each worker has its own figures.
+        doc["pid"] = os.getpid()
         return doc
 
     def engine_readings(self) -> list[EngineReading]:
