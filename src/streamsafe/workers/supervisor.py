@@ -136,7 +136,9 @@ class Supervisor:
                     _how(code),
                     extra={"fields": {"event": "worker_exited", "worker": slot.index}},
                 )
-                self._drained.append(code)  # counts for the supervisor's own status
+                # One killed by the SIGTERM itself was still starting: uvicorn puts the drain
+                # on the signal before its first accept, so it never served, and lost nothing.
+                self._drained.append(0 if code == -signal.SIGTERM else code)
                 slot.due = None
                 continue
             if code == _REFUSED:
