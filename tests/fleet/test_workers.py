@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -105,7 +107,10 @@ def sim() -> Iterator[Process]:
 
 def workers(sim: Process, *extra: str) -> Process:
     redis_binary()  # skipped (failed in CI) without one
-    return Process("serve", "--upstream", sim.url, "--workers", "2", "--lease", "1", *extra)
+    # A pinned connection must outlive the seconds a second worker may take to start while
+    # the first answers (the default keep-alive, 5 s, closed some on a loaded machine).
+    keep = ("--keep-alive-timeout", "120")
+    return Process("serve", "--upstream", sim.url, "--workers", "2", "--lease", "1", *keep, *extra)
 
 
 @pytest.fixture(scope="module")
@@ -241,24 +246,31 @@ def test_a_worker_killed_under_live_streams_loses_none_and_is_replaced(sim: Proc
 
 def test_sigterm_to_the_supervisor_drains_the_workers_and_exits_0(sim: Process) -> None:
     gateway = workers(sim, "--drain-timeout", "20")
-    body = chat("drained whole", 80)
-    got: list[tuple[int, bytes]] = []
-    with httpx2.stream("POST", gateway.url + "/v1/chat/completions", json=body, timeout=30) as r:
-        for event in events(r):
-            got.append(event)
-            if len(got) == 3:
-                gateway.proc.send_signal(signal.SIGTERM)
-    # The stream that ran when the signal came ended whole; then every process exited.
-    assert text_of(got) == expected_text(body, 80, 0)
-    assert gateway.proc.wait(30) == 0
-    worker_pids = [
-        int(line.split("(pid ")[1].split(")")[0])
-        for line in gateway.output
-        if line.startswith("worker ")
-    ]
-    assert len(worker_pids) == 2
-    assert not [pid for pid in worker_pids if os.path.exists(f"/proc/{pid}")]
-    assert any("draining 2 worker(s)" in line for line in gateway.output)
+    try:
+        close_all(pinned(gateway.url, 1))  # both workers serve
+
+        def worker_lines() -> list[str]:
+            lines = [line for line in gateway.output if line.startswith("worker ")]
+            return lines if len(lines) == 2 else []
+
+        lines = wait_until(worker_lines, 10, "both workers' lines")
+        worker_pids = [int(line.split("(pid ")[1].split(")")[0]) for line in lines]
+        body = chat("drained whole", 80)
+        got: list[tuple[int, bytes]] = []
+        with httpx2.stream(
+            "POST", gateway.url + "/v1/chat/completions", json=body, timeout=30
+        ) as r:
+            for event in events(r):
+                got.append(event)
+                if len(got) == 3:
+                    gateway.proc.send_signal(signal.SIGTERM)
+        # The stream that ran when the signal came ended whole; then every process exited.
+        assert text_of(got) == expected_text(body, 80, 0)
+        assert gateway.proc.wait(30) == 0
+        assert not [pid for pid in worker_pids if os.path.exists(f"/proc/{pid}")]
+        assert any("draining 2 worker(s)" in line for line in gateway.output)
+    finally:
+        gateway.stop()  # nothing left where the test failed
 
 
 def test_workers_without_redis_or_a_redis_server_are_refused(tmp_path: Any) -> None:
@@ -287,3 +299,28 @@ def test_options_the_workers_refuse_stop_the_supervisor_with_status_2(sim: Proce
     assert done.returncode == 2, done.stdout + done.stderr
     assert "--tenant-weight wants KEY=WEIGHT" in done.stdout
     assert "refused its options" in done.stderr + done.stdout
+
+
+def test_a_supervisor_killed_leaves_no_worker_and_no_redis_behind(sim: Process) -> None:
+    from streamsafe.bench.processes import process_tree
+
+    gateway = workers(sim)
+    try:
+        wait_until(lambda: len(process_tree(gateway.proc.pid)) == 4, 30, "2 workers and redis")
+        children = [pid for pid in process_tree(gateway.proc.pid) if pid != gateway.proc.pid]
+        redis = [
+            p for p in children if Path(f"/proc/{p}/comm").read_text().strip() == "redis-server"
+        ]
+        assert len(redis) == 1
+        folder = os.readlink(f"/proc/{redis[0]}/cwd")  # its private folder
+        assert os.path.basename(folder).startswith("streamsafe-workers-")
+        gateway.kill()
+        # The kernel tells each of them (PR_SET_PDEATHSIG): none serves on for nobody.
+        wait_until(
+            lambda: not [pid for pid in children if os.path.exists(f"/proc/{pid}")],
+            30,
+            "the workers and redis-server to exit",
+        )
+        shutil.rmtree(folder)  # the one thing a killed supervisor leaves (docs/gateway.md)
+    finally:
+        gateway.kill()

@@ -80,7 +80,8 @@ def supervise(args: argparse.Namespace) -> int:
             return worker_env(fd, index, redis=own, upstream=upstream, secret=secret)
 
         supervisor = Supervisor(
-            command=[sys.executable, "-m", "streamsafe.cli", *args.command_line],
+            # The words it was started with (``streamsafe.cli.main`` keeps them).
+            command=[sys.executable, "-m", "streamsafe.cli", *_words(args)],
             sock=sock,
             count=args.workers,
             env=env,
@@ -90,6 +91,11 @@ def supervise(args: argparse.Namespace) -> int:
         log.info("workers drained", extra={"fields": {"event": "workers_drained"}})
         return code
     return 2  # pragma: no cover - mypy: the with block returns
+
+
+def _words(args: argparse.Namespace) -> list[str]:
+    words = getattr(args, "command_line", None)
+    return list(sys.argv[1:] if words is None else words)
 
 
 @contextlib.contextmanager
