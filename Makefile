@@ -48,7 +48,8 @@ UNIT_TESTS := tests/retry tests/test_sse.py tests/test_layout.py tests/test_pack
 	tests/gateway/test_admission.py tests/gateway/test_pacing.py \
 	tests/gateway/test_refusal_backoff.py tests/gateway/test_engine_capacity.py \
 	tests/gateway/test_logged_end.py tests/gateway/test_record_seal.py tests/gateway/test_replay.py \
-	tests/fleet/test_pool.py tests/engine_sim/test_text.py
+	tests/fleet/test_pool.py tests/engine_sim/test_text.py \
+	tests/workers/test_restart_backoff.py
 
 test-unit: $(STAMP)
 	$(BIN)/pytest -q $(UNIT_TESTS)

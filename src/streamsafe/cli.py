@@ -152,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as exc:
             print(f"streamsafe {args.command}: {exc}", file=sys.stderr)
             return 2
+    # What the command was started with: ``serve --workers N`` starts its workers with it.
+    args.command_line = tuple(words)
     _logging.setup(*_logging.chosen(args, _DEFAULT_LEVEL.get(args.command, "warning")))
     func = getattr(args, "func", None)
     if func is None:

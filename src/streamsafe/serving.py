@@ -252,18 +252,22 @@ def run_server(
     announce: Callable[[str], None] | None = None,
     limits: ServerLimits | None = None,
     drain: Callable[[], Awaitable[None]] | None = None,
+    sock: socket.socket | None = None,
 ) -> None:
     """Serve ``app`` in the foreground until interrupted (uvloop where available).
 
     ``announce`` is called with the base URL once the socket is bound, before serving: with
     ``port=0`` it is how the caller learns the port the system picked. ``drain``: run on the
-    first SIGTERM or Ctrl-C before the server stops listening (see :class:`DrainingServer`)."""
+    first SIGTERM or Ctrl-C before the server stops listening (see :class:`DrainingServer`).
+    ``sock``: a listening socket to accept from instead of binding ``host:port`` (one a
+    supervisor's workers share)."""
     loop = "uvloop"
     try:
         import uvloop  # noqa: F401
     except ImportError:  # pragma: no cover - platform without uvloop
         loop = "asyncio"
-    sock = bind_socket(host, port)
+    if sock is None:
+        sock = bind_socket(host, port)
     if announce is not None:
         bound = sock.getsockname()[1]
         announce(f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}")

@@ -22,6 +22,7 @@ _BENCHES: tuple[tuple[str, str], ...] = (
     ("peers", "streamsafe.bench.peers"),
     ("relay", "streamsafe.bench.relay"),
     ("fleet", "streamsafe.bench.fleet"),
+    ("workers", "streamsafe.bench.workers"),
     ("vllm", "streamsafe.bench.vllm_cost"),
 )
 

@@ -15,6 +15,7 @@ is passed through; behind any kind, an engine's operator routes need the admin k
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Awaitable, Sequence
 from typing import Any
@@ -165,6 +166,8 @@ class Gateway:
         doc["upstream_kind"] = upstream.kind.name if upstream.kind_known else None
         doc["refusals_answered"] = registry.refusals.answered
         doc["engines"] = engines.stats()
+        # Which process answered: with --workers N, each worker has its own figures.
+        doc["pid"] = os.getpid()
         return doc
 
     def engine_readings(self) -> list[EngineReading]:

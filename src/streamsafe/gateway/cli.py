@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import socket
 from typing import Any
 
 from streamsafe.gateway.cli_options import GROUPS, add_general
@@ -115,9 +116,17 @@ def build_limits(args: argparse.Namespace) -> Any:
     )
 
 
-def serve(args: argparse.Namespace, upstream: str) -> int:
+def serve(
+    args: argparse.Namespace,
+    upstream: str,
+    *,
+    sock: socket.socket | None = None,
+    worker: int | None = None,
+) -> int:
     """Run the gateway the parsed arguments describe in front of ``upstream`` until interrupted
-    (``args`` as ``streamsafe serve`` parses them); the exit code."""
+    (``args`` as ``streamsafe serve`` parses them); the exit code. ``sock``: accept from this
+    listening socket instead of binding ``--host``/``--port`` (worker ``worker`` of
+    ``--workers N``, whose supervisor announced the address)."""
     from streamsafe._url_userinfo import redact
     from streamsafe.gateway.app import Gateway
     from streamsafe.gateway.engines.pool import parse_engine
@@ -148,8 +157,9 @@ def serve(args: argparse.Namespace, upstream: str) -> int:
     target = f"{len(pool)} engines ({', '.join(pool)})" if pool else redact(upstream)
 
     def announce(url: str) -> None:
+        who = "streamsafe gateway" if worker is None else f"worker {worker} (pid {os.getpid()})"
         print(
-            f"streamsafe gateway on {url} -> {target} ({args.upstream_kind}) "
+            f"{who} on {url} -> {target} ({args.upstream_kind}) "
             f"(commit {args.commit}, grace {args.grace:g} s, {keys} API key(s))",
             flush=True,
         )
@@ -161,5 +171,6 @@ def serve(args: argparse.Namespace, upstream: str) -> int:
         announce=announce,
         limits=limits,
         drain=lambda: gateway.drain(args.drain_timeout),
+        sock=sock,
     )
     return 0
