@@ -1,12 +1,22 @@
 """A generation's record in Redis: what another replica needs to mirror it or take it over,
 written by the replica that runs it (:func:`record_of`) and read back by the others
-(:func:`request_of`, :func:`key_of`). The prompt, the provider data it carries, the caller's
-idempotency key and the body's fingerprint are sealed with the replicas' secret where they share
-one, and the provider data is left out where they do not (see
-:mod:`streamsafe.gateway.replicas.record_seal`).
+(:func:`request_of`, :func:`key_of`).
+
+The record holds the generation's request whole: every field of
+:class:`~streamsafe.gateway.generations.generation.GenerationRequest` by its name (its route's
+too), so a replica that takes it over rebuilds the very request, and a field added to the
+request reaches the record with no second list to keep (the round trip is property-tested). Its
+secret fields (the prompt, the provider data it carries, the caller's idempotency key, the
+body's fingerprint) and the generation's key are each their own field of the record, sealed with
+the replicas' secret where they share one; the provider data is left out where they do not
+(see :mod:`streamsafe.gateway.replicas.record_seal`). The generation's state is a field of its
+own too: the replicas' scripts change it in place.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Any
 
 import orjson
 
@@ -17,73 +27,63 @@ from streamsafe.gateway.upstream.kinds import CompletionRoute, Wire
 __all__ = ["key_of", "record_of", "request_of"]
 
 
+#: The request's fields kept out of its clear part: each its own field of the record, sealed
+#: where the replicas share a secret (``forward`` only then: left out without one).
+_SECRET = ("body", "fingerprint", "forward", "idempotency_key")
+
+
 def record_of(gen: Generation, seal: RecordSeal | None = None) -> dict[str, bytes | str | int]:
     """What another replica needs to mirror ``gen`` or take it over (``seal``: the replicas'
     shared secret, if any)."""
     req = gen.request
-    route = req.route
-    body, forward = req.body, req.forward
-    key: bytes | str = gen.key or ""
-    fingerprint = gen.fingerprint
-    if seal is not None:
-        body = seal.seal(gen.id, "body", body)
-        forward = seal.seal(gen.id, "forward", forward) if forward else b""
-        key = seal.seal(gen.id, "key", gen.key.encode()) if gen.key else ""
-        fingerprint = seal.seal(gen.id, "fingerprint", fingerprint)
+    withheld = req.withheld or (seal is None and bool(req.forward))
+    clear = {f.name: getattr(req, f.name) for f in dataclasses.fields(req) if f.name not in _SECRET}
+    clear["route"] = None if req.route is None else _route_fields(req.route)
+    clear["withheld"] = withheld
     record: dict[str, bytes | str | int] = {
-        "route": b""
-        if route is None
-        else orjson.dumps(
-            [
-                route.path,
-                route.upstream_path,
-                route.wire.value,
-                route.upstream_done,
-                route.client_done,
-                route.preamble,
-            ]
-        ),
-        "tenant": gen.tenant,
-        "path": req.path,
-        "body": body,
-        "fingerprint": fingerprint,
-        "cost": gen.cost,
-        "stream": "1" if gen.stream else "0",
-        "key": key,
+        "request": orjson.dumps(clear),
         "state": gen.state.value,
     }
-    if seal is not None:
-        if forward:
-            # The client headers it is sent upstream with, sealed: a replica that takes it over
-            # sends them.
-            record["forward"] = forward
-    elif req.forward or req.withheld:
-        record["withheld"] = "1"  # it carries provider data, kept out of Redis
+    secrets = {
+        "body": req.body,
+        "fingerprint": gen.fingerprint,
+        "forward": req.forward if seal is not None else b"",  # provider data: sealed or absent
+        "idempotency_key": (req.idempotency_key or "").encode(),
+        "key": (gen.key or "").encode(),
+    }
+    for name, value in secrets.items():
+        # The body is always there (empty once a kept generation let its prompt go): a
+        # record without it is one whose owner has not finished writing it (see mirrors.py).
+        if value or name == "body":
+            record[name] = value if seal is None else seal.seal(gen.id, name, value)
     return record
 
 
 def request_of(
     record: dict[str, bytes], gen_id: str, seal: RecordSeal | None = None
 ) -> GenerationRequest:
-    """The request a record (see :func:`record_of`) holds; its ``body`` must be there. Raises
+    """The request a record (see :func:`record_of`) holds. Raises
     :class:`~streamsafe.gateway.replicas.record_seal.Unreadable` for a record it cannot read:
     malformed, or sealed where this replica cannot open it
     (:class:`~streamsafe.gateway.replicas.record_seal.Unsealable`: no secret, or another one)."""
     try:
+        clear: dict[str, Any] = orjson.loads(record["request"])
+        route = clear.pop("route")
+        # The body is there or the record says nothing; a fingerprint in clear may begin as a
+        # sealed field does: opened only with a secret (without one, a sealed body has
+        # already said it cannot be read).
+        body = _open(record["body"], gen_id, "body", seal)
+        fingerprint = record.get("fingerprint", b"")
+        key = _open(record.get("idempotency_key", b""), gen_id, "idempotency_key", seal)
         return GenerationRequest(
-            tenant=record["tenant"].decode(),
-            path=record["path"].decode(),
-            body=_open(record["body"], gen_id, "body", seal),
-            # A fingerprint in clear may begin as a sealed field does: opened only with a
-            # secret (without one, a sealed body has already said it cannot be read).
-            fingerprint=record["fingerprint"]
+            **clear,
+            body=body,
+            fingerprint=fingerprint
             if seal is None
-            else _open(record["fingerprint"], gen_id, "fingerprint", seal),
-            cost=int(record["cost"]),
-            stream=record["stream"] == b"1",
-            route=_route(record.get("route", b"")),
+            else _open(fingerprint, gen_id, "fingerprint", seal),
             forward=_open(record.get("forward", b""), gen_id, "forward", seal),
-            withheld=record.get("withheld") == b"1",
+            idempotency_key=key.decode() or None,
+            route=None if route is None else _route(route),
         )
     except Unreadable:
         raise
@@ -108,9 +108,12 @@ def _open(value: bytes, gen_id: str, field: str, seal: RecordSeal | None) -> byt
     return seal.open(gen_id, field, value)
 
 
-def _route(raw: bytes) -> CompletionRoute | None:
-    """The route a record names (see :func:`record_of`); ``None`` for vLLM's own."""
-    if not raw:
-        return None
-    path, upstream_path, wire, upstream_done, client_done, preamble = orjson.loads(raw)
-    return CompletionRoute(path, upstream_path, Wire(wire), upstream_done, client_done, preamble)
+def _route_fields(route: CompletionRoute) -> dict[str, Any]:
+    fields = {f.name: getattr(route, f.name) for f in dataclasses.fields(route)}
+    fields["wire"] = route.wire.value
+    return fields
+
+
+def _route(fields: dict[str, Any]) -> CompletionRoute:
+    """The route a record names, from its fields (see :func:`record_of`)."""
+    return CompletionRoute(**{**fields, "wire": Wire(fields["wire"])})
