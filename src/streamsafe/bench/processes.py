@@ -196,12 +196,12 @@ def rss_bytes(pids: Sequence[int]) -> int:
     return total * _PAGE
 
 
-_URL = re.compile(r"(http://127\.0\.0\.1:\d+)")
+_URL = re.compile(r"(https?://127\.0\.0\.1:\d+)")
 
 
 class ServerProcess:
     """``streamsafe ARGS --port 0`` as a child process; ``url`` is the address it announced
-    (the first ``http://127.0.0.1:PORT`` after `` on ``)."""
+    (the first ``http://127.0.0.1:PORT`` or ``https://...`` after `` on ``)."""
 
     def __init__(self, *args: str, timeout: float = 30.0) -> None:
         self.args = args

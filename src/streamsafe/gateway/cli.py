@@ -118,6 +118,7 @@ def build_limits(args: argparse.Namespace) -> Any:
 def serve(args: argparse.Namespace, upstream: str) -> int:
     """Run the gateway the parsed arguments describe in front of ``upstream`` until interrupted
     (``args`` as ``streamsafe serve`` parses them); the exit code."""
+    from streamsafe._tls import TlsError, server_context, tls_files
     from streamsafe._url_userinfo import redact
     from streamsafe.gateway.app import Gateway
     from streamsafe.gateway.engines.pool import parse_engine
@@ -138,9 +139,11 @@ def serve(args: argparse.Namespace, upstream: str) -> int:
             print(f"streamsafe serve: {exc}")
             return 2
     try:
+        files = tls_files(args, os.environ.get("STREAMSAFE_TLS_KEYFILE_PASSWORD") or None)
+        tls = server_context(files) if files is not None else None
         gateway = Gateway(build_config(args, upstream))
         limits = build_limits(args)
-    except ValueError as exc:
+    except (TlsError, ValueError) as exc:
         print(f"streamsafe serve: {exc}")
         return 2
     keys = len(gateway.config.api_keys)
@@ -161,5 +164,6 @@ def serve(args: argparse.Namespace, upstream: str) -> int:
         announce=announce,
         limits=limits,
         drain=lambda: gateway.drain(args.drain_timeout),
+        tls=tls,
     )
     return 0

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from streamsafe._option_numbers import Number
+from streamsafe._tls import add_tls_options
 
 __all__ = ["GROUPS", "Options", "add_general"]
 
@@ -52,6 +53,7 @@ def add_listening(group: Options) -> None:
     """Where the gateway listens and what one connection may cost; the admin key."""
     group.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     group.add_argument("--port", type=_PORT, default=8000, help="port (default 8000)")
+    add_tls_options(group)
     group.add_argument(
         "--max-connections",
         type=_COUNT,
