@@ -83,6 +83,7 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
         probe_interval=args.probe_interval,
         max_continuations=args.max_continuations,
         redis_url=args.redis,
+        redis_ca_certs=args.redis_ca_certs,
         redis_secret=args.redis_secret or os.environ.get("STREAMSAFE_REDIS_SECRET") or None,
         lease=args.lease,
         orphan_ttl=args.orphan_ttl,

@@ -377,7 +377,17 @@ def add_replicas(group: Options) -> None:
         "--redis",
         default=None,
         metavar="URL",
-        help="redis:// URL of the store shared by gateway replicas (default: this process only)",
+        help="URL of the Redis shared by gateway replicas (default: this process only): "
+        "redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://... (TLS), unix:///PATH.sock[?db=N], or "
+        "redis+sentinel://HOST:PORT[,HOST:PORT]/SERVICE[/DB] (the primary a Sentinel group names, "
+        "found again after a failover)",
+    )
+    group.add_argument(
+        "--redis-ca-certs",
+        default=None,
+        metavar="FILE",
+        help="CA certificates (PEM) a rediss:// server is verified against (default: the "
+        "system's, or the URL's ?ssl_ca_certs=)",
     )
     group.add_argument(
         "--redis-secret",
