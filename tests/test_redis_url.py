@@ -79,7 +79,7 @@ def test_a_sentinel_url_names_the_sentinels_the_service_and_the_database() -> No
     ],
 )
 def test_a_url_that_cannot_be_used_is_refused_with_why(url: str, says: str) -> None:
-    with pytest.raises(ValueError, match="^--redis ") as caught:
+    with pytest.raises(ValueError, match=r"^--redis ") as caught:
         parse_redis_url(url)
     assert says in str(caught.value)
 
