@@ -72,9 +72,10 @@ def add_tls_options(group: _Options) -> None:
 
 
 def tls_files(args: argparse.Namespace, password: str | None = None) -> TlsFiles | None:
-    """The :class:`TlsFiles` the parsed options describe, or ``None`` (plain HTTP). A key, a
-    password or client CAs without a certificate are refused (:class:`TlsError`): a listener
-    the operator meant to secure must not come up in clear."""
+    """The :class:`TlsFiles` the parsed options describe, or ``None`` (plain HTTP);
+    ``password``: the key's password where ``--tls-keyfile-password`` gives none (the
+    environment's). A key, a password or client CAs without a certificate are refused
+    (:class:`TlsError`): a listener the operator meant to secure must not come up in clear."""
     certfile = args.tls_certfile
     password = args.tls_keyfile_password or password
     if certfile is None:

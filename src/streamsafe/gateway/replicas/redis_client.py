@@ -15,7 +15,16 @@ import asyncio
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.connection import (
+    AbstractConnection,
+    Connection,
+    ConnectionPool,
+    SSLConnection,
+    UnixDomainSocketConnection,
+)
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
 
 from streamsafe._redis_url import RedisTarget
 
@@ -49,9 +58,21 @@ def connect(target: RedisTarget, **options: Any) -> CancelSafeRedis:
     sentinels get the socket and TLS options, not the data nodes' credentials)."""
     merged = {**target.options, **options}
     if not target.sentinels:
-        return CancelSafeRedis(**merged)
+        # A pool of our own, as redis-py's from_url makes one: the client's constructor would
+        # add its own retries (10, backing off), and a Redis that is away must fail at once
+        # (the replicas' failure policy decides what then).
+        connection_class: type[AbstractConnection] = Connection
+        if "unix_socket_path" in merged:
+            merged["path"] = merged.pop("unix_socket_path")
+            connection_class = UnixDomainSocketConnection
+        elif merged.pop("ssl", False):
+            connection_class = SSLConnection
+        alone = CancelSafeRedis(connection_pool=ConnectionPool(connection_class, **merged))
+        alone.auto_close_connection_pool = True
+        return alone
     assert target.service is not None
     own = {k: v for k, v in merged.items() if k.startswith(("socket_", "ssl"))}
+    own["retry"] = Retry(NoBackoff(), 0)  # a sentinel that is away: ask the next one at once
     sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=own, **merged)  # type: ignore[no-untyped-call]
     client: CancelSafeRedis = sentinel.master_for(target.service, redis_class=CancelSafeRedis)
     client.companions = tuple(sentinel.sentinels)
