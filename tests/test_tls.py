@@ -11,13 +11,16 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
 from openai import OpenAI
 
+from streamsafe._tls import TlsFiles, server_context
 from streamsafe.bench.processes import ServerProcess
 from streamsafe.cli import main
+from streamsafe.serving import ServerThread
 from tls_certs import TestCA
 
 pytestmark = pytest.mark.timeout(90)
@@ -130,6 +133,25 @@ def test_the_simulator_requires_a_client_certificate_with_tls_ca_certs(ca: TestC
         assert httpx2.get(server.url + "/health", verify=mutual, timeout=10).status_code == 200
     finally:
         server.stop()
+
+
+def test_an_app_in_a_server_thread_sees_https_as_its_scheme(ca: TestCA) -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": scope["scheme"].encode()})
+
+    certfile, keyfile = ca.issue("thread")
+    tls = server_context(TlsFiles(certfile, keyfile))
+    with ServerThread(app, tls=tls) as server:  # the asyncio loop, where serve runs uvloop
+        assert server.url.startswith("https://127.0.0.1:")
+        assert httpx2.get(server.url + "/", verify=_trusting(ca), timeout=10).text == "https"
+    with ServerThread(app) as plain:
+        assert httpx2.get(plain.url + "/", timeout=10).text == "http"
 
 
 def _refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:

@@ -194,15 +194,21 @@ def test_streams_and_keys_survive_a_sentinel_failover(sim: Process, group: Senti
             with Client(base_url=replicas[1 - at].url + "/v1", api_key="x") as client:
                 again = client.chat.completions.create(**body, stream=True, idempotency_key=key)
                 assert "".join(c.choices[0].delta.content or "" for c in again if c.choices) == text
-        # After the promotion, a new key is one generation across both replicas.
-        body = {**_body(99, 20), "stream": False}
-        key = {"Idempotency-Key": "after-the-failover"}
-        answers = [
-            httpx2.post(p.url + "/v1/chat/completions", json=body, headers=key, timeout=30)
-            for p in (*replicas, *replicas)
-        ]
-        assert {a.status_code for a in answers} == {200}
-        assert len({a.json()["choices"][0]["message"]["content"] for a in answers}) == 1
+        # After the promotion, a live stream's keyed retry on the other replica attaches to it.
+        body = _body(99, 60)
+        key = "after-the-failover"
+        with Client(base_url=replicas[0].url + "/v1", api_key="x") as first_client:
+            first = first_client.chat.completions.create(**body, stream=True, idempotency_key=key)
+            chunks = iter(first)
+            head = [next(chunks) for _ in range(3)]
+            with Client(base_url=replicas[1].url + "/v1", api_key="x") as second_client:
+                second = second_client.chat.completions.create(
+                    **body, stream=True, idempotency_key=key
+                )
+                attached = "".join(c.choices[0].delta.content or "" for c in second if c.choices)
+            rest = list(chunks)
+        whole = "".join(c.choices[0].delta.content or "" for c in [*head, *rest] if c.choices)
+        assert whole == attached == expected_text(body, 60, 0)
         assert int(_stats(sim)["generations_started"]) == before + len(bodies) + 1
         assert sum(int(_stats(r)["redis_errors"]) for r in replicas) >= 1  # it did fail over
     finally:
