@@ -20,7 +20,7 @@ from openai import OpenAI
 from streamsafe._tls import TlsFiles, server_context
 from streamsafe.bench.processes import ServerProcess
 from streamsafe.cli import main
-from streamsafe.serving import ServerThread
+from streamsafe.serving import ServerLimits, ServerThread
 from tls_certs import TestCA
 
 pytestmark = pytest.mark.timeout(90)
@@ -136,6 +136,17 @@ def test_the_simulator_requires_a_client_certificate_with_tls_ca_certs(ca: TestC
 
 
 def test_an_app_in_a_server_thread_sees_https_as_its_scheme(ca: TestCA) -> None:
+    app = _echo_app()
+    certfile, keyfile = ca.issue("thread")
+    tls = server_context(TlsFiles(certfile, keyfile))
+    with ServerThread(app, tls=tls) as server:  # the asyncio loop, where serve runs uvloop
+        assert server.url.startswith("https://127.0.0.1:")
+        assert httpx2.get(server.url + "/", verify=_trusting(ca), timeout=10).text == "https"
+    with ServerThread(app) as plain:
+        assert httpx2.get(plain.url + "/", timeout=10).text == "http"
+
+
+def _echo_app() -> Any:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":
@@ -145,13 +156,20 @@ def test_an_app_in_a_server_thread_sees_https_as_its_scheme(ca: TestCA) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": scope["scheme"].encode()})
 
-    certfile, keyfile = ca.issue("thread")
+    return app
+
+
+def test_tls_connections_count_against_the_connection_cap(ca: TestCA) -> None:
+    certfile, keyfile = ca.issue("capped")
     tls = server_context(TlsFiles(certfile, keyfile))
-    with ServerThread(app, tls=tls) as server:  # the asyncio loop, where serve runs uvloop
-        assert server.url.startswith("https://127.0.0.1:")
-        assert httpx2.get(server.url + "/", verify=_trusting(ca), timeout=10).text == "https"
-    with ServerThread(app) as plain:
-        assert httpx2.get(plain.url + "/", timeout=10).text == "http"
+    with (
+        ServerThread(_echo_app(), tls=tls, limits=ServerLimits(max_connections=1)) as server,
+        httpx2.Client(verify=_trusting(ca), timeout=10) as holder,
+    ):
+        assert holder.get(server.url + "/").text == "https"  # its connection stays open
+        refused = httpx2.get(server.url + "/", verify=_trusting(ca), timeout=10)
+        assert refused.status_code == 503  # over TLS, as a plain port answers it
+        assert refused.headers["retry-after"] == "1"
 
 
 def _refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
