@@ -87,6 +87,7 @@ class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.server: tuple[str, int] | None = None
         self.client: tuple[str, int] | None = None
+        self.scheme = "http"
         self.write_paused = self.read_paused = False
         self._drained: asyncio.Future[None] | None = None
         # The request being answered, the one parsed (the same unless pipelined), those waiting.
@@ -120,6 +121,8 @@ class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
         self.transport = transport
         self.server = transport.get_extra_info("sockname")
         self.client = transport.get_extra_info("peername")
+        if transport.get_extra_info("sslcontext") is not None:
+            self.scheme = "https"
         self._client_key = client_key(self.client[0]) if self.client else ""
         # TCP_NODELAY comes from the listening socket (serving.bind_socket).
         cap = self.limits.max_connections
@@ -249,6 +252,7 @@ class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
             head.headers,
             server=self.server,
             client=self.client,
+            scheme=self.scheme,
             root_path=self.root_path,
             state=self.app_state.copy(),
         )

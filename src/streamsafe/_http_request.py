@@ -188,11 +188,13 @@ def request_scope(
     *,
     server: Address,
     client: Address,
+    scheme: str = "http",
     root_path: str,
     state: dict[str, Any],
 ) -> dict[str, Any]:
     """The ASGI HTTP scope of the request whose head ``parser`` parsed (``url`` in origin-form,
-    or ``*``: see :func:`target_refusal`; ``headers`` with lower-case names)."""
+    or ``*``: see :func:`target_refusal`; ``headers`` with lower-case names; ``scheme``
+    ``https`` on a TLS connection)."""
     parsed = httptools.parse_url(url)
     raw_path: bytes = parsed.path or b"/"
     path = raw_path.decode("ascii")
@@ -204,7 +206,7 @@ def request_scope(
         "http_version": parser.get_http_version(),
         "server": server,
         "client": client,
-        "scheme": "http",
+        "scheme": scheme,
         "method": parser.get_method().decode("ascii"),
         "root_path": root_path,
         "path": root_path + path if root_path else path,

@@ -17,6 +17,7 @@ import contextlib
 import errno
 import gc
 import socket
+import ssl
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from types import FrameType
@@ -31,6 +32,7 @@ __all__ = [
     "DrainingServer",
     "ServerLimits",
     "ServerThread",
+    "base_url",
     "bind_socket",
     "run_server",
     "serve_in_thread",
@@ -73,13 +75,23 @@ class CannotListen(OSError):
 
 
 def server_config(
-    app: Any, *, log_level: str | None, loop: str, limits: ServerLimits | None, **kwargs: Any
+    app: Any,
+    *,
+    log_level: str | None,
+    loop: str,
+    limits: ServerLimits | None,
+    tls: ssl.SSLContext | None = None,
+    **kwargs: Any,
 ) -> uvicorn.Config:
     """The configuration every server here runs ``app`` with: this project's HTTP protocol
     enforcing ``limits``, lifespan on, no access log of uvicorn's (the gateway writes its own),
     a 2 s graceful shutdown. Logging stays the program's (:mod:`streamsafe._logging` for the
     command line): uvicorn installs no handler; ``log_level`` (``None``: untouched) is the level
-    of its loggers."""
+    of its loggers. ``tls``: serve HTTPS with this context (:func:`streamsafe._tls.server_context`
+    builds the command line's), built before, so that a bad file fails before the port is
+    bound."""
+    if tls is not None:
+        kwargs["ssl_context_factory"] = lambda config, default: tls
     return uvicorn.Config(
         app,
         log_level=log_level,
@@ -105,7 +117,8 @@ class ServerThread:
     ``start()`` returns once the server accepts connections; ``stop()`` shuts it down (open
     streams are cancelled after a short grace) and joins the thread. ``loop`` is the server's
     event loop, for tests that must run a coroutine next to the app
-    (:meth:`call`). ``limits``: what one connection may cost (default :class:`ServerLimits`).
+    (:meth:`call`). ``limits``: what one connection may cost (default :class:`ServerLimits`);
+    ``tls``: serve HTTPS with this context.
     """
 
     def __init__(
@@ -117,13 +130,15 @@ class ServerThread:
         log_level: str = "warning",
         loop: str = "asyncio",
         limits: ServerLimits | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.app = app
+        self.tls = tls
         self._sock = bind_socket(host, port)
         self.host = host
         self.port: int = self._sock.getsockname()[1]
         self._server = uvicorn.Server(
-            server_config(app, log_level=log_level, loop=loop, limits=limits)
+            server_config(app, log_level=log_level, loop=loop, limits=limits, tls=tls)
         )
         self._thread = threading.Thread(target=self._run, name=f"server:{self.port}", daemon=True)
         self._ready = threading.Event()
@@ -132,9 +147,8 @@ class ServerThread:
 
     @property
     def url(self) -> str:
-        """Base URL, e.g. ``http://127.0.0.1:41234``."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        """Base URL, e.g. ``http://127.0.0.1:41234`` (``https://`` with ``tls``)."""
+        return base_url(self.host, self.port, tls=self.tls is not None)
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
@@ -253,6 +267,7 @@ def run_server(
     limits: ServerLimits | None = None,
     drain: Callable[[], Awaitable[None]] | None = None,
     sock: socket.socket | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> None:
     """Serve ``app`` in the foreground until interrupted (uvloop where available).
 
@@ -260,7 +275,8 @@ def run_server(
     ``port=0`` it is how the caller learns the port the system picked. ``drain``: run on the
     first SIGTERM or Ctrl-C before the server stops listening (see :class:`DrainingServer`).
     ``sock``: a listening socket to accept from instead of binding ``host:port`` (one a
-    supervisor's workers share)."""
+    supervisor's workers share).
+    ``tls``: serve HTTPS with this context (the announced URL is ``https://``)."""
     loop = "uvloop"
     try:
         import uvloop  # noqa: F401
@@ -269,12 +285,18 @@ def run_server(
     if sock is None:
         sock = bind_socket(host, port)
     if announce is not None:
-        bound = sock.getsockname()[1]
-        announce(f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}")
-    config = server_config(app, log_level=log_level, loop=loop, limits=limits)
+        announce(base_url(host, sock.getsockname()[1], tls=tls is not None))
+    config = server_config(app, log_level=log_level, loop=loop, limits=limits, tls=tls)
     server = DrainingServer(config, drain)
     tune_collector()
     server.run(sockets=[sock])
+
+
+def base_url(host: str, port: int, *, tls: bool = False) -> str:
+    """The base URL of a server listening on ``host:port``: ``http://127.0.0.1:8000``,
+    ``https://[::1]:8443``."""
+    scheme = "https" if tls else "http"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 def tune_collector() -> None:

@@ -196,12 +196,12 @@ def rss_bytes(pids: Sequence[int]) -> int:
     return total * _PAGE
 
 
-_URL = re.compile(r"(http://127\.0\.0\.1:\d+)")
+_URL = re.compile(r"(https?://127\.0\.0\.1:\d+)")
 
 
 class ServerProcess:
     """``streamsafe ARGS --port 0`` as a child process; ``url`` is the address it announced
-    (the first ``http://127.0.0.1:PORT`` after `` on ``)."""
+    (the first ``http://127.0.0.1:PORT`` or ``https://...`` after `` on ``)."""
 
     def __init__(self, *args: str, timeout: float = 30.0) -> None:
         self.args = args
@@ -288,7 +288,9 @@ class RedisServer:
     #: Seconds it gets to answer PING after it starts.
     START_TIMEOUT = 10.0
 
-    def __init__(self, binary: str | None = None, port: int | None = None) -> None:
+    def __init__(
+        self, binary: str | None = None, port: int | None = None, args: Sequence[str] = ()
+    ) -> None:
         found = binary or shutil.which("redis-server")
         if found is None:
             raise FileNotFoundError(
@@ -296,6 +298,8 @@ class RedisServer:
             )
         self.binary = found
         self.port = port or _quiet_port()
+        #: More of its command line (``--replicaof HOST PORT``, say).
+        self.args = tuple(args)
         self.proc: subprocess.Popen[bytes] | None = None
         self._dir = tempfile.mkdtemp(prefix="streamsafe-redis-")
 
@@ -307,7 +311,7 @@ class RedisServer:
     def start(self) -> RedisServer:
         """Start it and wait until it answers PING."""
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1"]
-        args += ["--save", "", "--appendonly", "no", "--dir", self._dir]
+        args += ["--save", "", "--appendonly", "no", "--dir", self._dir, *self.args]
         self.proc = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self._dir
         )

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from streamsafe._option_numbers import Number
+from streamsafe._tls import add_tls_options
 
 __all__ = ["build_config", "register"]
 
@@ -30,6 +31,7 @@ def register(subparsers: Any) -> None:
         default=8000,
         help="port (default 8000, as vLLM)",
     )
+    add_tls_options(p)
     p.add_argument(
         "--model", default="sim-llama-8b", help="the model served (default sim-llama-8b)"
     )
@@ -138,13 +140,17 @@ def build_config(args: argparse.Namespace) -> Any:
 
 
 def _main(args: argparse.Namespace) -> int:
+    import os
     import sys
 
+    from streamsafe._tls import server_context, tls_files
     from streamsafe.engine_sim import Simulator
     from streamsafe.serving import run_server
 
     try:
         config = build_config(args)
+        files = tls_files(args, os.environ.get("STREAMSAFE_TLS_KEYFILE_PASSWORD") or None)
+        tls = server_context(files) if files is not None else None
     except ValueError as exc:
         print(f"streamsafe simulate: {exc}", file=sys.stderr)
         return 2
@@ -161,5 +167,6 @@ def _main(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         announce=announce,
+        tls=tls,
     )
     return 0

@@ -441,7 +441,7 @@ def _engines(config: GatewayConfig, specs: Sequence[str]) -> Engines:
 
 def _replicas(config: GatewayConfig, redis_url: str) -> Replicas:
     """This replica in the fleet that shares its generations through Redis at ``redis_url``."""
-    redis_store = RedisStore(redis_url, secret=config.redis_secret)
+    redis_store = RedisStore(redis_url, secret=config.redis_secret, ca_certs=config.redis_ca_certs)
     if config.redis_secret is None:
         log.warning(
             "no Redis secret: prompts and answers are kept in Redis in clear and provider "

@@ -84,6 +84,7 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
         probe_interval=args.probe_interval,
         max_continuations=args.max_continuations,
         redis_url=args.redis,
+        redis_ca_certs=args.redis_ca_certs,
         redis_secret=args.redis_secret or os.environ.get("STREAMSAFE_REDIS_SECRET") or None,
         lease=args.lease,
         orphan_ttl=args.orphan_ttl,
@@ -127,6 +128,7 @@ def serve(
     (``args`` as ``streamsafe serve`` parses them); the exit code. ``sock``: accept from this
     listening socket instead of binding ``--host``/``--port`` (worker ``worker`` of
     ``--workers N``, whose supervisor announced the address)."""
+    from streamsafe._tls import TlsError, server_context, tls_files
     from streamsafe._url_userinfo import redact
     from streamsafe.gateway.app import Gateway
     from streamsafe.gateway.engines.pool import parse_engine
@@ -147,9 +149,11 @@ def serve(
             print(f"streamsafe serve: {exc}")
             return 2
     try:
+        files = tls_files(args, os.environ.get("STREAMSAFE_TLS_KEYFILE_PASSWORD") or None)
+        tls = server_context(files) if files is not None else None
         gateway = Gateway(build_config(args, upstream))
         limits = build_limits(args)
-    except ValueError as exc:
+    except (TlsError, ValueError) as exc:
         print(f"streamsafe serve: {exc}")
         return 2
     keys = len(gateway.config.api_keys)
@@ -172,5 +176,6 @@ def serve(
         limits=limits,
         drain=lambda: gateway.drain(args.drain_timeout),
         sock=sock,
+        tls=tls,
     )
     return 0

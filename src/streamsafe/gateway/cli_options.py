@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from streamsafe._option_numbers import Number
+from streamsafe._tls import add_tls_options
 
 __all__ = ["GROUPS", "Options", "add_general"]
 
@@ -52,6 +53,7 @@ def add_listening(group: Options) -> None:
     """Where the gateway listens and what one connection may cost; the admin key."""
     group.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     group.add_argument("--port", type=_PORT, default=8000, help="port (default 8000)")
+    add_tls_options(group)
     group.add_argument(
         "--max-connections",
         type=_COUNT,
@@ -375,7 +377,17 @@ def add_replicas(group: Options) -> None:
         "--redis",
         default=None,
         metavar="URL",
-        help="redis:// URL of the store shared by gateway replicas (default: this process only)",
+        help="URL of the Redis shared by gateway replicas (default: this process only): "
+        "redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://... (TLS), unix:///PATH.sock[?db=N], or "
+        "redis+sentinel://HOST:PORT[,HOST:PORT]/SERVICE[/DB] (the primary a Sentinel group names, "
+        "found again after a failover)",
+    )
+    group.add_argument(
+        "--redis-ca-certs",
+        default=None,
+        metavar="FILE",
+        help="CA certificates (PEM) a rediss:// server is verified against (default: the "
+        "system's, or the URL's ?ssl_ca_certs=)",
     )
     group.add_argument(
         "--redis-secret",

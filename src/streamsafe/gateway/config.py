@@ -6,7 +6,8 @@ import dataclasses
 import math
 from typing import Literal
 
-from streamsafe._url_userinfo import redact, split_userinfo
+from streamsafe._redis_url import parse_redis_url
+from streamsafe._url_userinfo import split_userinfo
 
 __all__ = ["CollapseSetting", "CommitMode", "GatewayConfig", "UpstreamKindSetting"]
 
@@ -207,10 +208,14 @@ class GatewayConfig:
     #: Attempts of one generation before its first token, across the pool (default 3: the
     #: first plus two failovers, as the Stainless clients' own retries).
     failover_attempts: int = 3
-    #: ``redis://`` URL of the store shared by several gateway replicas; ``None`` (default)
+    #: URL of the Redis shared by several gateway replicas (``redis://``, ``rediss://``,
+    #: ``unix://``, ``redis+sentinel://``: :mod:`streamsafe._redis_url`); ``None`` (default)
     #: keeps everything in this process. With it, a retry or a resume that lands on any replica
     #: finds the generation another one runs (see docs/design.md, Replicas).
     redis_url: str | None = None
+    #: CA certificates (PEM) a ``rediss://`` URL's server is verified against where the URL
+    #: names none (``?ssl_ca_certs=``); ``None`` (default): the system's.
+    redis_ca_certs: str | None = None
     #: A secret every replica sharing ``redis_url`` is given (``None``, default: none). With it
     #: the prompt, the provider data (``X-LlamaStack-Provider-Data``) and the idempotency key of
     #: a generation's Redis record, and its answer (the event log), are sealed (AES-GCM, see
@@ -274,10 +279,10 @@ class GatewayConfig:
             raise ValueError("orphan_ttl must be at least three leases")
         if self.failover_attempts < 1:
             raise ValueError("failover_attempts must be >= 1")
-        if self.redis_url is not None and not self.redis_url.startswith(
-            ("redis://", "rediss://", "unix://")
-        ):
-            raise ValueError(f"redis_url must be redis://..., not {redact(self.redis_url)!r}")
+        if self.redis_url is not None:
+            parse_redis_url(self.redis_url, ca_certs=self.redis_ca_certs)  # ValueError, redacted
+        elif self.redis_ca_certs is not None:
+            raise ValueError("redis_ca_certs without a redis_url")
         for name in ("max_inflight", "max_memory_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -46,7 +46,7 @@ def worker_count(text: str) -> int:
 
 def supervise(args: argparse.Namespace) -> int:
     """Run ``args.workers`` gateways on one port until SIGTERM or Ctrl-C; the exit code."""
-    from streamsafe.serving import bind_socket
+    from streamsafe.serving import base_url, bind_socket
     from streamsafe.workers.redis_child import NoRedisServer, RedisChild
     from streamsafe.workers.supervisor import Supervisor
 
@@ -67,7 +67,7 @@ def supervise(args: argparse.Namespace) -> int:
             upstream = stack.enter_context(_simulator(args))
         sock = stack.enter_context(bind_socket(args.host, args.port))
         host, port = args.host, sock.getsockname()[1]
-        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        url = base_url(host, port, tls=bool(getattr(args, "tls_certfile", None)))
         shared = "Redis at " + ("--redis" if args.redis else "its own redis-server")
         print(
             f"streamsafe gateway on {url}: {args.workers} workers (pid {os.getpid()} supervises; "

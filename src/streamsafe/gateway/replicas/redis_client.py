@@ -1,4 +1,6 @@
-"""The Redis client the gateway uses: redis-py's asyncio client, made to honour cancellation.
+"""The Redis client the gateway uses: redis-py's asyncio client, made to honour cancellation,
+connected where a parsed ``--redis`` URL says (:func:`connect`: one node, or the primary a
+Sentinel group names, found again after a failover).
 
 redis-py 8.1 can swallow the cancellation of the task awaiting a command: the command returns
 its result and the task goes on as if never cancelled (seen on the relay's log appends, under
@@ -13,12 +15,27 @@ import asyncio
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.connection import (
+    AbstractConnection,
+    Connection,
+    ConnectionPool,
+    SSLConnection,
+    UnixDomainSocketConnection,
+)
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
 
-__all__ = ["CancelSafeRedis"]
+from streamsafe._redis_url import RedisTarget
+
+__all__ = ["CancelSafeRedis", "connect"]
 
 
 class CancelSafeRedis(aioredis.Redis):
     """``redis.asyncio.Redis`` whose commands never swallow their task's cancellation."""
+
+    #: Clients closed with this one (the sentinels a Sentinel-managed client asks).
+    companions: tuple[aioredis.Redis, ...] = ()
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         task = asyncio.current_task()
@@ -27,3 +44,36 @@ class CancelSafeRedis(aioredis.Redis):
         if task is not None and task.cancelling() > before:
             raise asyncio.CancelledError  # requested while the command ran, and lost in it
         return result
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        for other in self.companions:
+            await other.aclose()
+
+
+def connect(target: RedisTarget, **options: Any) -> CancelSafeRedis:
+    """A client of the Redis ``target`` names, with ``options`` (timeouts) added. With
+    sentinels, a client of the primary they name for the service: each new connection asks
+    them where it is, so after a failover the client reaches the promoted replica (the
+    sentinels get the socket and TLS options, not the data nodes' credentials)."""
+    merged = {**target.options, **options}
+    if not target.sentinels:
+        # A pool of our own, as redis-py's from_url makes one: the client's constructor would
+        # add its own retries (10, backing off), and a Redis that is away must fail at once
+        # (the replicas' failure policy decides what then).
+        connection_class: type[AbstractConnection] = Connection
+        if "unix_socket_path" in merged:
+            merged["path"] = merged.pop("unix_socket_path")
+            connection_class = UnixDomainSocketConnection
+        elif merged.pop("ssl", False):
+            connection_class = SSLConnection
+        alone = CancelSafeRedis(connection_pool=ConnectionPool(connection_class, **merged))
+        alone.auto_close_connection_pool = True
+        return alone
+    assert target.service is not None
+    own = {k: v for k, v in merged.items() if k.startswith(("socket_", "ssl"))}
+    own["retry"] = Retry(NoBackoff(), 0)  # a sentinel that is away: ask the next one at once
+    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=own, **merged)  # type: ignore[no-untyped-call]
+    client: CancelSafeRedis = sentinel.master_for(target.service, redis_class=CancelSafeRedis)
+    client.companions = tuple(sentinel.sentinels)
+    return client

@@ -7,13 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from streamsafe.gateway.replicas.redis_client import CancelSafeRedis
 from streamsafe.gateway.replicas.redis_scripts import entry_offset, text
 
 __all__ = ["RedisTail"]
@@ -39,10 +38,13 @@ class RedisTail:
     #: Longest single block (ms): bounds how long a lost wake-up could delay a follower.
     BLOCK_MS = 2000
 
-    def __init__(self, redis: aioredis.Redis, url: str, nudge_key: str) -> None:
-        #: The store's client, for the nudge (the blocked read has a client of its own).
+    def __init__(
+        self, redis: aioredis.Redis, connect: Callable[..., aioredis.Redis], nudge_key: str
+    ) -> None:
+        #: The store's client, for the nudge (the blocked read has a client of its own, made
+        #: by ``connect(socket_timeout=...)``).
         self._store_redis = redis
-        self._url = url
+        self._connect = connect
         self._nudge_key = nudge_key
         self._nudge_seen = "0-0"
         self._waiters: dict[str, list[tuple[int, asyncio.Future[None]]]] = {}
@@ -89,9 +91,7 @@ class RedisTail:
 
     async def _run(self) -> None:
         # A blocking read holds its connection, so the tail has a client of its own.
-        self._redis = redis_ = CancelSafeRedis.from_url(
-            self._url, socket_timeout=self.BLOCK_MS / 1000 + 5
-        )
+        self._redis = redis_ = self._connect(socket_timeout=self.BLOCK_MS / 1000 + 5)
         failures = 0
         try:
             while True:  # until close(): a waiter never finds the loop on its way out

@@ -39,13 +39,15 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Mapping
+from functools import partial
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from streamsafe._redis_url import parse_redis_url
 from streamsafe.gateway.replicas.record_seal import RecordSeal, Unreadable, key_name
-from streamsafe.gateway.replicas.redis_client import CancelSafeRedis
+from streamsafe.gateway.replicas.redis_client import connect
 from streamsafe.gateway.replicas.redis_log import RedisEventLog, ReplicatedLog
 from streamsafe.gateway.replicas.redis_scripts import Scripts, ms, text
 from streamsafe.gateway.replicas.redis_tail import RedisTail
@@ -70,7 +72,9 @@ _CHECK = b"streamsafe fleet check"
 
 class RedisStore:
     """:class:`~streamsafe.gateway.generations.store.Store` in Redis (see the module). ``url`` is a
-    ``redis://`` URL.
+    ``redis://``, ``rediss://``, ``unix://`` or ``redis+sentinel://`` URL
+    (:mod:`streamsafe._redis_url`; a bad one raises ``ValueError``); ``ca_certs``: the CA file
+    a ``rediss://`` URL that names none is verified against.
 
     Every method is one round trip (a command, a script or a pipeline). Redis errors
     (:class:`redis.exceptions.RedisError`, connection errors included) propagate: what to do when
@@ -87,8 +91,10 @@ class RedisStore:
         prefix: str = DEFAULT_PREFIX,
         socket_timeout: float = 1.0,
         secret: str | None = None,
+        ca_certs: str | None = None,
     ) -> None:
         self.url = url
+        self.target = target = parse_redis_url(url, ca_certs=ca_certs)
         #: Seals the prompt, the provider data and the key in generation records, and their
         #: event logs, with the secret the replicas share; hashes the caller's strings in key
         #: names with it (``None``: no secret; see
@@ -97,11 +103,13 @@ class RedisStore:
         self.prefix = prefix
         #: Unique per store object: the lease value of generations this replica runs.
         self.replica_id = os.urandom(6).hex()
-        self.redis: aioredis.Redis = CancelSafeRedis.from_url(
-            url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
+        self.redis: aioredis.Redis = connect(
+            target, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
         )
         self._scripts = Scripts(self.redis)
-        self._tail = RedisTail(self.redis, url, f"{prefix}nudge:{self.replica_id}")
+        self._tail = RedisTail(
+            self.redis, partial(connect, target), f"{prefix}nudge:{self.replica_id}"
+        )
         #: The fleet epoch this replica knows (``None`` until it first read the marker, and
         #: after it found it gone).
         self.epoch: str | None = None
