@@ -1,7 +1,8 @@
 """streamsafe: retry-safe, resumable streaming for OpenAI-compatible LLM inference.
 
 The client side is re-exported here: the clients and their errors (:mod:`streamsafe.client`), the
-retry core (:mod:`streamsafe.retry`) and the SSE codec (:mod:`streamsafe.sse`). The servers are
+HTTP clients that make unmodified SDKs retry-safe (:mod:`streamsafe.sdk`), the retry core
+(:mod:`streamsafe.retry`) and the SSE codec (:mod:`streamsafe.sse`). The servers are
 imported from their subpackages (:mod:`streamsafe.gateway`, :mod:`streamsafe.engine_sim`).
 Names load on first use, so ``import streamsafe.retry`` loads the retry core alone, not the HTTP
 client, a JSON library or a server.
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
         StreamingConfig,
         decide,
     )
+    from streamsafe.sdk import async_http_client, http_client
     from streamsafe.sse import (
         ServerSentEvent,
         SSEDecoder,
@@ -81,6 +83,8 @@ _EXPORTS = {
     "StreamsafeError": "streamsafe.client",
     "Timeouts": "streamsafe.client",
     "UnprocessableEntityError": "streamsafe.client",
+    "async_http_client": "streamsafe.sdk",
+    "http_client": "streamsafe.sdk",
     "Decision": "streamsafe.retry",
     "Outcome": "streamsafe.retry",
     "RetryBudget": "streamsafe.retry",
@@ -128,9 +132,11 @@ __all__ = [
     "Timeouts",
     "UnprocessableEntityError",
     "__version__",
+    "async_http_client",
     "decide",
     "encode_comment",
     "encode_event",
+    "http_client",
 ]
 
 

@@ -1,0 +1,158 @@
+"""Which logical call a request of an unmodified SDK belongs to, and what its retries may do.
+
+No I/O: the transports (``_sync_transport``, ``_async_transport``) ask and carry it out.
+
+A Stainless SDK (openai, anthropic, llama-stack-client) rebuilds the request for each retry from
+the same options and says which try it is in ``x-stainless-retry-count``; openai and
+llama-stack-client generate an idempotency key per call but never send it. So a call is known
+by the SDK's own ``Idempotency-Key`` where it sends one; else a retry (count >= 1) belongs to
+the call the same task or thread made last through this transport (the SDK retries inside its
+own ``request()``, in the caller's context) when its method, URL and body are the same, or else
+to the oldest call with that request still waiting for a retry to claim its attempt.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import threading
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamsafe.retry import Outcome, nothing_started
+
+__all__ = ["CURRENT_CALL", "CallBook", "LogicalCall", "retry_count", "should_retry_header"]
+
+#: The statuses a Stainless SDK retries (``_should_retry``): 408, 409, 429 and every 5xx.
+SDK_RETRY_STATUSES = frozenset({408, 409, 429})
+
+
+def retry_count(headers: Mapping[str, str]) -> int:
+    """The SDK's ``x-stainless-retry-count`` (0 where absent or unreadable)."""
+    try:
+        return max(0, int(headers.get("x-stainless-retry-count", "0")))
+    except ValueError:
+        return 0
+
+
+def fingerprint(method: str, url: str, body: bytes) -> bytes:
+    """What a retry repeats of its first attempt: the method, the URL and the body."""
+    h = hashlib.sha256(method.encode() + b" " + url.encode() + b"\n")
+    h.update(body)
+    return h.digest()
+
+
+def should_retry_header(status: int, headers: Mapping[str, str]) -> str | None:
+    """``"false"`` for an answer the SDK would retry although the work may have started there
+    (a 500, 502, 504, 408, 409: the engine may hold it, or have failed at it), so it sends no
+    copy; ``None`` to leave the answer as it is: the server said so itself
+    (``x-should-retry``), the SDK does not retry it, or nothing started (429, 503)."""
+    if "x-should-retry" in headers:
+        return None
+    if status < 500 and status not in SDK_RETRY_STATUSES:
+        return None
+    if nothing_started(Outcome.status(status, dict(headers))):
+        return None
+    return "false"
+
+
+@dataclass(eq=False)
+class LogicalCall:
+    """One call of the SDK: its key (sent on every request of it), what its requests repeat,
+    and the attempt that may have reached the server which the SDK stopped waiting for
+    (``pending``: a future or task; ``None`` while none is)."""
+
+    key: str
+    fingerprint: bytes
+    owner: object
+    sent: int = 0  # requests the transport sent for it (its retries that attach send none)
+    pending: Any = None
+    #: Bumped whenever the SDK stops or starts waiting on ``pending``: an expiry scheduled
+    #: under an older number finds a retry came since, and leaves the attempt alone.
+    turn: int = 0
+    waiting: bool = field(default=False)
+
+
+#: The call this task or thread last made through a transport (the SDK retries inside it).
+CURRENT_CALL: contextvars.ContextVar[LogicalCall | None] = contextvars.ContextVar(
+    "streamsafe_sdk_call", default=None
+)
+
+
+class CallBook:
+    """The calls of one transport whose attempt is left running for a retry to claim
+    (thread-safe: the synchronous transport serves many threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._orphans: list[LogicalCall] = []
+
+    def identify(
+        self,
+        owner: object,
+        method: str,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        current: LogicalCall | None,
+    ) -> LogicalCall:
+        """The call a request belongs to: the same as ``current`` (the last call of this task
+        or thread) or an orphaned one where it is a retry of it, else a new call."""
+        fp = fingerprint(method, url, body)
+        sdk_key = headers.get("idempotency-key")
+        if retry_count(headers) > 0:
+            mine = current is not None and current.owner is owner and current.fingerprint == fp
+            if mine and current is not None and sdk_key in (None, current.key):
+                return current
+            with self._lock:
+                for call in self._orphans:
+                    same_key = sdk_key is None or sdk_key == call.key
+                    if call.fingerprint == fp and same_key:
+                        # Taken at once, so a second retry cannot find the same attempt.
+                        self._orphans.remove(call)
+                        return call
+        return LogicalCall(key=sdk_key or f"streamsafe-{uuid.uuid4()}", fingerprint=fp, owner=owner)
+
+    def left_running(self, call: LogicalCall, attempt: Any) -> int:
+        """The SDK stopped waiting for ``attempt`` (its timeout): keep it for a retry. Returns
+        the turn an expiry must present to end it."""
+        with self._lock:
+            call.pending = attempt
+            call.waiting = False
+            call.turn += 1
+            if call not in self._orphans:
+                self._orphans.append(call)
+            return call.turn
+
+    def claim(self, call: LogicalCall) -> Any:
+        """A retry of ``call`` waits on its running attempt (``None`` where there is none)."""
+        with self._lock:
+            if call in self._orphans:
+                self._orphans.remove(call)
+            call.turn += 1
+            call.waiting = call.pending is not None
+            return call.pending
+
+    def settled(self, call: LogicalCall) -> None:
+        """The running attempt reached its waiter (answered or failed): nothing is pending."""
+        with self._lock:
+            call.pending = None
+            call.waiting = False
+
+    def expire(self, call: LogicalCall, turn: int) -> Any:
+        """No retry came for ``call`` within the grace after ``turn``: the attempt to end (its
+        answer to close), or ``None`` where a retry claimed it since."""
+        with self._lock:
+            if call.turn != turn or call.waiting:
+                return None
+            if call in self._orphans:
+                self._orphans.remove(call)
+            attempt, call.pending = call.pending, None
+            return attempt
+
+    def orphans(self) -> int:
+        """Calls whose attempt runs with nobody waiting (a gauge for tests and logs)."""
+        with self._lock:
+            return len(self._orphans)

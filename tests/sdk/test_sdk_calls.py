@@ -1,0 +1,90 @@
+"""The pure core of the SDK transport: which call a request belongs to, and which answers an SDK
+may retry."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamsafe.retry import Outcome, nothing_started
+from streamsafe.sdk._calls import CallBook, should_retry_header
+
+OWNER = object()
+
+
+def _headers(count: int, key: str | None = None) -> dict[str, str]:
+    h = {"x-stainless-retry-count": str(count)}
+    if key is not None:
+        h["idempotency-key"] = key
+    return h
+
+
+@given(
+    status=st.integers(100, 599),
+    said=st.sampled_from([None, "true", "false"]),
+    retry_after=st.sampled_from([None, "0", "2"]),
+)
+def test_only_answers_the_sdk_would_retry_and_that_may_have_started_work_are_marked(
+    status: int, said: str | None, retry_after: str | None
+) -> None:
+    headers = {}
+    if said is not None:
+        headers["x-should-retry"] = said
+    if retry_after is not None:
+        headers["retry-after"] = retry_after
+    verdict = should_retry_header(status, headers)
+    sdk_retries = status in (408, 409, 429) or status >= 500
+    if said is not None or not sdk_retries:
+        assert verdict is None  # the server's word stands; what the SDK never retries is left
+    else:
+        started = not nothing_started(Outcome.status(status, headers))
+        assert (verdict == "false") == started
+        assert (verdict is None) == (status in (429, 503))
+
+
+def test_a_retry_in_the_same_context_belongs_to_the_call_before_it() -> None:
+    book = CallBook()
+    first = book.identify(OWNER, "POST", "u", b"b", _headers(0), None)
+    again = book.identify(OWNER, "POST", "u", b"b", _headers(1), first)
+    assert again is first
+    # Count 0 is always a new call, even with the same body (two users may want two samples).
+    other = book.identify(OWNER, "POST", "u", b"b", _headers(0), first)
+    assert other is not first and other.key != first.key
+    # Another body, or another transport's call, is not this one's retry.
+    assert book.identify(OWNER, "POST", "u", b"c", _headers(1), first) is not first
+    assert book.identify(object(), "POST", "u", b"b", _headers(1), first) is not first
+
+
+def test_the_sdks_own_key_names_the_call() -> None:
+    book = CallBook()
+    call = book.identify(OWNER, "POST", "u", b"b", _headers(0, "sdk-key"), None)
+    assert call.key == "sdk-key"
+    assert book.identify(OWNER, "POST", "u", b"b", _headers(1, "sdk-key"), call) is call
+    assert book.identify(OWNER, "POST", "u", b"b", _headers(1, "other"), call) is not call
+
+
+@given(st.permutations(list(range(6))))
+def test_retries_from_other_contexts_claim_each_left_attempt_once(order: list[int]) -> None:
+    # Six identical calls time out; their retries arrive, in any order, from contexts that
+    # do not know their call (no current call): each left attempt is claimed by one retry.
+    book = CallBook()
+    calls = [book.identify(OWNER, "POST", "u", b"same", _headers(0), None) for _ in range(6)]
+    for i, call in enumerate(calls):
+        book.left_running(call, f"attempt {i}")
+    claimed = []
+    for _ in order:
+        call = book.identify(OWNER, "POST", "u", b"same", _headers(1), None)
+        claimed.append(book.claim(call))
+    assert sorted(claimed) == sorted(f"attempt {i}" for i in range(6))
+    assert book.orphans() == 0
+
+
+def test_an_expiry_after_a_retry_claimed_the_attempt_leaves_it_alone() -> None:
+    book = CallBook()
+    call = book.identify(OWNER, "POST", "u", b"b", _headers(0), None)
+    turn = book.left_running(call, "attempt")
+    assert book.claim(call) == "attempt"
+    assert book.expire(call, turn) is None  # a retry waits on it
+    turn = book.left_running(call, "attempt")  # the retry timed out too
+    assert book.expire(call, turn) == "attempt"  # and no retry came within the grace
+    assert book.orphans() == 0 and call.pending is None
