@@ -104,6 +104,28 @@ def test_async_sdk_storm_sends_one_request_per_call() -> None:
     assert stats["requests_received"] == CALLS and stats["generations_aborted"] == 0
 
 
+def test_a_stream_held_before_its_headers_is_waited_on_not_sent_again() -> None:
+    # A middle layer that answers a stream only with its first token (1.5 s of prefill here):
+    # the SDK retries a stream until the headers come, each retry a new generation.
+    sim = Simulator(
+        fast_sim(headers_after_first_token=True, prefill_ms_per_token=100.0, default_max_tokens=8)
+    )
+    messages = [{"role": "user", "content": "a question of some length here"}]
+
+    def read(**kw: Any) -> str:
+        client = openai.OpenAI(base_url=url, api_key="k", timeout=TIMEOUT, max_retries=2, **kw)
+        stream = client.chat.completions.create(model=MODEL, messages=messages, stream=True)
+        return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    with ServerThread(sim) as server:
+        url = server.url + "/v1"
+        with pytest.raises(openai.APITimeoutError):
+            read()
+        assert sim.stats()["requests_received"] == 3
+        assert len(read(http_client=streamsafe.http_client()).split()) == 8
+        assert sim.stats()["requests_received"] == 4
+
+
 def test_llama_stack_client_takes_an_httpx_client_and_sends_one_request() -> None:
     lsc = pytest.importorskip("llama_stack_client")
     sim = _busy_sim()
