@@ -42,25 +42,30 @@ def test_only_answers_the_sdk_would_retry_and_that_may_have_started_work_are_mar
         assert (verdict is None) == (status in (429, 503))
 
 
+def _call(book: CallBook, count: int, current=None, body=b"b", key=None, owner=OWNER):
+    return book.enter(owner, "POST", "u", body, _headers(count, key), current)
+
+
 def test_a_retry_in_the_same_context_belongs_to_the_call_before_it() -> None:
     book = CallBook()
-    first = book.identify(OWNER, "POST", "u", b"b", _headers(0), None)
-    again = book.identify(OWNER, "POST", "u", b"b", _headers(1), first)
-    assert again is first
+    first, attempt = _call(book, 0)
+    assert attempt is None  # a new call: sent
+    again, attempt = _call(book, 1, first)
+    assert again is first and attempt is None  # nothing left running: sent again
     # Count 0 is always a new call, even with the same body (two users may want two samples).
-    other = book.identify(OWNER, "POST", "u", b"b", _headers(0), first)
+    other, _ = _call(book, 0, first)
     assert other is not first and other.key != first.key
     # Another body, or another transport's call, is not this one's retry.
-    assert book.identify(OWNER, "POST", "u", b"c", _headers(1), first) is not first
-    assert book.identify(object(), "POST", "u", b"b", _headers(1), first) is not first
+    assert _call(book, 1, first, body=b"c")[0] is not first
+    assert _call(book, 1, first, owner=object())[0] is not first
 
 
 def test_the_sdks_own_key_names_the_call() -> None:
     book = CallBook()
-    call = book.identify(OWNER, "POST", "u", b"b", _headers(0, "sdk-key"), None)
+    call, _ = _call(book, 0, key="sdk-key")
     assert call.key == "sdk-key"
-    assert book.identify(OWNER, "POST", "u", b"b", _headers(1, "sdk-key"), call) is call
-    assert book.identify(OWNER, "POST", "u", b"b", _headers(1, "other"), call) is not call
+    assert _call(book, 1, call, key="sdk-key")[0] is call
+    assert _call(book, 1, call, key="other")[0] is not call
 
 
 @given(st.permutations(list(range(6))))
@@ -68,22 +73,22 @@ def test_retries_from_other_contexts_claim_each_left_attempt_once(order: list[in
     # Six identical calls time out; their retries arrive, in any order, from contexts that
     # do not know their call (no current call): each left attempt is claimed by one retry.
     book = CallBook()
-    calls = [book.identify(OWNER, "POST", "u", b"same", _headers(0), None) for _ in range(6)]
-    for i, call in enumerate(calls):
-        book.left_running(call, f"attempt {i}")
-    claimed = []
-    for _ in order:
-        call = book.identify(OWNER, "POST", "u", b"same", _headers(1), None)
-        claimed.append(book.claim(call))
-    assert sorted(claimed) == sorted(f"attempt {i}" for i in range(6))
+    calls = [_call(book, 0, body=b"same")[0] for _ in range(6)]
+    for i in order:
+        book.left_running(calls[i], f"attempt {i}")
+    taken = [_call(book, 1, body=b"same") for _ in range(6)]
+    assert sorted(attempt for _, attempt in taken) == sorted(f"attempt {i}" for i in range(6))
+    assert all(c.pending == attempt for c, attempt in taken)
     assert book.orphans() == 0
+    # A seventh retry finds nothing left running: it is sent, as a call of its own.
+    assert _call(book, 1, body=b"same")[1] is None
 
 
 def test_an_expiry_after_a_retry_claimed_the_attempt_leaves_it_alone() -> None:
     book = CallBook()
-    call = book.identify(OWNER, "POST", "u", b"b", _headers(0), None)
+    call, _ = _call(book, 0)
     turn = book.left_running(call, "attempt")
-    assert book.claim(call) == "attempt"
+    assert _call(book, 1, call) == (call, "attempt")
     assert book.expire(call, turn) is None  # a retry waits on it
     turn = book.left_running(call, "attempt")  # the retry timed out too
     assert book.expire(call, turn) == "attempt"  # and no retry came within the grace

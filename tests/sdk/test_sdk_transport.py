@@ -235,6 +235,23 @@ def test_a_broken_resumable_stream_is_resumed_before_the_sdk_sees_it() -> None:
     assert len(set(app.keys())) == 1
 
 
+def test_the_async_sdk_gets_a_broken_resumable_stream_whole() -> None:
+    app = FakeServer(resumable_stream(12, cut_every=4))
+
+    async def read() -> str:
+        client = openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="k", http_client=streamsafe.async_http_client()
+        )
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "tell me"}], stream=True
+        )
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    with serve(app) as server:
+        assert asyncio.run(read()) == "".join(words(12))
+    assert [r.headers.get("last-event-id") for r in app.requests] == [None, "3", "7", "11"]
+
+
 def test_through_a_flaky_network_to_the_gateway_every_chunk_arrives_once() -> None:
     rng = random.Random(7)
     with make_stack(fast_sim(default_max_tokens=40)) as s:

@@ -10,6 +10,7 @@ request), and so is one whose caller was cancelled while waiting.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -39,14 +40,13 @@ class AsyncShell:
         """Send ``request`` as the attempt of its logical call, or wait on the attempt of it
         already running (see the module)."""
         body = await request.aread()
-        call = self.book.identify(
+        call, attempt = self.book.enter(
             self, request.method, str(request.url), body, request.headers, CURRENT_CALL.get()
         )
         CURRENT_CALL.set(call)
         if request.method != "GET" and "idempotency-key" not in request.headers:
             request.headers["Idempotency-Key"] = call.key
         timeouts = dict(request.extensions.get("timeout") or {})
-        attempt = self.book.claim(call)
         if attempt is None:
             attempt = self._start(call, request, timeouts)
         else:
@@ -143,10 +143,18 @@ class AsyncShell:
 
 
 def _resuming_stream(shell: AsyncShell, request: Any, stream: Any, resume: StreamResume) -> Any:
-    h = shell._h
+    return _stream_class(shell._h)(shell, request, stream, resume)
 
-    class ResumingStream(h.AsyncByteStream):  # type: ignore[misc,name-defined]
-        def __init__(self) -> None:
+
+@functools.cache
+def _stream_class(h: Any) -> Any:
+    """The resuming stream class for the package ``h`` (built once per package)."""
+
+    class ResumingStream(h.AsyncByteStream):  # type: ignore[misc]
+        def __init__(
+            self, shell: AsyncShell, request: Any, stream: Any, resume: StreamResume
+        ) -> None:
+            self.shell, self.request, self.resume = shell, request, resume
             self.current: Any = stream
 
         async def __aiter__(self) -> AsyncIterator[bytes]:
@@ -154,24 +162,25 @@ def _resuming_stream(shell: AsyncShell, request: Any, stream: Any, resume: Strea
                 failure: BaseException | None = None
                 try:
                     if self.current is None:
-                        self.current = await shell.reconnect(request, resume.restart())
+                        extra = self.resume.restart()
+                        self.current = await self.shell.reconnect(self.request, extra)
                     async for raw in self.current:
-                        out = resume.feed(raw)
+                        out = self.resume.feed(raw)
                         if out:
                             yield out
-                    if resume.ended():
+                    if self.resume.ended():
                         return
                 except h.TransportError as exc:
                     failure = exc
                 except SSEError as exc:
                     raise h.DecodingError(
-                        f"unreadable event stream: {exc}", request=request
+                        f"unreadable event stream: {exc}", request=self.request
                     ) from exc
                 finally:
                     if self.current is not None:
                         await self.current.aclose()
                     self.current = None
-                decision = resume.after_break(failure)
+                decision = self.resume.after_break(failure)
                 if not decision.resume:
                     if failure is not None:
                         raise failure
@@ -182,4 +191,4 @@ def _resuming_stream(shell: AsyncShell, request: Any, stream: Any, resume: Strea
             if self.current is not None:
                 await self.current.aclose()
 
-    return ResumingStream()
+    return ResumingStream

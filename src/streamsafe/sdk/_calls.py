@@ -82,14 +82,14 @@ CURRENT_CALL: contextvars.ContextVar[LogicalCall | None] = contextvars.ContextVa
 
 
 class CallBook:
-    """The calls of one transport whose attempt is left running for a retry to claim
+    """The calls of one transport whose attempt is left running for a retry to take up
     (thread-safe: the synchronous transport serves many threads)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._orphans: list[LogicalCall] = []
 
-    def identify(
+    def enter(
         self,
         owner: object,
         method: str,
@@ -97,23 +97,35 @@ class CallBook:
         body: bytes,
         headers: Mapping[str, str],
         current: LogicalCall | None,
-    ) -> LogicalCall:
-        """The call a request belongs to: the same as ``current`` (the last call of this task
-        or thread) or an orphaned one where it is a retry of it, else a new call."""
+    ) -> tuple[LogicalCall, Any]:
+        """The call a request belongs to (``current``, the last call of this task or thread,
+        or a call left waiting, where it is a retry of it; else a new call) and the attempt
+        of it still running that the request waits on instead of being sent (``None``: send
+        it). One step under the lock, so an expiry cannot end the attempt in between and a
+        second retry cannot take the same one."""
         fp = fingerprint(method, url, body)
         sdk_key = headers.get("idempotency-key")
-        if retry_count(headers) > 0:
-            mine = current is not None and current.owner is owner and current.fingerprint == fp
-            if mine and current is not None and sdk_key in (None, current.key):
-                return current
-            with self._lock:
-                for call in self._orphans:
-                    same_key = sdk_key is None or sdk_key == call.key
-                    if call.fingerprint == fp and same_key:
-                        # Taken at once, so a second retry cannot find the same attempt.
-                        self._orphans.remove(call)
-                        return call
-        return LogicalCall(key=sdk_key or f"streamsafe-{uuid.uuid4()}", fingerprint=fp, owner=owner)
+        with self._lock:
+            call = self._find(owner, fp, sdk_key, current) if retry_count(headers) else None
+            if call is None:
+                key = sdk_key or f"streamsafe-{uuid.uuid4()}"
+                return LogicalCall(key=key, fingerprint=fp, owner=owner), None
+            if call in self._orphans:
+                self._orphans.remove(call)
+            call.turn += 1
+            call.waiting = call.pending is not None
+            return call, call.pending
+
+    def _find(
+        self, owner: object, fp: bytes, sdk_key: str | None, current: LogicalCall | None
+    ) -> LogicalCall | None:
+        for call in (current,) if current is not None and current.owner is owner else ():
+            if call.fingerprint == fp and sdk_key in (None, call.key):
+                return call
+        for call in self._orphans:
+            if call.fingerprint == fp and sdk_key in (None, call.key):
+                return call
+        return None
 
     def left_running(self, call: LogicalCall, attempt: Any) -> int:
         """The SDK stopped waiting for ``attempt`` (its timeout): keep it for a retry. Returns
@@ -125,15 +137,6 @@ class CallBook:
             if call not in self._orphans:
                 self._orphans.append(call)
             return call.turn
-
-    def claim(self, call: LogicalCall) -> Any:
-        """A retry of ``call`` waits on its running attempt (``None`` where there is none)."""
-        with self._lock:
-            if call in self._orphans:
-                self._orphans.remove(call)
-            call.turn += 1
-            call.waiting = call.pending is not None
-            return call.pending
 
     def settled(self, call: LogicalCall) -> None:
         """The running attempt reached its waiter (answered or failed): nothing is pending."""

@@ -10,6 +10,7 @@ of sending a copy. Written against the httpx-shaped package it is given (``httpx
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import threading
 import time
@@ -40,14 +41,13 @@ class SyncShell:
         """Send ``request`` as the attempt of its logical call, or wait on the attempt of it
         already running (see the module)."""
         body = request.read()
-        call = self.book.identify(
+        call, attempt = self.book.enter(
             self, request.method, str(request.url), body, request.headers, CURRENT_CALL.get()
         )
         CURRENT_CALL.set(call)
         if request.method != "GET" and "idempotency-key" not in request.headers:
             request.headers["Idempotency-Key"] = call.key
         timeouts = dict(request.extensions.get("timeout") or {})
-        attempt = self.book.claim(call)
         if attempt is None:
             attempt = self._start(call, request, timeouts)
         else:
@@ -138,10 +138,18 @@ def _close_answer(attempt: concurrent.futures.Future[Any]) -> None:
 
 
 def _resuming_stream(shell: SyncShell, request: Any, stream: Any, resume: StreamResume) -> Any:
-    h = shell._h
+    return _stream_class(shell._h)(shell, request, stream, resume)
 
-    class ResumingStream(h.SyncByteStream):  # type: ignore[misc,name-defined]
-        def __init__(self) -> None:
+
+@functools.cache
+def _stream_class(h: Any) -> Any:
+    """The resuming stream class for the package ``h`` (built once per package)."""
+
+    class ResumingStream(h.SyncByteStream):  # type: ignore[misc]
+        def __init__(
+            self, shell: SyncShell, request: Any, stream: Any, resume: StreamResume
+        ) -> None:
+            self.shell, self.request, self.resume = shell, request, resume
             self.current: Any = stream
 
         def __iter__(self) -> Iterator[bytes]:
@@ -149,24 +157,25 @@ def _resuming_stream(shell: SyncShell, request: Any, stream: Any, resume: Stream
                 failure: BaseException | None = None
                 try:
                     if self.current is None:
-                        self.current = shell.reconnect(request, resume.restart())
+                        extra = self.resume.restart()
+                        self.current = self.shell.reconnect(self.request, extra)
                     for raw in self.current:
-                        out = resume.feed(raw)
+                        out = self.resume.feed(raw)
                         if out:
                             yield out
-                    if resume.ended():
+                    if self.resume.ended():
                         return
                 except h.TransportError as exc:
                     failure = exc
                 except SSEError as exc:
                     raise h.DecodingError(
-                        f"unreadable event stream: {exc}", request=request
+                        f"unreadable event stream: {exc}", request=self.request
                     ) from exc
                 finally:
                     if self.current is not None:
                         self.current.close()
                     self.current = None
-                decision = resume.after_break(failure)
+                decision = self.resume.after_break(failure)
                 if not decision.resume:
                     if failure is not None:
                         raise failure
@@ -177,4 +186,4 @@ def _resuming_stream(shell: SyncShell, request: Any, stream: Any, resume: Stream
             if self.current is not None:
                 self.current.close()
 
-    return ResumingStream()
+    return ResumingStream
