@@ -3,11 +3,12 @@ may retry."""
 
 from __future__ import annotations
 
+import httpx2
 from hypothesis import given
 from hypothesis import strategies as st
 
 from streamsafe.retry import Outcome, nothing_started
-from streamsafe.sdk._calls import CallBook, should_retry_header
+from streamsafe.sdk._calls import NOT_RESENT, CallBook, attempt_outcome, should_retry_header
 
 OWNER = object()
 
@@ -93,3 +94,30 @@ def test_an_expiry_after_a_retry_claimed_the_attempt_leaves_it_alone() -> None:
     turn = book.left_running(call, "attempt")  # the retry timed out too
     assert book.expire(call, turn) == "attempt"  # and no retry came within the grace
     assert book.orphans() == 0 and call.pending is None
+
+
+def _lost(book: CallBook, exc: Exception) -> object:
+    call, _ = _call(book, 0)
+    book.failed(call, attempt_outcome(httpx2, exc))
+    return _call(book, 1, call)[1]
+
+
+def test_a_retry_of_a_request_lost_after_it_was_sent_is_not_sent() -> None:
+    book = CallBook()
+    assert _lost(book, httpx2.RemoteProtocolError("server disconnected")) is NOT_RESENT
+    assert _lost(book, httpx2.ReadError("reset")) is NOT_RESENT
+    # Where the request never left (or never arrived whole), the retry goes out.
+    assert _lost(book, httpx2.ConnectError("refused")) is None
+    assert _lost(book, httpx2.ConnectTimeout("slow")) is None
+    assert _lost(book, httpx2.WriteError("broken pipe")) is None
+
+
+def test_a_server_that_keys_its_work_gets_the_retry_of_a_lost_request() -> None:
+    book = CallBook()
+    book.answered("http://gw:8000/v1/chat/completions", {"x-streamsafe-generation": "g1"})
+    # _call's URL is "u": another origin than the gateway's, so still refused there.
+    assert _lost(book, httpx2.ReadError("reset")) is NOT_RESENT
+    call, _ = book.enter(OWNER, "POST", "http://gw:8000/v1/x", b"b", _headers(0), None)
+    book.failed(call, attempt_outcome(httpx2, httpx2.ReadError("reset")))
+    again = book.enter(OWNER, "POST", "http://gw:8000/v1/x", b"b", _headers(1), call)
+    assert again == (call, None)  # sent: the gateway attaches it by its key

@@ -11,7 +11,16 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from client_fakes import FakeServer, Req, cutting_proxy, resumable_stream, serve, words
+from client_fakes import (
+    FakeServer,
+    RawConn,
+    RawServer,
+    Req,
+    cutting_proxy,
+    resumable_stream,
+    serve,
+    words,
+)
 from gateway_helpers import MODEL, fast_sim, make_stack
 
 import streamsafe
@@ -188,6 +197,45 @@ def test_an_answer_that_may_have_started_work_is_not_retried(status: int) -> Non
         with pytest.raises(openai.InternalServerError):
             _one_call(server.url + "/v1")
         assert len(app.requests) == 4
+
+
+ANSWER = b'{"id": "c", "object": "chat.completion", "choices": []}'
+
+
+def test_a_request_lost_after_it_was_sent_is_not_sent_again() -> None:
+    def read_then_hang_up(conn: RawConn) -> None:
+        conn.read_request()  # the server has it, and closes without a word
+
+    with RawServer(read_then_hang_up) as server:
+        with pytest.raises(openai.APIConnectionError):
+            _one_call(server.url, http_client=streamsafe.http_client())
+        assert len(server.conns) == 1
+        # The control: the plain SDK sends it three times.
+        with pytest.raises(openai.APIConnectionError):
+            _one_call(server.url)
+        assert len(server.conns) == 4
+
+
+def test_a_lost_request_to_a_server_that_keys_its_work_is_sent_again() -> None:
+    # The first answer names its generation, as the gateway's do; the next call's first
+    # request is lost: its retry goes out (the gateway would attach it by its key).
+    def handler(conn: RawConn) -> None:
+        conn.read_request()
+        if conn.index != 1:
+            head = (
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                b"x-streamsafe-generation: g%d\r\ncontent-length: %d\r\n"
+                b"connection: close\r\n\r\n" % (conn.index, len(ANSWER))
+            )
+            conn.sock.sendall(head + ANSWER)
+
+    with RawServer(handler) as server:
+        http = streamsafe.http_client()
+        _one_call(server.url, http_client=http)
+        _one_call(server.url, http_client=http)
+        assert len(server.conns) == 3
+        keys = [c.headers["idempotency-key"] for c in server.conns]
+        assert keys[0] != keys[1] == keys[2]
 
 
 def test_an_attempt_no_retry_claims_is_closed_after_the_grace() -> None:

@@ -20,10 +20,27 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from streamsafe.retry import Outcome, nothing_started
 
-__all__ = ["CURRENT_CALL", "CallBook", "LogicalCall", "retry_count", "should_retry_header"]
+__all__ = [
+    "CURRENT_CALL",
+    "NOT_RESENT",
+    "CallBook",
+    "LogicalCall",
+    "attempt_outcome",
+    "retry_count",
+    "should_retry_header",
+]
+
+#: What :meth:`CallBook.enter` gives a retry that must not go out: its call's last request was
+#: lost after it was sent (the engine may hold it) and the server is not known to key its work.
+NOT_RESENT = object()
+
+#: The header by which a streamsafe gateway names the generation an answer came from: a server
+#: that sends it attaches a request carrying a running call's Idempotency-Key to that call.
+KEYED_ANSWER = "x-streamsafe-generation"
 
 #: The statuses a Stainless SDK retries (``_should_retry``): 408, 409, 429 and every 5xx.
 SDK_RETRY_STATUSES = frozenset({408, 409, 429})
@@ -42,6 +59,27 @@ def fingerprint(method: str, url: str, body: bytes) -> bytes:
     h = hashlib.sha256(method.encode() + b" " + url.encode() + b"\n")
     h.update(body)
     return h.digest()
+
+
+def origin(url: str) -> str:
+    """The scheme, host and port of ``url``: whom a request went to."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def attempt_outcome(package: Any, exc: BaseException) -> Outcome:
+    """An attempt's transport error (an exception of ``package``, httpx or httpx2) as the
+    retry core's outcome: whether the request can have reached the server."""
+    if isinstance(exc, package.ConnectError):
+        return Outcome.connect_failed(detail=repr(exc))
+    if isinstance(exc, package.ConnectTimeout):
+        return Outcome.timed_out("connect")
+    if isinstance(exc, package.PoolTimeout):
+        return Outcome.timed_out("pool")
+    if isinstance(exc, (package.WriteError, package.WriteTimeout)):
+        # The body never arrived whole: no server starts on half a JSON body.
+        return Outcome.connect_failed(detail=f"request not sent whole ({exc!r})")
+    return Outcome.disconnected(detail=f"connection lost before the response ({exc!r})")
 
 
 def should_retry_header(status: int, headers: Mapping[str, str]) -> str | None:
@@ -73,6 +111,9 @@ class LogicalCall:
     #: under an older number finds a retry came since, and leaves the attempt alone.
     turn: int = 0
     waiting: bool = field(default=False)
+    #: Why its last request may have reached the server and got no answer (``None``: it did
+    #: not): a retry of it is not sent, unless the server keys its work.
+    lost: str | None = None
 
 
 #: The call this task or thread last made through a transport (the SDK retries inside it).
@@ -88,6 +129,7 @@ class CallBook:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._orphans: list[LogicalCall] = []
+        self._keyed: set[str] = set()  # origins that answered as a streamsafe gateway
 
     def enter(
         self,
@@ -101,8 +143,8 @@ class CallBook:
         """The call a request belongs to (``current``, the last call of this task or thread,
         or a call left waiting, where it is a retry of it; else a new call) and the attempt
         of it still running that the request waits on instead of being sent (``None``: send
-        it). One step under the lock, so an expiry cannot end the attempt in between and a
-        second retry cannot take the same one."""
+        it; :data:`NOT_RESENT`: refuse it, see :meth:`failed`). One step under the lock, so an
+        expiry cannot end the attempt in between and a second retry cannot take the same one."""
         fp = fingerprint(method, url, body)
         sdk_key = headers.get("idempotency-key")
         with self._lock:
@@ -114,6 +156,8 @@ class CallBook:
                 self._orphans.remove(call)
             call.turn += 1
             call.waiting = call.pending is not None
+            if call.pending is None and call.lost and origin(url) not in self._keyed:
+                return call, NOT_RESENT
             return call, call.pending
 
     def _find(
@@ -138,11 +182,28 @@ class CallBook:
                 self._orphans.append(call)
             return call.turn
 
-    def settled(self, call: LogicalCall) -> None:
-        """The running attempt reached its waiter (answered or failed): nothing is pending."""
+    def failed(self, call: LogicalCall, outcome: Outcome) -> None:
+        """The call's attempt ended without an answer: where it may have reached the server
+        (the retry core's :func:`~streamsafe.retry.nothing_started` says no), the SDK's retry
+        of it is refused instead of sent; where nothing can have started, it goes out."""
         with self._lock:
             call.pending = None
             call.waiting = False
+            call.lost = None if nothing_started(outcome) else outcome.describe()
+
+    def answered(self, url: str, headers: Mapping[str, str]) -> None:
+        """An answer came: a server that keys its work (a streamsafe gateway) is remembered, and
+        a retry of a lost request to it goes out (it attaches, never runs twice)."""
+        if KEYED_ANSWER in headers:
+            with self._lock:
+                self._keyed.add(origin(url))
+
+    def settled(self, call: LogicalCall) -> None:
+        """The call's attempt was answered (or gave its waiter up): nothing is pending."""
+        with self._lock:
+            call.pending = None
+            call.waiting = False
+            call.lost = None
 
     def expire(self, call: LogicalCall, turn: int) -> Any:
         """No retry came for ``call`` within the grace after ``turn``: the attempt to end (its

@@ -17,7 +17,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from streamsafe.sdk._calls import CURRENT_CALL, CallBook, LogicalCall, should_retry_header
+from streamsafe.sdk._calls import (
+    CURRENT_CALL,
+    NOT_RESENT,
+    CallBook,
+    LogicalCall,
+    attempt_outcome,
+    should_retry_header,
+)
 from streamsafe.sdk._resume import StreamResume, is_resumable
 from streamsafe.sdk._settings import TransportSettings
 from streamsafe.sse import SSEError
@@ -48,6 +55,11 @@ class SyncShell:
         if request.method != "GET" and "idempotency-key" not in request.headers:
             request.headers["Idempotency-Key"] = call.key
         timeouts = dict(request.extensions.get("timeout") or {})
+        if attempt is NOT_RESENT:
+            raise self._h.RemoteProtocolError(
+                f"not sent again: {call.lost}; the server may still be working on it",
+                request=request,
+            )
         if attempt is None:
             attempt = self._start(call, request, timeouts)
         else:
@@ -86,8 +98,16 @@ class SyncShell:
                 "for the SDK's retry)",
                 request=request,
             )
+        exc = _error_of(attempt)
+        if exc is not None:
+            if isinstance(exc, self._h.TransportError):
+                self.book.failed(call, attempt_outcome(self._h, exc))
+            else:
+                self.book.settled(call)
+            raise exc  # the attempt's own error, to the SDK
         self.book.settled(call)
-        response = attempt.result()  # an attempt's own error is raised here, to the SDK
+        response = attempt.result()
+        self.book.answered(str(request.url), response.headers)
         return self._answer(response, request)
 
     def _answer(self, response: Any, request: Any) -> Any:
@@ -130,6 +150,10 @@ class SyncShell:
     def close(self) -> None:
         """Close the inner transport's connections."""
         self._inner.close()
+
+
+def _error_of(attempt: concurrent.futures.Future[Any]) -> BaseException | None:
+    return attempt.exception()
 
 
 def _close_answer(attempt: concurrent.futures.Future[Any]) -> None:
