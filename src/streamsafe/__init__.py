@@ -1,7 +1,8 @@
 """streamsafe: retry-safe, resumable streaming for OpenAI-compatible LLM inference.
 
 The client side is re-exported here: the clients and their errors (:mod:`streamsafe.client`), the
-retry core (:mod:`streamsafe.retry`) and the SSE codec (:mod:`streamsafe.sse`). The servers are
+HTTP clients that make unmodified SDKs retry-safe (:mod:`streamsafe.sdk`), the retry core
+(:mod:`streamsafe.retry`) and the SSE codec (:mod:`streamsafe.sse`). The servers are
 imported from their subpackages (:mod:`streamsafe.gateway`, :mod:`streamsafe.engine_sim`).
 Names load on first use, so ``import streamsafe.retry`` loads the retry core alone, not the HTTP
 client, a JSON library or a server.
@@ -15,11 +16,19 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from streamsafe.client import (
         APIConnectionError,
+        APIError,
+        APIResponseError,
         APIStatusError,
         APITimeoutError,
         AsyncClient,
         AsyncStream,
+        AuthenticationError,
+        BadRequestError,
         Client,
+        ConflictError,
+        InternalServerError,
+        NotFoundError,
+        PermissionDeniedError,
         RateLimitError,
         RetryBudgetExhausted,
         ServiceUnavailableError,
@@ -29,6 +38,7 @@ if TYPE_CHECKING:
         StreamInterrupted,
         StreamsafeError,
         Timeouts,
+        UnprocessableEntityError,
     )
     from streamsafe.retry import (
         Decision,
@@ -38,6 +48,7 @@ if TYPE_CHECKING:
         StreamingConfig,
         decide,
     )
+    from streamsafe.sdk import async_http_client, http_client
     from streamsafe.sse import (
         ServerSentEvent,
         SSEDecoder,
@@ -49,11 +60,19 @@ if TYPE_CHECKING:
 #: Public name -> the module that defines it.
 _EXPORTS = {
     "APIConnectionError": "streamsafe.client",
+    "APIError": "streamsafe.client",
+    "APIResponseError": "streamsafe.client",
     "APIStatusError": "streamsafe.client",
     "APITimeoutError": "streamsafe.client",
     "AsyncClient": "streamsafe.client",
     "AsyncStream": "streamsafe.client",
+    "AuthenticationError": "streamsafe.client",
+    "BadRequestError": "streamsafe.client",
     "Client": "streamsafe.client",
+    "ConflictError": "streamsafe.client",
+    "InternalServerError": "streamsafe.client",
+    "NotFoundError": "streamsafe.client",
+    "PermissionDeniedError": "streamsafe.client",
     "RateLimitError": "streamsafe.client",
     "RetryBudgetExhausted": "streamsafe.client",
     "ServiceUnavailableError": "streamsafe.client",
@@ -63,6 +82,9 @@ _EXPORTS = {
     "StreamInterrupted": "streamsafe.client",
     "StreamsafeError": "streamsafe.client",
     "Timeouts": "streamsafe.client",
+    "UnprocessableEntityError": "streamsafe.client",
+    "async_http_client": "streamsafe.sdk",
+    "http_client": "streamsafe.sdk",
     "Decision": "streamsafe.retry",
     "Outcome": "streamsafe.retry",
     "RetryBudget": "streamsafe.retry",
@@ -78,13 +100,21 @@ _EXPORTS = {
 
 __all__ = [
     "APIConnectionError",
+    "APIError",
+    "APIResponseError",
     "APIStatusError",
     "APITimeoutError",
     "AsyncClient",
     "AsyncStream",
+    "AuthenticationError",
+    "BadRequestError",
     "Client",
+    "ConflictError",
     "Decision",
+    "InternalServerError",
+    "NotFoundError",
     "Outcome",
+    "PermissionDeniedError",
     "RateLimitError",
     "RetryBudget",
     "RetryBudgetExhausted",
@@ -100,10 +130,13 @@ __all__ = [
     "StreamingConfig",
     "StreamsafeError",
     "Timeouts",
+    "UnprocessableEntityError",
     "__version__",
+    "async_http_client",
     "decide",
     "encode_comment",
     "encode_event",
+    "http_client",
 ]
 
 

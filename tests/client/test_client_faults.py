@@ -760,5 +760,7 @@ def test_rate_limit_error_carries_status_body_and_attempts(mode):
         [res] = run(mode, {"base_url": url(server), "budget": None}, stream=False)
     err = res.error
     assert isinstance(err, RateLimitError) and not isinstance(err, RetryBudgetExhausted)
-    assert err.attempts == 3 and err.body["error"]["message"] == "fake 429"
+    assert (
+        err.attempts == 3 and err.body["message"] == "fake 429"
+    )  # the error object, as openai-python has it
     assert err.idempotency_key == app.keys()[0]

@@ -14,6 +14,7 @@ from streamsafe.client._settings import DEFAULT_BASE_URL, NOT_GIVEN, RetryEvent
 from streamsafe.client._sync import Client, Stream
 from streamsafe.client.errors import (
     APIConnectionError,
+    APIError,
     APIResponseError,
     APIStatusError,
     APITimeoutError,
@@ -39,14 +40,18 @@ from streamsafe.client.types import (
     ChatCompletion,
     ChatCompletionChunk,
     Completion,
+    CreateEmbeddingResponse,
     Model,
     ModelList,
+    Response,
+    ResponseStreamEvent,
 )
 
 __all__ = [
     "DEFAULT_BASE_URL",
     "NOT_GIVEN",
     "APIConnectionError",
+    "APIError",
     "APIObject",
     "APIResponseError",
     "APIStatusError",
@@ -60,12 +65,15 @@ __all__ = [
     "Client",
     "Completion",
     "ConflictError",
+    "CreateEmbeddingResponse",
     "InternalServerError",
     "Model",
     "ModelList",
     "NotFoundError",
     "PermissionDeniedError",
     "RateLimitError",
+    "Response",
+    "ResponseStreamEvent",
     "RetryBudgetExhausted",
     "RetryEvent",
     "SSEError",

@@ -11,7 +11,14 @@ import orjson
 
 from streamsafe.client.types import APIObject
 
-__all__ = ["finished", "is_event_stream", "not_an_object", "parse_error_body", "text_of"]
+__all__ = [
+    "RESPONSE_ENDS",
+    "finished",
+    "is_event_stream",
+    "not_an_object",
+    "parse_error_body",
+    "text_of",
+]
 
 
 def parse_error_body(raw: bytes) -> Any:
@@ -29,11 +36,21 @@ def is_event_stream(response: httpx2.Response) -> bool:
     return ctype is None or ctype.lstrip().lower().startswith("text/event-stream")
 
 
+#: The events that end a Responses API stream (which sends no ``[DONE]``).
+RESPONSE_ENDS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
 def text_of(chunks: list[Any]) -> str:
     """The text of choice 0 across stream chunks (chat ``delta.content`` or completion
-    ``text``): what a caller shows."""
+    ``text``; a Responses API stream's ``output_text`` deltas): what a caller shows."""
     parts: list[str] = []
     for chunk in chunks:
+        data = _data(chunk)
+        if data.get("type") == "response.output_text.delta":
+            piece = data.get("delta")
+            if isinstance(piece, str):
+                parts.append(piece)
+            continue
         for choice in _choices(chunk):
             if choice.get("index", 0) != 0:
                 continue
@@ -45,8 +62,11 @@ def text_of(chunks: list[Any]) -> str:
 
 
 def finished(chunks: list[Any]) -> bool:
-    """Whether the stream reported a ``finish_reason`` (the last chunk with choices has one):
-    a stream that ends cleanly after it lost nothing but ``[DONE]``."""
+    """Whether the stream reported a ``finish_reason`` (the last chunk with choices has one),
+    or, for a Responses API stream, ended with its closing event: a stream that ends cleanly
+    after it lost nothing but ``[DONE]`` (which the Responses API never sends)."""
+    if chunks and _data(chunks[-1]).get("type") in RESPONSE_ENDS:
+        return True
     for chunk in reversed(chunks):
         choices = _choices(chunk)
         if choices:
@@ -63,10 +83,14 @@ def not_an_object(raw: bytes) -> str:
     return "not a JSON object"
 
 
+def _data(chunk: Any) -> dict[str, Any]:
+    data = chunk.to_dict() if isinstance(chunk, APIObject) else chunk
+    return data if isinstance(data, dict) else {}
+
+
 def _choices(chunk: Any) -> list[dict[str, Any]]:
     # A server may send anything as "choices"; what is not a list of objects has no text.
-    data = chunk.to_dict() if isinstance(chunk, APIObject) else chunk
-    choices = data.get("choices") if isinstance(data, dict) else None
+    choices = _data(chunk).get("choices")
     if type(choices) is not list:
         return []
     return [c for c in choices if type(c) is dict]

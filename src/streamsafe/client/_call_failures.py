@@ -45,6 +45,13 @@ def _is_refused(exc: BaseException) -> bool:
     return False
 
 
+def _request_of(exc: httpx2.TransportError) -> httpx2.Request | None:
+    try:
+        return exc.request
+    except RuntimeError:  # raised before a request was attached
+        return None
+
+
 class CallFailures:
     """The failures of one call (see the module); :class:`~streamsafe.client._call.Call` holds
     the attributes below."""
@@ -74,7 +81,7 @@ class CallFailures:
 
     def request_failure(self, exc: httpx2.TransportError) -> tuple[Outcome, StreamsafeError]:
         """A request that got no response headers: what happened, and the error to raise."""
-        kw = self.kw()
+        kw: dict[str, Any] = {**self.kw(), "request": _request_of(exc)}
         if isinstance(exc, httpx2.TimeoutException):
             if isinstance(exc, httpx2.PoolTimeout):
                 phase = "pool"
@@ -104,7 +111,9 @@ class CallFailures:
         self, response: httpx2.Response, raw: bytes
     ) -> tuple[Outcome, StreamsafeError]:
         headers = {k.lower(): v for k, v in response.headers.items()}
-        err = status_error(response.status_code, parse_error_body(raw), headers, **self.kw())
+        err = status_error(
+            response.status_code, parse_error_body(raw), headers, response=response, **self.kw()
+        )
         return Outcome.status(response.status_code, headers), err
 
     def refusal_failure(

@@ -35,7 +35,10 @@ from streamsafe.client.types import (
     ChatCompletion,
     ChatCompletionChunk,
     Completion,
+    CreateEmbeddingResponse,
     ModelList,
+    Response,
+    ResponseStreamEvent,
 )
 from streamsafe.retry import Outcome, RetryBudget, RetryPolicy, StreamingConfig, refusal_status
 from streamsafe.sse import SSEDecoder, SSEError
@@ -296,8 +299,14 @@ class Client(CloseAlias):
         # Timeouts go per request (see Call.timeout_extension), so the pool's own are off.
         self._http = http_client or httpx2.Client(timeout=None, follow_redirects=True)
         self._sleep = sleep or default_sleep
+        self._attach_resources()
+
+    def _attach_resources(self) -> None:
+        """``client.chat``, ``.completions``, ... bound to this client (or a copy of it)."""
         self.chat = _Chat(self)
         self.completions = _Completions(self)
+        self.embeddings = _Embeddings(self)
+        self.responses = _Responses(self)
         self.models = _Models(self)
 
     @property
@@ -333,9 +342,7 @@ class Client(CloseAlias):
             other._sleep = sleep
         if http_client is not None:
             other._http = http_client
-        other.chat = _Chat(other)
-        other.completions = _Completions(other)
-        other.models = _Models(other)
+        other._attach_resources()
         return other
 
     @property
@@ -637,6 +644,78 @@ class _Completions:
         opts = _options(timeout, retry, streaming, extra_headers, idempotency_key)
         path = _with_query("/completions", extra_query)
         return self._client._post(path, body, opts, Completion, stream)  # type: ignore[no-any-return]
+
+
+class _Embeddings:
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def create(
+        self,
+        *,
+        model: str,
+        input: Any,
+        timeout: Timeouts | float | None = NOT_GIVEN,
+        retry: RetryPolicy | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        extra_query: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        **params: Any,
+    ) -> CreateEmbeddingResponse:
+        """``POST /embeddings``: ``input`` is a string, a list of strings or of token ids;
+        ``params`` (``encoding_format``, ``dimensions``, ``user``, ...) go into the body as
+        given. A plain call: it follows the retry policy, with one Idempotency-Key."""
+        body = _body({"model": model, "input": input}, params, extra_body)
+        opts = _options(timeout, retry, None, extra_headers, idempotency_key)
+        path = _with_query("/embeddings", extra_query)
+        return self._client._post(path, body, opts, CreateEmbeddingResponse, False)  # type: ignore[no-any-return]
+
+
+class _Responses:
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    @overload
+    def create(
+        self, *, model: str, input: Any, stream: Literal[True], **kw: Any
+    ) -> Stream[ResponseStreamEvent]: ...
+    @overload
+    def create(
+        self, *, model: str, input: Any, stream: Literal[False] = ..., **kw: Any
+    ) -> Response: ...
+    @overload
+    def create(
+        self, *, model: str, input: Any, stream: bool, **kw: Any
+    ) -> Response | Stream[ResponseStreamEvent]: ...
+
+    def create(
+        self,
+        *,
+        model: str,
+        input: Any,
+        stream: bool = False,
+        timeout: Timeouts | float | None = NOT_GIVEN,
+        retry: RetryPolicy | None = None,
+        streaming: StreamingConfig | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        extra_query: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        **params: Any,
+    ) -> Response | Stream[ResponseStreamEvent]:
+        """``POST /responses`` (the Responses API): ``input`` is a string or a list of input
+        items; ``params`` (``instructions``, ``max_output_tokens``, ``store``, ...) go into the
+        body as given; options as for chat. A stream yields :class:`ResponseStreamEvent` and
+        ends with ``response.completed`` (or ``.incomplete``, ``.failed``): the Responses API
+        sends no ``[DONE]``."""
+        body = _body({"model": model, "input": input}, params, extra_body)
+        if stream:
+            body["stream"] = True
+        opts = _options(timeout, retry, streaming, extra_headers, idempotency_key)
+        cls = ResponseStreamEvent if stream else Response
+        path = _with_query("/responses", extra_query)
+        return self._client._post(path, body, opts, cls, stream)  # type: ignore[no-any-return]
 
 
 class _Models:

@@ -1,22 +1,25 @@
 """Every error the client raises, in one hierarchy::
 
     StreamsafeError                      anything raised by streamsafe.client
-    ├── APIConnectionError               no usable response: refused, reset before the headers
-    │   └── APITimeoutError              a timeout; .phase says which (connect, first_byte, ...)
-    ├── APIStatusError                   the server answered an error status (.status_code, .body)
-    │   ├── BadRequestError              400
-    │   ├── AuthenticationError          401
-    │   ├── PermissionDeniedError        403
-    │   ├── NotFoundError                404
-    │   ├── ConflictError                409
-    │   ├── UnprocessableEntityError     422
-    │   ├── RateLimitError               429 (.retry_after)
-    │   └── InternalServerError          5xx
-    │       └── ServiceUnavailableError  503 (.retry_after)
-    ├── APIResponseError                 the response is not what the API promises (bad JSON,
-    │                                    a stream answered without an event stream, an event
-    │                                    stream the SSE decoder cannot read; .body)
-    ├── StreamError                      the server sent an error event inside a stream
+    ├── APIError                         openai's base of API errors (.message, .request,
+    │   │                                .body, .code, .param, .type)
+    │   ├── APIConnectionError           no usable response: refused, reset before the headers
+    │   │   └── APITimeoutError          a timeout; .phase says which (connect, first_byte, ...)
+    │   ├── APIStatusError               the server answered an error status (.status_code,
+    │   │   │                            .response, .request_id, .headers)
+    │   │   ├── BadRequestError          400
+    │   │   ├── AuthenticationError      401
+    │   │   ├── PermissionDeniedError    403
+    │   │   ├── NotFoundError            404
+    │   │   ├── ConflictError            409
+    │   │   ├── UnprocessableEntityError 422
+    │   │   ├── RateLimitError           429 (.retry_after)
+    │   │   └── InternalServerError      5xx
+    │   │       └── ServiceUnavailableError  503 (.retry_after)
+    │   ├── APIResponseError             the response is not what the API promises (bad JSON,
+    │   │                                a stream answered without an event stream, an event
+    │   │                                stream the SSE decoder cannot read)
+    │   └── StreamError                  the server sent an error event inside a stream
     ├── StreamInterrupted                a committed stream broke and could not be resumed
     │                                    (or its client was closed); carries .chunks and
     │                                    .text received so far
@@ -33,17 +36,28 @@ option), not a condition of the server or the network.
 
 Every error carries ``attempts`` (requests sent for the call), ``resumes`` and the call's
 ``idempotency_key``, so a log line says what was tried.
+
+The names under :class:`APIError` are openai-python's, with its attributes, so code written
+against ``openai`` catches them unchanged (``except RateLimitError as e: e.status_code``).
+As there, ``body`` of a status error is the ``error`` object of an OpenAI-style JSON body (the
+whole body where it has none) and ``code``, ``param``, ``type`` are read from it; unlike there,
+``code`` keeps its JSON type (vLLM sends the status as an int; openai-python makes it a string),
+``request`` may be ``None`` (an error raised before any request was built) and the root is
+:class:`StreamsafeError`, not ``openai.OpenAIError``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import httpx2
+
 from streamsafe._errors import StreamsafeError
 from streamsafe.sse import SSEError
 
 __all__ = [
     "APIConnectionError",
+    "APIError",
     "APIResponseError",
     "APIStatusError",
     "APITimeoutError",
@@ -66,7 +80,30 @@ __all__ = [
 ]
 
 
-class APIConnectionError(StreamsafeError):
+class APIError(StreamsafeError):
+    """An error of the API, named and shaped as openai-python's ``APIError``: ``message``,
+    ``request`` (the ``httpx2.Request`` of the failed attempt, ``None`` where none was built),
+    ``body`` (the error object, or what the server sent; ``None`` where nothing came), and
+    ``code``, ``param``, ``type`` read from ``body`` where it is an object."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        body: Any = None,
+        request: httpx2.Request | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.request = request
+        self.body = body
+        fields = body if isinstance(body, dict) else {}
+        self.code: Any = fields.get("code")
+        self.param: Any = fields.get("param")
+        self.type: Any = fields.get("type")
+
+
+class APIConnectionError(APIError):
     """No usable response: the connection failed, or was lost before the response headers.
     ``refused`` is True where the port refused the connection (nothing can have started)."""
 
@@ -82,9 +119,12 @@ class APITimeoutError(APIConnectionError):
         self.phase = phase
 
 
-class APIStatusError(StreamsafeError):
-    """The server answered ``status_code``; ``body`` is its parsed JSON (or text), ``headers``
-    its response headers; ``code`` and ``type`` come from an OpenAI-style error body."""
+class APIStatusError(APIError):
+    """The server answered ``status_code``. ``body`` is the ``error`` object of an OpenAI-style
+    JSON body (else the parsed JSON, or text), as openai-python has it; ``headers`` the response
+    headers (lower-case names), ``response`` the ``httpx2.Response`` itself (its body already
+    read and closed; ``None`` for an error carried inside a 2xx answer's stream or body), and
+    ``request_id`` its ``x-request-id`` header."""
 
     def __init__(
         self,
@@ -93,15 +133,18 @@ class APIStatusError(StreamsafeError):
         status_code: int,
         body: Any = None,
         headers: dict[str, str] | None = None,
+        response: httpx2.Response | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(message, **kwargs)
+        if isinstance(body, dict) and isinstance(body.get("error"), dict):
+            body = body["error"]
+        if response is not None and "request" not in kwargs:
+            kwargs["request"] = _request_of(response)
+        super().__init__(message, body=body, **kwargs)
         self.status_code = status_code
-        self.body = body
+        self.response = response
         self.headers = headers or {}
-        err = body.get("error") if isinstance(body, dict) else None
-        self.code: Any = err.get("code") if isinstance(err, dict) else None
-        self.type: Any = err.get("type") if isinstance(err, dict) else None
+        self.request_id: str | None = self.headers.get("x-request-id")
 
     @property
     def retry_after(self) -> str | None:
@@ -145,14 +188,10 @@ class ServiceUnavailableError(InternalServerError):
     """503: the server is overloaded or its engine is down; ``retry_after`` says when to retry."""
 
 
-class APIResponseError(StreamsafeError):
+class APIResponseError(APIError):
     """The response breaks the API's contract: a body or event that is not JSON, or a stream
     answered with something other than ``text/event-stream``. ``body`` is what the server sent
     instead (parsed JSON where it is JSON, else text; ``None`` where not kept)."""
-
-    def __init__(self, message: str, *, body: Any = None, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.body = body
 
 
 class _Partial(StreamsafeError):
@@ -162,15 +201,14 @@ class _Partial(StreamsafeError):
         self.text = text
 
 
-class StreamError(_Partial):
+class StreamError(_Partial, APIError):
     """The server reported an error inside a committed stream (``data: {"error": ...}``, vLLM's
-    way). ``error`` is that object; ``chunks`` and ``text`` what arrived before it."""
+    way; openai-python raises ``APIError`` for it). ``error`` (and ``body``) is that object,
+    ``code`` and ``type`` read from it; ``chunks`` and ``text`` what arrived before it."""
 
     def __init__(self, message: str, *, error: Any, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
+        super().__init__(message, body=error, **kwargs)
         self.error = error
-        self.code: Any = error.get("code") if isinstance(error, dict) else None
-        self.type: Any = error.get("type") if isinstance(error, dict) else None
 
 
 class StreamInterrupted(_Partial):
@@ -199,6 +237,13 @@ class RetryBudgetExhausted(StreamsafeError):
         self.last_error = last_error
 
 
+def _request_of(response: httpx2.Response) -> httpx2.Request | None:
+    try:
+        return response.request
+    except RuntimeError:  # a response built by hand has none
+        return None
+
+
 _BY_STATUS: dict[int, type[APIStatusError]] = {
     400: BadRequestError,
     401: AuthenticationError,
@@ -214,7 +259,9 @@ _BY_STATUS: dict[int, type[APIStatusError]] = {
 def status_error(
     status_code: int, body: Any, headers: dict[str, str], **kwargs: Any
 ) -> APIStatusError:
-    """The :class:`APIStatusError` subclass for ``status_code``, its message from the body."""
+    """The :class:`APIStatusError` subclass for ``status_code`` (openai-python's mapping, with
+    503 a :class:`ServiceUnavailableError`), its message from the body; ``kwargs`` go to the
+    error (``response``, ``attempts``, ...)."""
     cls = _BY_STATUS.get(status_code)
     if cls is None:
         cls = InternalServerError if status_code >= 500 else APIStatusError

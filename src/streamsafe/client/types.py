@@ -19,8 +19,11 @@ __all__ = [
     "ChatCompletion",
     "ChatCompletionChunk",
     "Completion",
+    "CreateEmbeddingResponse",
     "Model",
     "ModelList",
+    "Response",
+    "ResponseStreamEvent",
 ]
 
 
@@ -158,3 +161,45 @@ class ModelList(APIObject):
 
     def __len__(self) -> int:
         return len(self._data.get("data") or [])
+
+
+class CreateEmbeddingResponse(APIObject):
+    """The result of ``embeddings.create()``: ``data[i].embedding`` (a list of floats, or a
+    base64 string where ``encoding_format="base64"`` was asked), ``model``, ``usage``."""
+
+    __slots__ = ()
+
+
+def output_text_of(data: dict[str, Any]) -> str:
+    """The text of every ``output_text`` part of a Responses API object's ``output`` messages,
+    joined (openai-python's ``Response.output_text``)."""
+    parts: list[str] = []
+    output = data.get("output")
+    for item in output if type(output) is list else []:
+        content = item.get("content") if type(item) is dict else None
+        for part in content if type(content) is list else []:
+            if type(part) is dict and part.get("type") == "output_text":
+                text = part.get("text")
+                if isinstance(text, str):
+                    parts.append(text)
+    return "".join(parts)
+
+
+class Response(APIObject):
+    """A Responses API ``response``: ``id``, ``status``, ``output`` (a list of items), ``usage``,
+    and ``output_text``, the text of its output messages joined, as openai-python has it."""
+
+    __slots__ = ()
+
+    @property
+    def output_text(self) -> str:
+        """The text of every ``output_text`` part of the output messages, joined."""
+        return output_text_of(self._data)
+
+
+class ResponseStreamEvent(APIObject):
+    """One event of a streamed Responses API call: ``type`` (``response.created``,
+    ``response.output_text.delta`` with its ``delta``, ..., ``response.completed`` carrying the
+    whole ``response``), ``sequence_number``."""
+
+    __slots__ = ()
