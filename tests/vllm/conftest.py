@@ -32,13 +32,7 @@ from streamsafe.bench.vllm_engine import VLLMEngine, VLLMOptions, VLLMUnavailabl
 sys.path.insert(0, os.path.dirname(__file__))
 
 #: The session server's options: the issue's small KV cache, everything else as the tests use.
-#: A tool-call parser, so that named tool choices are served (vLLM 0.32 refuses them without one,
-#: and takes one only with auto tool choice; tests/vllm/test_continuation_features.py cuts such
-#: streams).
-SESSION_OPTIONS = VLLMOptions(
-    kv_cache_blocks=16,
-    extra_args=("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),
-)
+SESSION_OPTIONS = VLLMOptions(kv_cache_blocks=16)
 
 
 def _in_ci() -> bool:
