@@ -7,9 +7,10 @@ was measured, never an interpolation between two, so it can be found in the raw 
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
-__all__ = ["median", "percentile", "spread"]
+__all__ = ["interval", "median", "percentile", "spread"]
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -33,3 +34,22 @@ def spread(values: Sequence[float]) -> tuple[float, float] | None:
     if not values:
         return None
     return min(values), max(values)
+
+
+def interval(
+    values: Sequence[float], rng: random.Random, confidence: float = 0.95, draws: int = 2000
+) -> tuple[float, float] | None:
+    """A ``confidence`` interval of the median of ``values`` (per-round figures): the percentile
+    bootstrap, ``draws`` resamples drawn with ``rng`` (a seeded one gives the same interval for
+    the same values). ``None`` for fewer than two values: one round says nothing of the spread."""
+    if len(values) < 2:
+        return None
+    n = len(values)
+    medians = sorted(
+        median([values[rng.randrange(n)] for _ in range(n)]) or 0.0 for _ in range(draws)
+    )
+    tail = (1 - confidence) / 2
+    low = percentile(medians, tail)
+    high = percentile(medians, 1 - tail)
+    assert low is not None and high is not None
+    return low, high
