@@ -124,7 +124,7 @@ class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
         if transport.get_extra_info("sslcontext") is not None:
             self.scheme = "https"
         self._client_key = client_key(self.client[0]) if self.client else ""
-        # TCP_NODELAY comes from the listening socket (serving.bind_socket).
+        # TCP_NODELAY comes from the listening socket (run.bind_socket).
         cap = self.limits.max_connections
         if cap is not None and open_now > cap:
             self.closed()
