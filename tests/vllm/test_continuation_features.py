@@ -20,7 +20,7 @@ import pytest
 from streamsafe.bench.cutting_proxy import CuttingProxy, serve_proxy
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.relay.replay import answer_pieces
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 pytestmark = pytest.mark.timeout(300)
 

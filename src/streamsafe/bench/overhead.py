@@ -39,7 +39,7 @@ def run(
     from streamsafe.bench.stats import median, percentile
     from streamsafe.bench.tap import Tap
     from streamsafe.engine_sim import SimConfig, Simulator
-    from streamsafe.serving import ServerThread
+    from streamsafe.server import ServerThread
 
     sim = Simulator(
         SimConfig(

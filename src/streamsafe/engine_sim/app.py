@@ -25,7 +25,16 @@ from typing import Any
 
 import orjson
 
-from streamsafe._asgi import (
+from streamsafe.engine_sim.completion import Completion
+from streamsafe.engine_sim.config import SimConfig
+from streamsafe.engine_sim.engine import Engine
+from streamsafe.engine_sim.faults import FaultDraw, StreamCut
+from streamsafe.engine_sim.messages import MessagesWriter, count_tokens_body, to_chat
+from streamsafe.engine_sim.outage import Outage, Outages
+from streamsafe.engine_sim.text import split_continuation
+from streamsafe.engine_sim.validation import INVALID_PREFILL, BadRequest, ContextTooLong, validate
+from streamsafe.engine_sim.wire import DONE_EVENT, error_body
+from streamsafe.server.asgi import (
     BodyTooLarge,
     Disconnected,
     Message,
@@ -37,15 +46,6 @@ from streamsafe._asgi import (
     respond,
     serve_lifespan,
 )
-from streamsafe.engine_sim.completion import Completion
-from streamsafe.engine_sim.config import SimConfig
-from streamsafe.engine_sim.engine import Engine
-from streamsafe.engine_sim.faults import FaultDraw, StreamCut
-from streamsafe.engine_sim.messages import MessagesWriter, count_tokens_body, to_chat
-from streamsafe.engine_sim.outage import Outage, Outages
-from streamsafe.engine_sim.text import split_continuation
-from streamsafe.engine_sim.validation import INVALID_PREFILL, BadRequest, ContextTooLong, validate
-from streamsafe.engine_sim.wire import DONE_EVENT, error_body
 from streamsafe.tokens import estimate_input_tokens, estimate_prompt_tokens
 
 __all__ = ["Simulator"]
