@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.replicas.generation_record import key_of, record_of, request_of
-from streamsafe.gateway.replicas.record_seal import RecordSeal, Unsealable, key_name
+from streamsafe.gateway.replicas.record_seal import SEALED, RecordSeal, Unsealable, key_name
 from streamsafe.gateway.upstream.kinds import CompletionRoute, Wire
 
 PROMPT = b'{"model":"m","messages":[{"role":"user","content":"my private question"}]}'
@@ -132,16 +132,18 @@ _REQUESTS = st.builds(
     GenerationRequest,
     tenant=st.text(max_size=10),
     path=st.text(min_size=1, max_size=30),
-    body=st.binary(max_size=64),  # empty once a kept generation let its prompt go
+    # A JSON body (empty once a kept generation let its prompt go), header lines and a header
+    # value never begin as a sealed field does (with a NUL byte).
+    body=st.binary(max_size=64).filter(lambda b: not b.startswith(SEALED)),
     fingerprint=st.binary(min_size=16, max_size=16),
     cost=st.integers(0, 10**7),
     stream=st.booleans(),
-    idempotency_key=st.none() | st.text(min_size=1, max_size=20),
+    idempotency_key=st.none() | st.text(min_size=1, max_size=20).filter(lambda k: k[0] != "\x00"),
     retry=st.booleans(),
     last_event_id=st.none() | st.integers(0, 10**6),
     no_upstream_retry=st.booleans(),
     route=_ROUTES,
-    forward=st.binary(max_size=40),
+    forward=st.binary(max_size=40).filter(lambda b: not b.startswith(SEALED)),
     deterministic=st.booleans(),
     withheld=st.booleans(),
     model=st.text(max_size=12),
