@@ -21,8 +21,6 @@ minute. Everything runs in-process on loopback.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,12 +32,13 @@ from streamsafe.bench.harness import (
     Workload,
     compare_tokens,
     drive_workload,
+    engine_drained,
     expected_reply,
     make_driver,
     run_stack,
 )
 from streamsafe.bench.stats import percentile
-from streamsafe.engine_sim import Fault, SimConfig, Simulator
+from streamsafe.engine_sim import Fault, SimConfig
 from streamsafe.gateway import GatewayConfig
 
 __all__ = ["DemoSettings", "Scenario", "healthy_engine", "run_demo", "scenarios"]
@@ -199,16 +198,6 @@ def _percentile(values: list[float], q: float) -> float | None:
     return None if value is None else round(value, 3)
 
 
-async def _drained(simulator: Simulator, limit: float) -> None:
-    """Until the engine holds no request (or died), at most ``limit`` seconds."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        st = simulator.stats()
-        if st["engine_dead"] or (st["active"] == 0 and st["waiting"] == 0):
-            return
-        await asyncio.sleep(0.05)
-
-
 def _score(outcomes: list[Outcome], s: DemoSettings) -> tuple[int, int, int, list[float]]:
     """Tokens lost and repeated over the answers, the calls silently truncated, and the
     latencies of the calls completed.
@@ -237,7 +226,7 @@ async def run_scenario(sc: Scenario, s: DemoSettings) -> ScenarioResult:
             outcomes = await drive_workload(driver, s.workload)
         # Let the engine drain what it still holds (orphans keep running), so memory and crash
         # figures include the aftermath, bounded in time.
-        await _drained(stack.simulator, s.timeout_s * 10)
+        await engine_drained(stack.simulator, s.timeout_s * 10)
         sim = stack.simulator.stats()
         gw = stack.gateway.stats() if stack.gateway else None
         series = stack.simulator.memory_series()
