@@ -25,7 +25,7 @@ from streamsafe.bench.processes import RedisServer, free_port, http_ok, launched
 from streamsafe.bench.tap import Tap
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.gateway.replicas.record_seal import RecordSeal
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 
 def main() -> None:

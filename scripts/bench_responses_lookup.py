@@ -24,7 +24,7 @@ import httpx2
 
 from streamsafe.bench.responses_upstream import ResponsesUpstream, answer_input
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 _MiB = 1024 * 1024
 

@@ -1,6 +1,6 @@
 """Stopping a test's loopback servers without making the next test wait for it.
 
-Stopping a :class:`~streamsafe.serving.ServerThread` costs 0.1-0.3 s however little it served:
+Stopping a :class:`~streamsafe.server.ServerThread` costs 0.1-0.3 s however little it served:
 uvicorn notices ``should_exit`` on a 0.1 s tick, then gives open connections a fixed 0.1 s
 before its lifespan shutdown. Hundreds of tests each start their own servers, so waiting for
 every stop in line cost over a minute of the suite. A test that is done with its servers hands

@@ -1,4 +1,4 @@
-"""The HTTP/1.1 server every app here runs on (streamsafe._http_protocol, streamsafe._http_cycle):
+"""The HTTP/1.1 server every app here runs on (streamsafe.server.protocol, streamsafe.server.cycle):
 what a client sees of framing, keep-alive, pipelining, HEAD, HTTP/1.0, 100-continue and failing
 apps, on both event loops, over real sockets; and, in process, how many writes a response
 costs."""
@@ -17,9 +17,9 @@ import orjson
 import pytest
 
 from server_stops import stop_later
-from streamsafe._http_limits import LINGER_BYTES
-from streamsafe._http_protocol import HttpProtocol
-from streamsafe.serving import ServerLimits, ServerThread
+from streamsafe.server import ServerLimits, ServerThread
+from streamsafe.server.limits import LINGER_BYTES
+from streamsafe.server.protocol import HttpProtocol
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -796,8 +796,8 @@ def test_a_served_connection_leaves_nothing_for_the_garbage_collector(loop: str)
     # (which stall every stream) long.
     import gc
 
-    from streamsafe._http_cycle import RequestCycle
-    from streamsafe._http_protocol import HttpProtocol
+    from streamsafe.server.cycle import RequestCycle
+    from streamsafe.server.protocol import HttpProtocol
 
     with _server(loop) as server:
         for _ in range(3):  # warm up: first-use allocations

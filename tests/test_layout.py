@@ -1,5 +1,6 @@
 """The layering promises: importing the retry core loads no server, no HTTP client and no JSON
-library; the servers never import the client (nor each other); no import circle."""
+library; importing the client loads no server; the servers never import the client (nor each
+other); the HTTP server under them imports nothing of theirs; no import circle."""
 
 from __future__ import annotations
 
@@ -37,6 +38,28 @@ def test_importing_the_package_loads_nothing_until_a_name_is_used() -> None:
     assert {m for m in loaded if m.startswith("streamsafe")} == {"streamsafe"}
     loaded = _loaded_after("from streamsafe import SSEDecoder, __version__")
     assert not {m for m in loaded if m.startswith(("streamsafe.gateway", "streamsafe.client"))}
+
+
+def test_importing_the_client_loads_no_server() -> None:
+    loaded = _loaded_after("import streamsafe.client, streamsafe.sdk")
+    servers = ("streamsafe.server", "streamsafe.gateway", "streamsafe.engine_sim")
+    assert not {m for m in loaded if m.startswith(servers)}, sorted(loaded)
+    assert not {m.split(".")[0] for m in loaded} & {"uvicorn", "httptools"}
+
+
+def test_an_app_importing_the_asgi_helpers_loads_no_server_runner() -> None:
+    # The gateway's and the simulator's modules import streamsafe.server.asgi (and the option
+    # parsers streamsafe.server.tls) at the top; the runner, uvicorn and the protocol load only
+    # when a server is started.
+    loaded = _loaded_after("import streamsafe.server.asgi, streamsafe.server.tls")
+    ours = {m for m in loaded if m.startswith("streamsafe")}
+    assert ours == {
+        "streamsafe",
+        "streamsafe.server",
+        "streamsafe.server.asgi",
+        "streamsafe.server.tls",
+    }
+    assert not {m.split(".")[0] for m in loaded} & {"uvicorn", "httptools"}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -128,12 +151,81 @@ def test_servers_import_neither_the_client_nor_each_other() -> None:
     }
 
 
+def test_the_client_side_never_imports_a_server() -> None:
+    servers = {"streamsafe.server", "streamsafe.gateway", "streamsafe.engine_sim"}
+    for part in ("streamsafe", "streamsafe.client", "streamsafe.sdk", "streamsafe.sse"):
+        assert not PARTS.get(part, set()) & servers, (part, PARTS.get(part))
+
+
+def test_the_http_server_imports_no_other_part() -> None:
+    # It runs every app here (gateway, simulator, the benchmarks' peers), so it is below them all.
+    assert PARTS["streamsafe.server"] == set(), PARTS["streamsafe.server"]
+
+
 def test_the_pure_core_imports_no_other_part() -> None:
     assert PARTS.get("streamsafe.retry", set()) == set()
     # The codec's one error is a StreamsafeError, so a caller catches everything with one name;
     # that root lives alone in _errors, which imports nothing.
     assert PARTS.get("streamsafe.sse", set()) <= {"streamsafe._errors"}
     assert PARTS.get("streamsafe._errors", set()) == set()
+
+
+# -- the HTTP server's own modules (docs/design.md, Layout) --------------------------------------
+
+SERVER = SRC / "server"
+#: The server's modules, lowest first: a module imports only modules of a lower rank.
+SERVER_RANKS = {
+    "asgi": 0,
+    "limits": 0,
+    "tls": 0,
+    "unfinished": 0,
+    "uvicorn_link": 0,
+    "flow": 1,
+    "request": 1,
+    "cycle": 2,
+    "protocol": 3,
+    "run": 4,
+    "__init__": 5,
+}
+#: What the rest of the package may import of the server: the runner (re-exported by the
+#: package), the ASGI helpers the apps are written against and the TLS options. The connection's
+#: insides (protocol, cycle, request, flow, unfinished, uvicorn_link, limits) stay the server's.
+SERVER_FACE = {"streamsafe.server", "streamsafe.server.asgi", "streamsafe.server.tls"}
+
+
+def _server_module(module: str) -> str | None:
+    """``protocol`` for ``streamsafe.server.protocol``; ``__init__`` for the package."""
+    if module == "streamsafe.server":
+        return "__init__"
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["streamsafe", "server"] and len(parts) == 3 else None
+
+
+def test_the_server_ranks_name_every_module() -> None:
+    assert {p.stem for p in SERVER.glob("*.py")} == set(SERVER_RANKS)
+
+
+def test_server_modules_import_only_lower_ranks() -> None:
+    wrong = []
+    for module, targets in GRAPH.items():
+        if (name := _server_module(module)) is None:
+            continue
+        for target in targets:
+            other = _server_module(target)
+            if other is not None and SERVER_RANKS[other] >= SERVER_RANKS[name]:
+                wrong.append(f"{module} -> {target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_rest_uses_the_server_through_its_face() -> None:
+    wrong = [
+        f"{module} -> {target}"
+        for module, targets in GRAPH.items()
+        if _server_module(module) is None
+        for target in targets
+        if _server_module(target) is not None and target not in SERVER_FACE
+    ]
+    assert not wrong, "\n".join(wrong)
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 _ROOT = Path(__file__).resolve().parent.parent
 _README = _ROOT / "README.md"

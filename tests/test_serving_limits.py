@@ -15,10 +15,10 @@ import orjson
 import pytest
 
 from server_stops import stop_later
-from streamsafe._http_unfinished import UnfinishedRequests, client_key
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerLimits, ServerThread
+from streamsafe.server import ServerLimits, ServerThread
+from streamsafe.server.unfinished import UnfinishedRequests, client_key
 from waiting import wait_until
 
 _BODY = orjson.dumps(
@@ -421,8 +421,8 @@ def test_a_serving_process_freezes_what_startup_made():
     import sys
 
     code = (
-        "import gc; from streamsafe import serving; "
-        "before = gc.get_threshold(); serving.tune_collector(); "
+        "import gc; from streamsafe.server import run; "
+        "before = gc.get_threshold(); run.tune_collector(); "
         "print(gc.get_freeze_count(), len(gc.get_objects()), before == gc.get_threshold())"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

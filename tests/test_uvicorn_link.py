@@ -1,5 +1,5 @@
-"""What uvicorn's ``Server`` hands a connection protocol, as streamsafe._uvicorn_link takes it,
-and what streamsafe.serving.DrainingServer overrides and reads of the ``Server``.
+"""What uvicorn's ``Server`` hands a connection protocol, as streamsafe.server.uvicorn_link takes
+it, and what streamsafe.server.DrainingServer overrides and reads of the ``Server``.
 
 uvicorn does not document them, so a release may change them: this runs the pinned uvicorn's
 real ``Server`` with a protocol that only records, and says what moved."""
@@ -12,10 +12,10 @@ from typing import Any
 
 import uvicorn
 
-from streamsafe._uvicorn_link import UvicornLink
-from streamsafe.serving import bind_socket
+from streamsafe.server import bind_socket
+from streamsafe.server.uvicorn_link import UvicornLink
 
-MOVED = "uvicorn {version} changed {what}: see streamsafe/_uvicorn_link.py, which relies on it"
+MOVED = "uvicorn {version} changed {what}: see streamsafe/server/uvicorn_link.py, relying on it"
 
 
 def _moved(what: str) -> str:
@@ -97,7 +97,7 @@ def test_uvicorn_builds_a_protocol_with_what_the_link_takes_and_shuts_it_down() 
 
 
 def test_uvicorn_s_server_still_has_what_draining_server_overrides_and_reads() -> None:
-    # streamsafe.serving.DrainingServer overrides handle_exit (the signal handler) and reads
+    # streamsafe.server.DrainingServer overrides handle_exit (the signal handler) and reads
     # started and should_exit, as ServerThread does.
     params = list(inspect.signature(uvicorn.Server.handle_exit).parameters)
     assert params == ["self", "sig", "frame"], _moved(f"Server.handle_exit{tuple(params[1:])}")

@@ -167,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         return _needs(args.command, top)
     except OSError as exc:
-        from streamsafe.serving import CannotListen  # loaded by whatever raised it
+        from streamsafe.server import CannotListen  # loaded by whatever raised it
 
         if not isinstance(exc, CannotListen):
             raise

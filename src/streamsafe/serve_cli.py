@@ -70,7 +70,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.upstream:
         return serve(args, args.upstream[0])
     from streamsafe.engine_sim import SimConfig, Simulator
-    from streamsafe.serving import ServerThread
+    from streamsafe.server import ServerThread
 
     with ServerThread(Simulator(SimConfig(memory_tokens=args.sim_memory_tokens))) as sim_server:
         print(

@@ -18,7 +18,7 @@ import orjson
 
 from server_stops import stop_later
 from streamsafe.client import AsyncClient, Client
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 from streamsafe.sse import DONE_EVENT, SSEDecoder, encode_comment, encode_event
 
 NOW = 1_700_000_000.0

@@ -12,7 +12,7 @@ import pytest
 from streamsafe.client import AsyncClient, RetryBudgetExhausted
 from streamsafe.engine_sim import Fault, SimConfig, Simulator
 from streamsafe.retry import RetryPolicy
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,7 +11,7 @@ import pytest
 import waiting
 from server_stops import stop_later
 from streamsafe.engine_sim import SimConfig, Simulator
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 MODEL = "sim-llama-8b"
 FAST: dict[str, Any] = {

@@ -104,7 +104,7 @@ def servers(*sims: dict[str, Any]) -> Iterator[list[Any]]:
     """In-process simulators (real loopback HTTP servers), stopped after in the background
     (see server_stops)."""
     from streamsafe.engine_sim import Fault, SimConfig, Simulator
-    from streamsafe.serving import ServerThread
+    from streamsafe.server import ServerThread
 
     fast = {"itl_ms": 2.0, "itl_ms_per_seq": 0.0, "prefill_ms_per_token": 0.0}
     started = []
@@ -122,7 +122,7 @@ def servers(*sims: dict[str, Any]) -> Iterator[list[Any]]:
 def gateway(*engines: str, **settings: Any) -> Iterator[Any]:
     """An in-process gateway in front of ``engines``, stopped after in the background."""
     from streamsafe.gateway import Gateway, GatewayConfig
-    from streamsafe.serving import ServerThread
+    from streamsafe.server import ServerThread
 
     first = engines[0].split()[0]
     gw = ServerThread(Gateway(GatewayConfig(upstream=first, engines=engines, **settings))).start()

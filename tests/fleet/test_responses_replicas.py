@@ -18,7 +18,7 @@ from fleet_helpers import RedisProcess
 from server_stops import stop_later
 from streamsafe.bench.responses_upstream import ResponsesUpstream, answer_input
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 from streamsafe.sse import SSEDecoder
 
 pytestmark = pytest.mark.timeout(60)

@@ -14,7 +14,7 @@ import httpx2
 from server_stops import stop_later
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 MODEL = "sim-llama-8b"
 

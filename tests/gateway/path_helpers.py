@@ -17,7 +17,7 @@ from gateway_helpers import MODEL
 
 from server_stops import stop_later
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 PREFIX = "/tenant-x/api"
 COMPLETION_ROUTES = ("/v1/chat/completions", "/v1/completions")

@@ -27,7 +27,7 @@ from gateway_helpers import MODEL, fast_sim, make_stack, wait_for
 
 from streamsafe.engine_sim import Fault, expected_text
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 #: Every call must end within this many seconds (the clients' own timeouts are 30 s).
 _CALL_BOUND = 15.0

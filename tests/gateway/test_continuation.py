@@ -21,7 +21,7 @@ from streamsafe.gateway.relay.continuation import (
     with_token_ids,
 )
 from streamsafe.gateway.relay.replay import Replay
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 
 def test_cut_upstream_stream_is_continued_and_the_client_sees_the_exact_text() -> None:

@@ -15,7 +15,7 @@ from streamsafe.engine_sim import Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.dashboard import DEFAULT_PATH, dashboard, queries, render
 from streamsafe.gateway.metrics import PREFIX, series
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 _NAME = re.compile(PREFIX + r"[a-z0-9_]+")

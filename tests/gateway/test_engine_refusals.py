@@ -17,7 +17,7 @@ from streamsafe.engine_sim.config import Fault
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.errors import Failure
 from streamsafe.gateway.generations.refusals import EngineRefusals
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 MODEL = "sim-llama-8b"
 

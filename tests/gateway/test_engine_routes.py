@@ -28,7 +28,7 @@ from streamsafe.gateway.upstream.routes import (
     markdown_table,
     route_label,
 )
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 from streamsafe.tokens import estimate_input_tokens, estimate_text_tokens
 
 pytestmark = pytest.mark.timeout(60)

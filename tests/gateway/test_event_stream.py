@@ -11,7 +11,7 @@ import weakref
 
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.gateway.upstream.event_stream import EventStreamPool
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 _JSON = {"content-type": "application/json"}
 

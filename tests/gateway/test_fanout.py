@@ -13,11 +13,11 @@ from gateway_helpers import chat_body, fast_sim
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamsafe._asgi import BODY_WRITER_EXTENSION, body_writer
 from streamsafe.engine_sim import Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.generations.fanout import Fanout
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
+from streamsafe.server.asgi import BODY_WRITER_EXTENSION, body_writer
 from streamsafe.sse import DONE, SSEDecoder, encode_events
 
 

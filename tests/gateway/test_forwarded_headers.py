@@ -13,7 +13,7 @@ from gateway_helpers import chat_body, content_of, fast_sim, post_stream, sse_pa
 
 from streamsafe.engine_sim import Simulator, expected_text
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 _DATA = '{"together_api_key": "k-1"}'
 _NAMES = ("x-ogx-provider-data", "x-llamastack-provider-data")

@@ -35,7 +35,7 @@ from streamsafe.gateway.generations.generation import Generation, GenerationRequ
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.replicas.generation_record import record_of, request_of
 from streamsafe.gateway.replicas.record_seal import RecordSeal, Unreadable
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 from streamsafe.sse import SSEDecoder
 
 #: Seconds one fuzzed request may take before its client "leaves" (every call is bounded).

@@ -23,7 +23,7 @@ from streamsafe.engine_sim.messages import to_chat
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.generations.event_log import MemoryEventLog
 from streamsafe.gateway.relay.messages_continuation import SkipDelivered, read_messages_partial
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 from streamsafe.sse import SSEDecoder
 
 anthropic = pytest.importorskip("anthropic")

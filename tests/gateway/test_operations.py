@@ -19,7 +19,7 @@ from streamsafe.engine_sim import Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.admission.shedding import Shedding
 from streamsafe.gateway.metrics import exported_names
-from streamsafe.serving import ServerThread, bind_socket
+from streamsafe.server import ServerThread, bind_socket
 
 KEY = "sk-secret-tenant-key"
 

@@ -160,7 +160,7 @@ def test_engine_death_as_500_before_commit_keeps_status_with_first_token_commit(
 
 def test_upstream_refusing_connections_gives_503_with_retry_after() -> None:
     from streamsafe.gateway import Gateway, GatewayConfig
-    from streamsafe.serving import ServerThread, bind_socket
+    from streamsafe.server import ServerThread, bind_socket
 
     sock = bind_socket()
     port = sock.getsockname()[1]
@@ -175,7 +175,7 @@ def test_upstream_refusing_connections_gives_503_with_retry_after() -> None:
 
 def test_streaming_header_request_is_never_retried_upstream() -> None:
     from streamsafe.gateway import Gateway, GatewayConfig
-    from streamsafe.serving import ServerThread, bind_socket
+    from streamsafe.server import ServerThread, bind_socket
 
     sock = bind_socket()
     port = sock.getsockname()[1]

@@ -29,7 +29,7 @@ from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.endings import REFUSAL_WAIT, BrokenAttempt, Endings
 from streamsafe.retry import MAX_RETRY_AFTER, retry_after_seconds
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,7 +24,7 @@ from streamsafe.gateway.generations.generation_index import GenerationIndex
 from streamsafe.gateway.generations.response_ids import note_first_event
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.upstream.kinds import KINDS
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 from streamsafe.sse import SSEDecoder
 
 RESPONSES = KINDS["ogx"].route("/v1/responses")

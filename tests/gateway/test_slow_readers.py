@@ -12,7 +12,7 @@ from gateway_helpers import chat_body, fast_sim, wait_for
 from server_stops import stop_later
 from streamsafe.engine_sim import Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerLimits, ServerThread
+from streamsafe.server import ServerLimits, ServerThread
 
 
 def test_a_subscriber_whose_client_stopped_reading_leaves_after_the_send_timeout() -> None:

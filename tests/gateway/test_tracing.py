@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from server_stops import stop_later
 from streamsafe.engine_sim import Fault, SimConfig, Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT = {"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01"}

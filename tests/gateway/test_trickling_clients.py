@@ -20,7 +20,7 @@ from gateway_helpers import chat_body
 
 from streamsafe.bench.processes import ServerProcess
 from streamsafe.engine_sim import SimConfig, Simulator
-from streamsafe.serving import serve_in_thread
+from streamsafe.server import serve_in_thread
 from waiting import wait_until
 
 _HEAD = (

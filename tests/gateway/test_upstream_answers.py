@@ -16,7 +16,7 @@ import pytest
 from gateway_helpers import chat_body
 
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 
 def _chunk(delta: dict[str, str], finish: str | None) -> bytes:

@@ -20,7 +20,7 @@ from streamsafe.engine_sim import Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.engines.pool import parse_engine
 from streamsafe.gateway.upstream.connection import Upstream
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 from waiting import wait_until
 
 PASSWORD = "Pa55-w0rd-7c1f"

@@ -25,7 +25,7 @@ from gateway_helpers import (
 
 from streamsafe.engine_sim import Fault, expected_text
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 from streamsafe.sse import SSEDecoder
 from streamsafe.tokens import estimate_prompt_tokens
 
@@ -331,7 +331,7 @@ def test_streams_reset_by_a_killed_engine_open_the_breaker() -> None:
 
 
 def test_refused_connections_open_the_breaker() -> None:
-    from streamsafe.serving import bind_socket
+    from streamsafe.server import bind_socket
 
     sock = bind_socket()
     port = sock.getsockname()[1]

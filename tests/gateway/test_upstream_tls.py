@@ -25,7 +25,7 @@ from gateway_helpers import chat_body
 
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.upstream.connect_failure import connect_failure, is_tls_failure
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 NAME_MISMATCH = "TLS: the upstream's certificate does not name the host asked for"
 UNTRUSTED = "TLS: the upstream's certificate is not trusted"

@@ -16,7 +16,7 @@ import pytest
 from conftest import MODEL, LlamaStackTier
 from streamsafe.engine_sim import Fault, SimConfig, Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 from streamsafe.sse import SSEDecoder
 
 pytestmark = pytest.mark.timeout(90)

@@ -9,7 +9,7 @@ from conftest import LlamaStackTier
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.upstream.probe import probe_kind
-from streamsafe.serving import ServerThread, bind_socket
+from streamsafe.server import ServerThread, bind_socket
 
 
 async def _probe(url: str) -> str | None:

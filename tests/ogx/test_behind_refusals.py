@@ -18,7 +18,7 @@ from streamsafe.bench.ogx_server import LLAMA_STACK_07, find_venv
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.engine_sim.config import Fault
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -21,7 +21,7 @@ from streamsafe.bench.client_calls import run_calls
 from streamsafe.bench.tier_load import TierLoad, engine_for, expected_answer
 from streamsafe.engine_sim import Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -18,7 +18,7 @@ import pytest
 from today_tier import TodayTier
 
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 from streamsafe.sse import SSEDecoder
 
 pytestmark = pytest.mark.timeout(120)

@@ -17,7 +17,7 @@ import pytest
 from streamsafe.bench.ogx_server import OGX, OGXServer, ServerUnavailable, find_venv
 from streamsafe.engine_sim import SimConfig, Simulator, expected_text
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -25,7 +25,7 @@ from gateway_helpers import MODEL, fast_sim, make_stack
 
 import streamsafe
 from streamsafe.engine_sim import Simulator
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 from waiting import wait_until
 
 openai = pytest.importorskip("openai")

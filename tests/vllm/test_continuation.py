@@ -16,7 +16,7 @@ import pytest
 from streamsafe.bench.cutting_proxy import CuttingProxy, serve_proxy
 from streamsafe.bench.tiny_model import TRIM_TEMPLATE
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -20,7 +20,7 @@ import pytest
 from streamsafe.bench.cutting_proxy import CuttingProxy, serve_proxy
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.relay.replay import answer_pieces
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -169,6 +169,8 @@ def _exact_or_refused(row: str, engine: Any, proxy: CuttingProxy, url: str, **ex
     results = _rows(engine, proxy, url, row, **extra)
     assert proxy.cuts - cuts_before == CUTS
     exact = [g.same(w) for w, g, _ in results]
+    refused = sum(g.error is not None for _, g, _ in results)
+    print(f"\n{row}: {sum(exact)}/{CUTS} exact, {refused} ended with an error")
     # Exact, or ended with an error that says it could not be continued exactly: never a
     # stitched answer presented as whole.
     for (_, got, cut), ok in zip(results, exact, strict=True):
@@ -223,6 +225,7 @@ def test_stop_strings_cut_before_and_inside_the_stop_come_back_exact(
             )
         )
     exact = [got[m].same(wanted[m]) for m in markers]
+    print(f"\nstop strings: {sum(exact)}/{CUTS} exact")
     for marker, ok in zip(markers, exact, strict=True):
         assert ok or "exactly" in (got[marker].error or ""), (marker, got[marker])
         assert stops[marker] not in got[marker].text  # never past the stop

@@ -12,7 +12,7 @@ from vllm_helpers import gateway, wait_until
 
 from streamsafe.bench.vllm_engine import VLLMEngine
 from streamsafe.engine_sim import SimConfig, Simulator
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 pytestmark = pytest.mark.timeout(120, func_only=True)
 

@@ -20,7 +20,7 @@ from vllm_helpers import gateway, wait_until
 from streamsafe.bench.cutting_proxy import CuttingProxy, serve_proxy
 from streamsafe.bench.vllm_engine import VLLMEngine
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 from streamsafe.sse import SSEDecoder
 
 anthropic = pytest.importorskip("anthropic")

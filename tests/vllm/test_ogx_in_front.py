@@ -28,7 +28,7 @@ from streamsafe.bench.ogx_server import (
 )
 from streamsafe.bench.vllm_engine import VLLMEngine
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 pytestmark = pytest.mark.timeout(180, func_only=True)
 

@@ -2,8 +2,8 @@
 the SDK's 2 retries while the engine is busy (stopped) past the timeout. Engine requests are
 counted in vLLM's own request log. Straight with the plain SDK every call reaches the engine
 two or three times; with ``streamsafe.http_client()`` once, and every call is answered; through
-the gateway once (docs/sdk.md has the figures; ``-s`` prints them). The gateway serves no
-``/v1/messages``, so anthropic is measured straight only."""
+the gateway once, anthropic's Messages calls too (docs/sdk.md has the figures; ``-s`` prints
+them)."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_straight_to_vllm_the_plain_sdk_sends_copies_and_http_client_one(
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("sdk", ["openai", "llama-stack-client"])
+@pytest.mark.parametrize("sdk", ["openai", "anthropic", "llama-stack-client"])
 def test_through_the_gateway_each_call_is_one_engine_request(
     vllm_engine: VLLMEngine, sdk: str
 ) -> None:

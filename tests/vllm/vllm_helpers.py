@@ -16,7 +16,7 @@ import waiting
 from server_stops import stop_later
 from streamsafe.bench.vllm_engine import VLLMEngine
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx2
 
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 from streamsafe.sse import SSEDecoder
 
 __all__ = ["Cut", "CuttingProxy", "serve_proxy"]

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from streamsafe.engine_sim import SimConfig, Simulator, expected_text
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 __all__ = [
     "ClientKind",

@@ -30,7 +30,7 @@ from typing import Any
 import httpx2
 
 from streamsafe.bench.processes import free_port, stop_process
-from streamsafe.serving import bind_socket
+from streamsafe.server import bind_socket
 
 __all__ = ["LLAMA_STACK_VERSION", "LlamaStackServer", "run_config"]
 

@@ -18,9 +18,9 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from streamsafe._asgi import Receive, Scope, Send
 from streamsafe.bench.llamastack import LlamaStackServer
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
+from streamsafe.server.asgi import Receive, Scope, Send
 
 __all__ = ["ASGIApp", "Deployment", "EngineSlot", "SeenRequest", "llama_stack_deployment"]
 

@@ -41,7 +41,7 @@ from streamsafe.bench.tier_load import (
 )
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 __all__ = ["Position", "TierResult", "gateway_for", "run_tier"]
 
@@ -150,7 +150,7 @@ def _position(
 
 def _serve_gateway(config: GatewayConfig, port: int) -> None:
     """The body of a gateway process (see :func:`_gateway_process`)."""
-    from streamsafe.serving import run_server
+    from streamsafe.server import run_server
 
     run_server(Gateway(config), port=port, log_level="warning")
 

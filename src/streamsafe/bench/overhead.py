@@ -42,7 +42,7 @@ def run(
     from streamsafe.bench.peer_servers import start_peer
     from streamsafe.bench.tap import Tap
     from streamsafe.engine_sim import SimConfig, Simulator
-    from streamsafe.serving import ServerThread
+    from streamsafe.server import ServerThread
 
     sim = Simulator(
         SimConfig(

@@ -214,7 +214,7 @@ def run(
 ) -> dict[str, Any]:
     """Run the comparison and return the report (see the module docstring)."""
     from streamsafe.engine_sim import SimConfig, Simulator
-    from streamsafe.serving import ServerThread
+    from streamsafe.server import ServerThread
 
     config = SimConfig(
         memory_tokens=max(1_000_000, (streams + burst) * (chunks + 64) * 4),

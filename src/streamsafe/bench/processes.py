@@ -44,7 +44,7 @@ _SCHEDSTAT = os.path.exists("/proc/self/schedstat")
 
 def free_port() -> int:
     """A loopback port nobody listens on right now (the server is started on it next)."""
-    from streamsafe.serving import bind_socket
+    from streamsafe.server import bind_socket
 
     sock = bind_socket("127.0.0.1", 0)
     port: int = sock.getsockname()[1]

@@ -113,7 +113,7 @@ _Relay = tuple[list[Any], list[_Transport], list[asyncio.Protocol]]
 
 async def _gateway(streams: int) -> _Relay:
     from streamsafe.gateway import Gateway, GatewayConfig
-    from streamsafe.serving import server_config
+    from streamsafe.server import server_config
 
     gateway = Gateway(GatewayConfig(upstream="http://127.0.0.1:9", upstream_kind="vllm"))
     config = server_config(gateway, log_level="warning", loop="uvloop", limits=None)

@@ -34,7 +34,7 @@ from streamsafe.bench.tier_load import TierLoad, engine_for, expected_answer
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.engine_sim.config import Fault
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 __all__ = ["DEMO_ROWS", "LOADS", "POSITIONS", "Row", "demo_rows", "main", "run"]
 

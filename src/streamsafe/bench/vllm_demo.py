@@ -43,7 +43,7 @@ from streamsafe.bench.cutting_proxy import CuttingProxy, serve_proxy
 from streamsafe.bench.vllm_engine import VLLMEngine, VLLMOptions
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.relay.replay import answer_pieces
-from streamsafe.serving import ServerThread
+from streamsafe.server import ServerThread
 
 __all__ = ["VLLMDemoSettings", "run_vllm_demo"]
 

@@ -25,18 +25,6 @@ from typing import Any
 
 import orjson
 
-from streamsafe._asgi import (
-    BodyTooLarge,
-    Disconnected,
-    Message,
-    Receive,
-    Scope,
-    Send,
-    read_body,
-    reset_connection,
-    respond,
-    serve_lifespan,
-)
 from streamsafe.engine_sim.completion import Completion
 from streamsafe.engine_sim.config import SimConfig
 from streamsafe.engine_sim.engine import Engine
@@ -52,6 +40,18 @@ from streamsafe.engine_sim.validation import (
     validate,
 )
 from streamsafe.engine_sim.wire import DONE_EVENT, error_body
+from streamsafe.server.asgi import (
+    BodyTooLarge,
+    Disconnected,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    reset_connection,
+    respond,
+    serve_lifespan,
+)
 from streamsafe.tokens import estimate_input_tokens, estimate_prompt_tokens
 
 __all__ = ["Simulator"]

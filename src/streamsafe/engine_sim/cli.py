@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from streamsafe._option_numbers import Number
-from streamsafe._tls import add_tls_options
+from streamsafe.server.tls import add_tls_options
 
 __all__ = ["build_config", "register"]
 
@@ -158,9 +158,9 @@ def _main(args: argparse.Namespace) -> int:
     import os
     import sys
 
-    from streamsafe._tls import server_context, tls_files
     from streamsafe.engine_sim import Simulator
-    from streamsafe.serving import run_server
+    from streamsafe.server import run_server
+    from streamsafe.server.tls import server_context, tls_files
 
     try:
         config = build_config(args)

@@ -11,7 +11,6 @@ import contextlib
 import time
 import uuid
 
-from streamsafe._asgi import Receive, Send, respond
 from streamsafe.engine_sim.config import SimConfig
 from streamsafe.engine_sim.engine import Engine, EngineDeadError
 from streamsafe.engine_sim.faults import Drawn, StreamCut
@@ -19,6 +18,7 @@ from streamsafe.engine_sim.generation import Generation, GenState
 from streamsafe.engine_sim.text import TextStream
 from streamsafe.engine_sim.validation import Job
 from streamsafe.engine_sim.wire import DONE_EVENT, ChunkEncoder, error_body, error_event
+from streamsafe.server.asgi import Receive, Send, respond
 
 __all__ = ["Completion"]
 

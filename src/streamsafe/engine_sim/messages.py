@@ -26,8 +26,8 @@ from typing import Any
 
 import orjson
 
-from streamsafe._asgi import Message, Send
 from streamsafe.engine_sim.validation import BadRequest
+from streamsafe.server.asgi import Message, Send
 from streamsafe.sse import DONE, SSEDecoder
 
 __all__ = ["MessagesWriter", "count_tokens_body", "to_chat"]

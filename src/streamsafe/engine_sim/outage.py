@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from streamsafe._asgi import Receive, Scope, Send, reset_connection, respond
 from streamsafe.engine_sim.config import SimConfig
 from streamsafe.engine_sim.engine import Engine
 from streamsafe.engine_sim.faults import StreamCut
 from streamsafe.engine_sim.wire import error_body
+from streamsafe.server.asgi import Receive, Scope, Send, reset_connection, respond
 
 __all__ = ["Outage", "Outages"]
 

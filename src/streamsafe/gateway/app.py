@@ -22,7 +22,6 @@ from typing import Any
 
 import orjson
 
-from streamsafe._asgi import Receive, Scope, Send, respond, serve_lifespan
 from streamsafe.gateway.admission.admission import Admission
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.engines.engines import Engines
@@ -69,6 +68,7 @@ from streamsafe.gateway.tracing import Tracing
 from streamsafe.gateway.upstream.breaker import BreakerState
 from streamsafe.gateway.upstream.routes import Handling, find_route, operator_route, route_label
 from streamsafe.gateway.upstream.wire import Wire
+from streamsafe.server.asgi import Receive, Scope, Send, respond, serve_lifespan
 
 __all__ = ["Gateway"]
 
@@ -402,7 +402,7 @@ class Gateway:
         end the rest (see :meth:`Registry.end_live`). New completions and pass-through
         requests get 503 with ``Retry-After`` meanwhile, ``/ready`` 503, ``/health`` 200; a
         retry, resume or replay of a generation held here is still served. Called by the
-        server on SIGTERM or Ctrl-C (:func:`streamsafe.serving.run_server`), before it stops
+        server on SIGTERM or Ctrl-C (:func:`streamsafe.server.run_server`), before it stops
         listening."""
         self.draining = True
         self.registry.draining = True

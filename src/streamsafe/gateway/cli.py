@@ -105,8 +105,8 @@ def build_config(args: argparse.Namespace, upstream: str) -> Any:
 
 
 def build_limits(args: argparse.Namespace) -> Any:
-    """The :class:`~streamsafe.serving.ServerLimits` the parsed arguments describe."""
-    from streamsafe.serving import ServerLimits
+    """The :class:`~streamsafe.server.ServerLimits` the parsed arguments describe."""
+    from streamsafe.server import ServerLimits
 
     return ServerLimits(
         max_header_bytes=args.max_header_kb * 1024,
@@ -132,10 +132,10 @@ def serve(
     (``args`` as ``streamsafe serve`` parses them); the exit code. ``sock``: accept from this
     listening socket instead of binding ``--host``/``--port`` (worker ``worker`` of
     ``--workers N``, whose supervisor announced the address)."""
-    from streamsafe._tls import TlsError, server_context, tls_files
     from streamsafe.gateway.app import Gateway
     from streamsafe.gateway.engines.pool import parse_engine
-    from streamsafe.serving import run_server
+    from streamsafe.server import run_server
+    from streamsafe.server.tls import TlsError, server_context, tls_files
 
     try:
         parse_engine(upstream)  # the first of a pool may carry options

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from streamsafe._option_numbers import Number
-from streamsafe._tls import add_tls_options
+from streamsafe.server.tls import add_tls_options
 
 __all__ = ["GROUPS", "Options", "add_general"]
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from streamsafe._asgi import Send, respond
+from streamsafe.server.asgi import Send, respond
 
 __all__ = [
     "ERROR_PREFIXES",

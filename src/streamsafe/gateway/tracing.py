@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from streamsafe._asgi import Scope
+from streamsafe.server.asgi import Scope
 
 __all__ = ["GenerationTrace", "Tracing", "TracingUnavailable", "setup_otlp"]
 

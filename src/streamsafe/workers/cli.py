@@ -46,7 +46,7 @@ def worker_count(text: str) -> int:
 
 def supervise(args: argparse.Namespace) -> int:
     """Run ``args.workers`` gateways on one port until SIGTERM or Ctrl-C; the exit code."""
-    from streamsafe.serving import base_url, bind_socket
+    from streamsafe.server import base_url, bind_socket
     from streamsafe.workers.redis_child import NoRedisServer, RedisChild
     from streamsafe.workers.supervisor import Supervisor
 
@@ -103,7 +103,7 @@ def _simulator(args: argparse.Namespace) -> Iterator[str]:
     """The engine simulator every worker uses where no ``--upstream`` is given, on a thread of
     the supervisor: one engine behind all of them, as one gateway alone has."""
     from streamsafe.engine_sim import SimConfig, Simulator
-    from streamsafe.serving import ServerThread
+    from streamsafe.server import ServerThread
 
     with ServerThread(Simulator(SimConfig(memory_tokens=args.sim_memory_tokens))) as server:
         print(

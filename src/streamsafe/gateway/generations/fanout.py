@@ -4,13 +4,13 @@ A subscriber's own loop (:func:`streamsafe.gateway.serving.subscriber.serve_stre
 from its cursor and sends through the server, then waits for the next change: per chunk a future, a
 task switch, a log read and a coroutine send. Once its stream is committed and flowing and it has
 sent everything, it instead joins its generation's :class:`Fanout` and sleeps. From then on the
-relay, right after appending a read's events to the log, encodes them once and writes them to
-every member through the server's body writer (:data:`streamsafe._asgi.BODY_WRITER_EXTENSION`):
-no task runs per chunk. A member is released back to its loop, cursor intact, whenever anything
-but new events happens (:meth:`Fanout.release_all`: a state change, a disconnect, the end) or its
-writer declines (the client's socket is backed up, so ``send`` must wait for it to drain); the
-loop then goes on exactly as before, from the log. The events that end a stream (``[DONE]``
-last) are left to the loops too: each sends them with the end of its response in one write.
+relay, right after appending a read's events to the log, encodes them once and writes them to every
+member through the server's body writer (:data:`streamsafe.server.asgi.BODY_WRITER_EXTENSION`): no
+task runs per chunk. A member is released back to its loop, cursor intact, whenever anything but
+new events happens (:meth:`Fanout.release_all`: a state change, a disconnect, the end) or its
+writer declines (the client's socket is backed up, so ``send`` must wait for it to drain); the loop
+then goes on exactly as before, from the log. The events that end a stream (``[DONE]`` last) are
+left to the loops too: each sends them with the end of its response in one write.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
-from streamsafe._asgi import BodyWriter
 from streamsafe.gateway.generations.keepalive import KEEPALIVE_LINE, Keepalive
+from streamsafe.server.asgi import BodyWriter
 from streamsafe.sse import DONE, encode_events
 
 __all__ = ["Fanout"]

@@ -16,9 +16,9 @@ import logging
 import os
 from typing import Any
 
-from streamsafe._asgi import Message, Scope, Send, header
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.serving.subscriber import Subscriber
+from streamsafe.server.asgi import Message, Scope, Send, header
 
 __all__ = [
     "JOINED",

@@ -11,10 +11,10 @@ import hashlib
 import hmac
 import logging
 
-from streamsafe._asgi import Scope, header
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.errors import BadRequest
 from streamsafe.gateway.serving.requests import tenant_id
+from streamsafe.server.asgi import Scope, header
 
 __all__ = ["ANONYMOUS", "ApiKeys"]
 

@@ -9,15 +9,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from streamsafe._asgi import (
-    Receive,
-    Scope,
-    Send,
-    body_writer,
-    interim_writer,
-    reset_connection,
-    respond,
-)
 from streamsafe.gateway.admission.admission import Admission, Shed
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.errors import (
@@ -59,6 +50,15 @@ from streamsafe.gateway.serving.stream_terms import StreamTerms
 from streamsafe.gateway.serving.subscriber import Subscriber, serve_json, serve_stream
 from streamsafe.gateway.tracing import Tracing
 from streamsafe.gateway.upstream.kinds import CompletionRoute
+from streamsafe.server.asgi import (
+    Receive,
+    Scope,
+    Send,
+    body_writer,
+    interim_writer,
+    reset_connection,
+    respond,
+)
 
 __all__ = ["Completions", "GenerationSource"]
 

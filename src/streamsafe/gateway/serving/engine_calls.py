@@ -23,7 +23,6 @@ from typing import Any
 
 import orjson
 
-from streamsafe._asgi import Receive, Scope, Send
 from streamsafe.gateway.admission.admission import Admission, Shed, request_cost
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.engines.engines import Engines
@@ -36,6 +35,7 @@ from streamsafe.gateway.serving.requests import read_request_body
 from streamsafe.gateway.upstream.kinds import Wire, cost_view
 from streamsafe.gateway.upstream.routes import Cost, Route
 from streamsafe.request_cost import MAX_REQUEST_COST, InvalidField
+from streamsafe.server.asgi import Receive, Scope, Send
 from streamsafe.tokens import estimate_input_tokens
 
 __all__ = ["FORM_HEAD_LIMIT", "EngineCalls", "form_model"]

@@ -7,10 +7,10 @@ from __future__ import annotations
 import httpx2
 import orjson
 
-from streamsafe._asgi import Send, respond
 from streamsafe.gateway.engines.engines import Engines
 from streamsafe.gateway.errors import BadRequest, error_body
 from streamsafe.gateway.upstream.connect_failure import connect_failure
+from streamsafe.server.asgi import Send, respond
 
 __all__ = ["answer_models", "answer_ready"]
 

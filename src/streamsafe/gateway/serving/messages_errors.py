@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import orjson
 
-from streamsafe._asgi import Message, Send
 from streamsafe.gateway.generations.framing import anthropic_error
+from streamsafe.server.asgi import Message, Send
 
 __all__ = ["MESSAGES_PATHS", "anthropic_errors", "anthropic_status"]
 

@@ -20,9 +20,9 @@ from collections.abc import AsyncIterator
 
 import httpx2
 
-from streamsafe._asgi import Message, Receive, Scope, Send, respond
 from streamsafe.gateway.errors import error_body
 from streamsafe.gateway.upstream.connect_failure import connect_failure
+from streamsafe.server.asgi import Message, Receive, Scope, Send, respond
 
 __all__ = ["UpstreamBroke", "pass_through", "shared_route"]
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote_to_bytes
 
-from streamsafe._asgi import Scope
 from streamsafe.gateway.errors import BadRequest
+from streamsafe.server.asgi import Scope
 
 __all__ = ["canonical_path"]
 

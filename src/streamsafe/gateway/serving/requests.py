@@ -14,7 +14,6 @@ from typing import Any
 
 import orjson
 
-from streamsafe._asgi import BodyTooLarge, Disconnected, Receive, Scope, header, read_body
 from streamsafe.gateway.admission.admission import request_cost
 from streamsafe.gateway.errors import BadRequest
 from streamsafe.gateway.generations.generation import GenerationRequest
@@ -22,6 +21,7 @@ from streamsafe.gateway.relay.continuation import with_token_ids
 from streamsafe.gateway.serving.body_work import MAX_JSON_CONTAINERS, exceeds_containers
 from streamsafe.gateway.upstream.kinds import CompletionRoute, Wire, cost_view
 from streamsafe.request_cost import MAX_REQUEST_COST, InvalidField, is_deterministic
+from streamsafe.server.asgi import BodyTooLarge, Disconnected, Receive, Scope, header, read_body
 from streamsafe.tokens import estimate_input_tokens
 
 __all__ = [

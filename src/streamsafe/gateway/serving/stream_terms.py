@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from streamsafe._asgi import BodyWriter, Message, Send, respond
 from streamsafe.gateway.admission.admission import Admission, retry_after_seconds
 from streamsafe.gateway.errors import Failure, error_body, send_failure
 from streamsafe.gateway.generations.framing import OPENAI, Framing
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.serving.pacing import StreamRules
+from streamsafe.server.asgi import BodyWriter, Message, Send, respond
 from streamsafe.sse import DONE_EVENT
 
 __all__ = ["StreamTerms", "end_stream", "send_step_back"]

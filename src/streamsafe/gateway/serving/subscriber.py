@@ -3,7 +3,7 @@
 A subscriber keeps its own cursor into the generation's log. Its loop reads from the cursor to
 the end of the log, sends all of it in one body message, and waits for the next change. A
 client that leaves is noticed at once, even while its generation is quiet: the server calls
-:meth:`Subscriber.left` (:data:`~streamsafe._asgi.DISCONNECT_EXTENSION`), or, on a server that
+:meth:`Subscriber.left` (:data:`~streamsafe.server.asgi.DISCONNECT_EXTENSION`), or, on a server that
 does not offer that, a concurrent task watches for ``http.disconnect``.
 
 When the headers go out, when a ``: keep-alive`` comment is due, and what a subscriber whose
@@ -21,16 +21,6 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from streamsafe._asgi import (
-    InterimWriter,
-    Message,
-    OnDisconnect,
-    Receive,
-    Scope,
-    Send,
-    on_disconnect,
-    respond,
-)
 from streamsafe.gateway.admission.admission import Admission, retry_after_seconds
 from streamsafe.gateway.admission.fair_queue import QUEUED
 from streamsafe.gateway.errors import ResumePastEnd, error_body, send_failure
@@ -47,6 +37,16 @@ from streamsafe.gateway.serving.pacing import (
     heartbeat_within,
 )
 from streamsafe.gateway.serving.stream_terms import StreamTerms, end_stream, send_step_back
+from streamsafe.server.asgi import (
+    InterimWriter,
+    Message,
+    OnDisconnect,
+    Receive,
+    Scope,
+    Send,
+    on_disconnect,
+    respond,
+)
 from streamsafe.sse import DONE
 
 __all__ = ["Subscriber", "serve_json", "serve_stream"]
@@ -90,7 +90,7 @@ class Subscriber:
 
     def listen(self, scope: Scope, receive: Receive) -> None:
         """Learn at once when the client leaves: told by the server where it offers that
-        (:data:`~streamsafe._asgi.DISCONNECT_EXTENSION`, no task per request), else by a task
+        (:data:`~streamsafe.server.asgi.DISCONNECT_EXTENSION`, no task per request), else by a task
         waiting on ``receive()`` (:meth:`watch`). :meth:`unlisten` when done."""
         notice = on_disconnect(scope)
         if notice is not None:

@@ -1,7 +1,7 @@
 """What uvicorn's ``Server`` and a connection protocol share: the one place this project relies
 on uvicorn's undocumented protocol contract (uvicorn is pinned; tests/test_uvicorn_link.py fails,
 naming what moved, when a release changes it, and checks the ``Server`` attributes
-:class:`streamsafe.serving.DrainingServer` relies on too).
+:class:`streamsafe.server.DrainingServer` relies on too).
 
 uvicorn takes a protocol class (``Config(http=...)``) but does not document what it hands it.
 Its ``Server`` builds one per accepted connection as ``cls(config=, server_state=, app_state=,
@@ -37,7 +37,7 @@ def header_lines(headers: list[tuple[bytes, bytes]]) -> bytes:
 
 class UvicornLink:
     """A connection protocol's side of what uvicorn's ``Server`` shares with it (see the
-    module): mixed into :class:`~streamsafe._http_protocol.HttpProtocol`, which adds
+    module): mixed into :class:`~streamsafe.server.protocol.HttpProtocol`, which adds
     ``shutdown()``. The constructor is the one uvicorn calls."""
 
     def __init__(

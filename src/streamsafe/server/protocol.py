@@ -3,15 +3,15 @@ server facing the network needs.
 
 uvicorn's ``Server`` still owns the listening sockets, signals, lifespan and graceful shutdown;
 this protocol replaces its per-connection one (``Config(http=...)``) for the limits a server
-facing the network needs (:class:`~streamsafe._http_limits.ServerLimits`, each refusal a JSON
+facing the network needs (:class:`~streamsafe.server.limits.ServerLimits`, each refusal a JSON
 error, as is the 500 of an app that failed before answering) and for its cost per request (about
 0.13 ms of CPU less than uvicorn's here: see docs/gateway.md, Cost).
 
-It offers the app these ASGI extensions: :data:`streamsafe._asgi.RESET_EXTENSION` (reset the
-connection: TCP RST, no response), :data:`streamsafe._asgi.BODY_WRITER_EXTENSION` (write a
+It offers the app these ASGI extensions: :data:`streamsafe.server.asgi.RESET_EXTENSION` (reset the
+connection: TCP RST, no response), :data:`streamsafe.server.asgi.BODY_WRITER_EXTENSION` (write a
 piece of a started streaming response without a coroutine: the gateway's per-chunk path),
-:data:`streamsafe._asgi.DISCONNECT_EXTENSION` (learn of a disconnect) and
-:data:`streamsafe._asgi.INTERIM_EXTENSION` (a ``102 Processing`` interim response before the
+:data:`streamsafe.server.asgi.DISCONNECT_EXTENSION` (learn of a disconnect) and
+:data:`streamsafe.server.asgi.INTERIM_EXTENSION` (a ``102 Processing`` interim response before the
 answer: a waiting plain call kept alive with its status still open).
 Pipelined requests are answered in order, and an error in one of them (a 400, a 431) only
 after the answers before it, never inside them. An ``Upgrade`` request is answered as plain
@@ -19,7 +19,7 @@ HTTP, but one with a body is refused (400): llhttp would take its body for the n
 bytes, and what the body holds must never be parsed as a request. Trailer fields are bounded
 like a header section and never merged into the headers the app sees. A kept-alive connection
 idle for ``ServerLimits.keep_alive_timeout`` is closed. The connections of one client address
-with a request still arriving are bounded (:mod:`streamsafe._http_unfinished`), and a request
+with a request still arriving are bounded (:mod:`streamsafe.server.unfinished`), and a request
 body must keep up ``ServerLimits.min_body_rate``.
 """
 
@@ -33,32 +33,32 @@ from typing import Any
 
 import httptools
 
-from streamsafe._asgi import (
+from streamsafe.server.asgi import (
     BODY_WRITER_EXTENSION,
     DISCONNECT_EXTENSION,
     INTERIM_EXTENSION,
     RESET_EXTENSION,
 )
-from streamsafe._http_cycle import RequestCycle
-from streamsafe._http_flow import HIGH_WATER, FlowControl, reset
-from streamsafe._http_limits import (
+from streamsafe.server.cycle import RequestCycle
+from streamsafe.server.flow import HIGH_WATER, FlowControl, reset
+from streamsafe.server.limits import (
     FIRST_BYTE_S,
     LINGER_BYTES,
     LINGER_S,
     ServerLimits,
     error_response,
 )
-from streamsafe._http_request import (
+from streamsafe.server.request import (
     RequestHead,
     framing_refusal,
     request_scope,
     target_refusal,
     upgrade_with_body,
 )
-from streamsafe._http_unfinished import UnfinishedRequests, client_key
-from streamsafe._uvicorn_link import UvicornLink
+from streamsafe.server.unfinished import UnfinishedRequests, client_key
+from streamsafe.server.uvicorn_link import UvicornLink
 
-__all__ = ["HttpProtocol", "ServerLimits", "limited_protocol"]
+__all__ = ["HttpProtocol", "limited_protocol"]
 
 #: What a closed connection parses with: no callbacks, so it refers to no protocol.
 _SPENT = httptools.HttpRequestParser(object())
@@ -66,9 +66,9 @@ _SPENT = httptools.HttpRequestParser(object())
 
 class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
     """One HTTP/1.1 connection (see the module docstring), built by uvicorn's ``Server`` for each
-    accepted one (what they share: :class:`~streamsafe._uvicorn_link.UvicornLink`); ``limits`` is
-    set on the subclass :func:`limited_protocol` makes, with ``unfinished``, the server's count
-    of connections owing a request."""
+    accepted one (what they share: :class:`~streamsafe.server.uvicorn_link.UvicornLink`);
+    ``limits`` is set on the subclass :func:`limited_protocol` makes, with ``unfinished``, the
+    server's count of connections owing a request."""
 
     limits = ServerLimits()
     unfinished = UnfinishedRequests(limits.max_unfinished_per_client)
@@ -124,7 +124,7 @@ class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
         if transport.get_extra_info("sslcontext") is not None:
             self.scheme = "https"
         self._client_key = client_key(self.client[0]) if self.client else ""
-        # TCP_NODELAY comes from the listening socket (serving.bind_socket).
+        # TCP_NODELAY comes from the listening socket (run.bind_socket).
         cap = self.limits.max_connections
         if cap is not None and open_now > cap:
             self.closed()

@@ -1,6 +1,6 @@
 """What one HTTP connection may cost a server here, and the JSON answers past it.
 
-:class:`ServerLimits` is enforced by :mod:`streamsafe._http_protocol` before the app sees a
+:class:`ServerLimits` is enforced by :mod:`streamsafe.server.protocol` before the app sees a
 request; :func:`error_response` is the whole HTTP response (JSON body, ``connection: close``) the
 server sends itself when it refuses one: a limit passed, an unparsable request, an app that
 failed before answering.

@@ -1,16 +1,16 @@
 """One HTTP/1.1 request and its response, as the ASGI app sees them.
 
-:class:`RequestCycle` is what :mod:`streamsafe._http_protocol` hands the app for each request:
+:class:`RequestCycle` is what :mod:`streamsafe.server.protocol` hands the app for each request:
 ``receive`` (the body, then ``http.disconnect`` once the client left or the response ended),
 ``send`` (the response, framed here: ``content-length`` where the app gave one, else chunked,
 or until the close for HTTP/1.0), and the direct body writer offered as the
-:data:`~streamsafe._asgi.BODY_WRITER_EXTENSION`.
+:data:`~streamsafe.server.asgi.BODY_WRITER_EXTENSION`.
 
 It is built for the gateway's streams: a message costs one ``transport.write`` and no task; the
 head is held until the end of the loop iteration that started the response, so a start followed
 at once by a body (a first token already there) leaves in one write; a body bigger than the
 connection's write buffer makes ``send`` wait for the client to read (``drain``, see
-:mod:`streamsafe._http_flow`), for at most ``ServerLimits.send_timeout``, and the direct writer
+:mod:`streamsafe.server.flow`), for at most ``ServerLimits.send_timeout``, and the direct writer
 declines instead.
 """
 
@@ -23,8 +23,8 @@ import re
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
-from streamsafe._http_flow import HIGH_WATER
-from streamsafe._http_limits import error_response
+from streamsafe.server.flow import HIGH_WATER
+from streamsafe.server.limits import error_response
 
 __all__ = ["Connection", "RequestCycle"]
 
@@ -143,7 +143,7 @@ class RequestCycle:
         self._wake()
 
     def on_disconnect(self, notice: Callable[[], None] | None) -> None:
-        """The disconnect notice (:data:`~streamsafe._asgi.DISCONNECT_EXTENSION`)."""
+        """The disconnect notice (:data:`~streamsafe.server.asgi.DISCONNECT_EXTENSION`)."""
         if notice is not None and self.disconnected:
             notice()
             return

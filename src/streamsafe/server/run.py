@@ -25,7 +25,8 @@ from typing import Any
 
 import uvicorn
 
-from streamsafe._http_protocol import ServerLimits, limited_protocol
+from streamsafe.server.limits import ServerLimits
+from streamsafe.server.protocol import limited_protocol
 
 __all__ = [
     "CannotListen",
@@ -87,9 +88,9 @@ def server_config(
     enforcing ``limits``, lifespan on, no access log of uvicorn's (the gateway writes its own),
     a 2 s graceful shutdown. Logging stays the program's (:mod:`streamsafe._logging` for the
     command line): uvicorn installs no handler; ``log_level`` (``None``: untouched) is the level
-    of its loggers. ``tls``: serve HTTPS with this context (:func:`streamsafe._tls.server_context`
-    builds the command line's), built before, so that a bad file fails before the port is
-    bound."""
+    of its loggers. ``tls``: serve HTTPS with this context
+    (:func:`streamsafe.server.tls.server_context` builds the command line's), built before, so
+    that a bad file fails before the port is bound."""
     if tls is not None:
         kwargs["ssl_context_factory"] = lambda config, default: tls
     return uvicorn.Config(

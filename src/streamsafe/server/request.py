@@ -1,5 +1,5 @@
 """The head of an HTTP/1.1 request as httptools hands it over (see
-:mod:`streamsafe._http_protocol`): gathered and counted against the server's limits, then made
+:mod:`streamsafe.server.protocol`): gathered and counted against the server's limits, then made
 the app's ASGI scope, or refused where it cannot be served."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from urllib.parse import unquote
 
 import httptools
 
-from streamsafe._http_limits import ServerLimits
+from streamsafe.server.limits import ServerLimits
 
 __all__ = [
     "Refusal",

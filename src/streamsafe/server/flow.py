@@ -10,7 +10,7 @@ import contextlib
 import socket
 import struct
 
-from streamsafe._http_limits import ServerLimits
+from streamsafe.server.limits import ServerLimits
 
 __all__ = ["HIGH_WATER", "FlowControl", "reset"]
 

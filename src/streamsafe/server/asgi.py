@@ -1,4 +1,5 @@
-"""Plain ASGI underneath both servers (the gateway and the engine simulator).
+"""Plain ASGI underneath both apps (the gateway and the engine simulator), and the extensions
+this package's server (:mod:`streamsafe.server.protocol`) offers them.
 
 The types of the three ASGI callables, one way to answer a request, one way to read a request
 body within a limit, and the lifespan loop. No framework: each server is an ASGI callable that
@@ -39,14 +40,14 @@ Send = Callable[[Message], Awaitable[None]]
 _JSON = b"application/json"
 
 #: ``scope["extensions"]`` key of a no-argument callable that resets the request's connection
-#: (TCP RST, no answer): offered by :mod:`streamsafe.serving`'s servers, used to inject a reset
+#: (TCP RST, no answer): offered by this package's server, used to inject a reset
 #: and to end a stream that must not read as complete.
 RESET_EXTENSION = "streamsafe.reset"
 
 
 #: ``scope["extensions"]`` key of a callable ``write(body: bytes) -> bool`` that writes one piece
 #: of a started streaming response straight to the connection, without a coroutine: offered by
-#: :mod:`streamsafe.serving`'s servers, so a subscriber that keeps up is written to from the
+#: this package's server, so a subscriber that keeps up is written to from the
 #: upstream's read callback. It answers ``False`` and writes nothing where :data:`Send` must be
 #: used instead: the response has not started or has ended, the client left, or the connection's
 #: write buffer is full (``send`` waits for it to drain).
@@ -58,7 +59,7 @@ BodyWriter = Callable[[bytes], bool]
 #: ``scope["extensions"]`` key of a callable ``on_disconnect(callback)`` that has the server call
 #: ``callback()`` once, from the event loop, when the client leaves before the response is
 #: complete (at once where it already left; ``None`` withdraws it): offered by
-#: :mod:`streamsafe.serving`'s servers, so an app learns of a disconnect without a task waiting
+#: this package's server, so an app learns of a disconnect without a task waiting
 #: on ``receive`` for ``http.disconnect``.
 DISCONNECT_EXTENSION = "streamsafe.on_disconnect"
 
@@ -68,8 +69,8 @@ OnDisconnect = Callable[[Callable[[], None] | None], None]
 
 #: ``scope["extensions"]`` key of a no-argument callable ``interim() -> bool`` that writes a
 #: ``102 Processing`` interim response before the answer (``False``, nothing written, where the
-#: answer started, the client left or speaks HTTP/1.0): offered by :mod:`streamsafe.serving`'s
-#: servers, so a non-streaming call that waits long keeps its client's read timeout from firing
+#: answer started, the client left or speaks HTTP/1.0): offered by this package's server,
+#: so a non-streaming call that waits long keeps its client's read timeout from firing
 #: while its status stays open (an error is still an error status). httpx-based clients (every
 #: Stainless SDK) read past interim responses, each read starting their read timeout afresh.
 INTERIM_EXTENSION = "streamsafe.interim"
