@@ -21,18 +21,18 @@ minute. Everything runs in-process on loopback.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from streamsafe.bench.harness import (
     ClientKind,
+    Outcome,
     PathKind,
     Workload,
     compare_tokens,
     drive_workload,
+    engine_drained,
     expected_reply,
     make_driver,
     run_stack,
@@ -198,27 +198,13 @@ def _percentile(values: list[float], q: float) -> float | None:
     return None if value is None else round(value, 3)
 
 
-async def run_scenario(sc: Scenario, s: DemoSettings) -> ScenarioResult:
-    """Run one scenario on fresh servers; return its row and the engine's memory series."""
-    gw_cfg = sc.gateway(s) if sc.gateway else None
-    with run_stack(sc.sim(s), gw_cfg) as stack:
-        async with make_driver(sc.client, stack.url, s.timeout_s) as driver:
-            outcomes = await drive_workload(driver, s.workload)
-        # Let the engine drain what it still holds (orphans keep running), so memory and crash
-        # figures include the aftermath, bounded in time.
-        deadline = time.monotonic() + s.timeout_s * 10
-        while time.monotonic() < deadline:
-            st = stack.simulator.stats()
-            if st["engine_dead"] or (st["active"] == 0 and st["waiting"] == 0):
-                break
-            await asyncio.sleep(0.05)
-        sim = stack.simulator.stats()
-        gw = stack.gateway.stats() if stack.gateway else None
-        series = stack.simulator.memory_series()
+def _score(outcomes: list[Outcome], s: DemoSettings) -> tuple[int, int, int, list[float]]:
+    """Tokens lost and repeated over the answers, the calls silently truncated, and the
+    latencies of the calls completed.
 
-    # A call counts as completed only if its caller got the whole, exact answer. A call that
-    # ended without an error but short (llama-stack-client 0.2.x reads an in-stream error
-    # event as one more chunk) is "silently truncated": its missing tokens count as lost.
+    A call counts as completed only if its caller got the whole, exact answer. A call that
+    ended without an error but short (llama-stack-client 0.2.x reads an in-stream error event
+    as one more chunk) is "silently truncated": its missing tokens count as lost."""
     lost = repeated = truncated = 0
     latencies: list[float] = []
     for i, out in enumerate(outcomes):
@@ -229,6 +215,23 @@ async def run_scenario(sc: Scenario, s: DemoSettings) -> ScenarioResult:
             truncated += lo > 0
             if lo == 0 and rep == 0:
                 latencies.append(out.seconds)
+    return lost, repeated, truncated, latencies
+
+
+async def run_scenario(sc: Scenario, s: DemoSettings) -> ScenarioResult:
+    """Run one scenario on fresh servers; return its row and the engine's memory series."""
+    gw_cfg = sc.gateway(s) if sc.gateway else None
+    with run_stack(sc.sim(s), gw_cfg) as stack:
+        async with make_driver(sc.client, stack.url, s.timeout_s) as driver:
+            outcomes = await drive_workload(driver, s.workload)
+        # Let the engine drain what it still holds (orphans keep running), so memory and crash
+        # figures include the aftermath, bounded in time.
+        await engine_drained(stack.simulator, s.timeout_s * 10)
+        sim = stack.simulator.stats()
+        gw = stack.gateway.stats() if stack.gateway else None
+        series = stack.simulator.memory_series()
+
+    lost, repeated, truncated, latencies = _score(outcomes, s)
     completed = len(latencies)
     n = s.workload.requests
     attempts = gw["requests_received"] if gw is not None else sim["requests_received"]

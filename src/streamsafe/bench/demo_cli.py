@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamsafe.bench.report import add_output_flags, write_json
+
+if TYPE_CHECKING:
+    from streamsafe.bench.vllm_demo import VLLMDemoSettings
 
 __all__ = ["register"]
 
@@ -196,7 +199,6 @@ def _today_rows(console: Any, quick: bool, flavor_name: str) -> list[dict[str, A
 def _vllm_main(args: argparse.Namespace) -> int:
     """The demo against the real vLLM (see streamsafe.bench.vllm_demo)."""
     from rich.console import Console
-    from rich.table import Table
 
     from streamsafe.bench.vllm_demo import VLLMDemoSettings, run_vllm_demo
     from streamsafe.bench.vllm_engine import VLLMUnavailable
@@ -227,6 +229,18 @@ def _vllm_main(args: argparse.Namespace) -> int:
     except VLLMUnavailable as exc:
         console.print(f"[red]{exc}[/]")
         return 2
+    console.print(_storm_table(result, settings))
+    console.print(_cut_table(result, settings))
+    if args.json:
+        write_json(args.json, result)
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+def _storm_table(result: dict[str, Any], settings: VLLMDemoSettings) -> Any:
+    """The storm against the real vLLM: per path, the vLLM requests its calls cost."""
+    from rich.table import Table
+
     storm = Table(
         title=f"the report's storm against the real vLLM (client timeout "
         f"{result['client_timeout_s']:g} s, 2 retries; the engine busy "
@@ -244,7 +258,13 @@ def _vllm_main(args: argparse.Namespace) -> int:
             ", ".join(row["errors"]) or "-",
             f"{row['seconds']:g}",
         )
-    console.print(storm)
+    return storm
+
+
+def _cut_table(result: dict[str, Any], settings: VLLMDemoSettings) -> Any:
+    """The streams cut between the gateway and the real vLLM: how exactly each was continued."""
+    from rich.table import Table
+
     cut = Table(
         title=f"streams cut between the gateway and the real vLLM, continued "
         f"(greedy, max_tokens {settings.cut_tokens})"
@@ -269,11 +289,7 @@ def _vllm_main(args: argparse.Namespace) -> int:
             str(row["recover_ms"]),
             str(row["straight_gap_ms"]),
         )
-    console.print(cut)
-    if args.json:
-        write_json(args.json, result)
-        console.print(f"wrote {args.json}")
-    return 0
+    return cut
 
 
 def register(subparsers: Any) -> None:

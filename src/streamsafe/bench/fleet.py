@@ -21,9 +21,13 @@ import argparse
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamsafe.bench.report import add_output_flags, write_json
+
+if TYPE_CHECKING:
+    from streamsafe.bench.harness import Workload
+    from streamsafe.client import AsyncClient
 
 __all__ = ["FleetSettings", "register", "run"]
 
@@ -104,11 +108,8 @@ def _stats(url: str) -> dict[str, Any]:
 
 async def run_async(s: FleetSettings) -> dict[str, Any]:
     """Start the fleet, drive it, kill an engine halfway, and report."""
-    import httpx2
-
-    from streamsafe.bench.harness import Workload, compare_tokens, expected_reply
+    from streamsafe.bench.harness import Workload
     from streamsafe.bench.processes import RedisServer, ServerProcess
-    from streamsafe.client import AsyncClient, Timeouts
 
     redis = RedisServer().start()
     started: list[ServerProcess] = []
@@ -125,14 +126,7 @@ async def run_async(s: FleetSettings) -> dict[str, Any]:
         ]
         started += gateways
         workload = Workload(requests=s.requests, prompt_tokens=50, max_tokens=s.max_tokens)
-        client = AsyncClient(
-            base_url=gateways[0].url + "/v1",
-            api_key="bench",
-            timeout=Timeouts(connect=10, first_byte=None, idle=30),
-            http_client=httpx2.AsyncClient(
-                transport=_balancer([g.url for g in gateways]), timeout=None
-            ),
-        )
+        client = _client([g.url for g in gateways])
         rate = s.requests / s.window_s
         victim = sims[0]
         victim_stats: dict[str, Any] = {}
@@ -163,6 +157,59 @@ async def run_async(s: FleetSettings) -> dict[str, Any]:
         redis.stop()
 
     engine_stats = [victim_stats, *survivors]
+    return _report(s, workload, traces, kill_t, elapsed, engine_stats, replica_stats)
+
+
+#: What the report shows of each replica's counters.
+_REPLICA_COUNTS = (
+    "requests_received",
+    "generations_started",
+    "generations_mirrored",
+    "resumed",
+    "engine_failovers",
+    "engine_migrations",
+    "continued",
+)
+
+
+def _client(gateways: list[str]) -> AsyncClient:
+    """The streamsafe client the load goes through, spread over the replicas by ``_balancer``."""
+    import httpx2
+
+    from streamsafe.client import AsyncClient, Timeouts
+
+    return AsyncClient(
+        base_url=gateways[0] + "/v1",
+        api_key="bench",
+        timeout=Timeouts(connect=10, first_byte=None, idle=30),
+        http_client=httpx2.AsyncClient(transport=_balancer(gateways), timeout=None),
+    )
+
+
+def _failover_waits(traces: list[_Trace], kill_t: float) -> list[float]:
+    """For each stream in flight at the kill, the wait from it to the stream's next token,
+    sorted: it bounds the time to fail over (the dead engine's streams continue on the other
+    engine within it)."""
+    return sorted(
+        next(c for c in t.chunk_times if c > kill_t) - kill_t
+        for t in traces
+        if t.chunk_times and t.chunk_times[0] <= kill_t < t.chunk_times[-1]
+    )
+
+
+def _report(
+    s: FleetSettings,
+    workload: Workload,
+    traces: list[_Trace],
+    kill_t: float,
+    elapsed: float,
+    engine_stats: list[dict[str, Any]],
+    replica_stats: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The run's figures: answers exact, goodput, tail latency, the failover after the kill
+    at ``kill_t`` (seconds into the run), and what each engine and replica counted."""
+    from streamsafe.bench.harness import compare_tokens, expected_reply
+
     generations = sum(e["generations_started"] - e["continuations"] for e in engine_stats)
     lost = repeated = 0
     for i, trace in enumerate(traces):
@@ -171,13 +218,7 @@ async def run_async(s: FleetSettings) -> dict[str, Any]:
         repeated += extra
     completed = [t for t in traces if t.ok and len(t.text.split()) == s.max_tokens]
     latencies = sorted(t.ended - t.started for t in completed)
-    # Streams in flight at the kill: the wait from the kill to each one's next token bounds the
-    # time to fail over (the dead engine's streams continue on the other engine within it).
-    waits = sorted(
-        next(c for c in t.chunk_times if c > kill_t) - kill_t
-        for t in traces
-        if t.chunk_times and t.chunk_times[0] <= kill_t < t.chunk_times[-1]
-    )
+    waits = _failover_waits(traces, kill_t)
     return {
         "bench": "fleet",
         "settings": s.__dict__,
@@ -197,21 +238,7 @@ async def run_async(s: FleetSettings) -> dict[str, Any]:
         "client_resumes": sum(t.resumes for t in traces),
         "engine_generations": generations,
         "engine_continuations": sum(e["continuations"] for e in engine_stats),
-        "replicas": [
-            {
-                k: r.get(k, 0)
-                for k in (
-                    "requests_received",
-                    "generations_started",
-                    "generations_mirrored",
-                    "resumed",
-                    "engine_failovers",
-                    "engine_migrations",
-                    "continued",
-                )
-            }
-            for r in replica_stats
-        ],
+        "replicas": [{k: r.get(k, 0) for k in _REPLICA_COUNTS} for r in replica_stats],
         "errors": sorted({t.error for t in traces if t.error}),
         "kill_at_s": kill_t,
         "series": [[round(c, 3) for c in t.chunk_times] for t in traces],

@@ -29,6 +29,7 @@ __all__ = [
     "Stack",
     "Workload",
     "compare_tokens",
+    "engine_drained",
     "make_driver",
     "run_stack",
 ]
@@ -210,3 +211,14 @@ async def drive_workload(
 def expected_reply(workload: Workload, i: int, seed: int) -> str:
     """The exact text the simulator generates for logical request ``i``."""
     return expected_text(workload.body(i), workload.max_tokens, seed)
+
+
+async def engine_drained(simulator: Simulator, limit: float) -> None:
+    """Until the engine holds no request (or died), at most ``limit`` seconds: what it still
+    runs for callers that left counts for the run that left it."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        st = simulator.stats()
+        if st["engine_dead"] or (st["active"] == 0 and st["waiting"] == 0):
+            return
+        await asyncio.sleep(0.05)

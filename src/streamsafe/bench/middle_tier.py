@@ -28,9 +28,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from streamsafe.bench.harness import engine_drained
 from streamsafe.bench.llamastack_deployment import Deployment
 from streamsafe.bench.processes import free_port
 from streamsafe.bench.tier_load import (
+    CallResult,
     TierLoad,
     call_llama_stack,
     engine_for,
@@ -212,33 +214,20 @@ async def run_tier(
         # retrying failed engine calls after a backoff) counts for this run, and must not land
         # on the next run's engine: wait until the engine is idle and Llama Stack quiet.
         limit = drain_s if drain_s is not None else max(60.0, load.timeout_s * 20)
-        deadline = time.monotonic() + limit
-        while time.monotonic() < deadline:
-            st = sim.stats()
-            if st["engine_dead"] or (st["active"] == 0 and st["waiting"] == 0):
-                break
-            await asyncio.sleep(0.05)
+        await engine_drained(sim, limit)
         await asyncio.to_thread(deployment.quiesce, 2.5, 30.0)
         stats = sim.stats()
         gw_stats = gateway_stats() if gateway_stats is not None else None
         ls_retries = sum(
             1 for r in deployment.slot.seen if r.headers.get("x-stainless-retry-count", "0") != "0"
         )
-    exact = wrong = 0
-    errors: Counter[str] = Counter()
-    for i, result in enumerate(results):
-        if result.error is not None:
-            errors[result.error] += 1
-        elif result.text == expected_answer(load, i, sim.config.seed):
-            exact += 1
-        else:
-            wrong += 1
+    exact, wrong, errors = _score(results, load, sim.config.seed)
     return TierResult(
         position=position,
         load=load,
         exact=exact,
         wrong_text=wrong,
-        errors=dict(errors),
+        errors=errors,
         engine_requests=stats["requests_received"],
         llama_stack_retries=ls_retries,
         engine_generations=stats["generations_started"] - stats["continuations"],
@@ -250,3 +239,18 @@ async def run_tier(
         gateway=gw_stats,
         seconds=seconds,
     )
+
+
+def _score(results: list[CallResult], load: TierLoad, seed: int) -> tuple[int, int, dict[str, int]]:
+    """The calls answered exactly, those answered with another text, and the errors the rest
+    got (each with how many)."""
+    exact = wrong = 0
+    errors: Counter[str] = Counter()
+    for i, result in enumerate(results):
+        if result.error is not None:
+            errors[result.error] += 1
+        elif result.text == expected_answer(load, i, seed):
+            exact += 1
+        else:
+            wrong += 1
+    return exact, wrong, dict(errors)

@@ -164,57 +164,61 @@ def run_config(
         provider = {"type": "local_api_key", "api_keys": list(api_keys)}
         config["server"]["auth"] = {"provider_config": provider}
     if responses:
-        config["apis"] += ["responses", "vector_io", "tool_runtime", "files"]
-        kv, sql = "kv_default", "sql_default"
-        config["providers"].update(
-            {
-                "vector_io": [
-                    {
-                        "provider_id": "sqlite-vec",
-                        "provider_type": "inline::sqlite-vec",
-                        "config": {
-                            "db_path": str(state / "sqlite_vec.db"),
-                            "persistence": {"namespace": "vector_io::sqlite_vec", "backend": kv},
-                        },
-                    }
-                ],
-                "tool_runtime": [
-                    {"provider_id": "file-search", "provider_type": "inline::file-search"}
-                ],
-                "files": [
-                    {
-                        "provider_id": "files",
-                        "provider_type": "inline::localfs",
-                        "config": {
-                            "storage_dir": str(state / "files"),
-                            "metadata_store": {"table_name": "files_metadata", "backend": sql},
-                        },
-                    }
-                ],
-                "responses": [
-                    {
-                        "provider_id": "builtin",
-                        "provider_type": "inline::builtin",
-                        "config": {
-                            "persistence": {
-                                "responses": {"table_name": "responses", "backend": sql}
-                            }
-                        },
-                    }
-                ],
-            }
-        )
-        config["storage"]["stores"].update(
-            {
-                name: {"table_name": table, "backend": sql}
-                for name, table in (
-                    ("conversations", "openai_conversations"),
-                    ("prompts", "prompts"),
-                    ("connectors", "connectors"),
-                )
-            }
-        )
+        _add_responses(config, state)
     return config
+
+
+def _add_responses(config: dict[str, Any], state: Path) -> None:
+    """Add the Responses API to a run ``config``, with the APIs it depends on, each from its
+    inline provider (sqlite-vec, file-search, local files), their stores in ``state``."""
+    config["apis"] += ["responses", "vector_io", "tool_runtime", "files"]
+    kv, sql = "kv_default", "sql_default"
+    config["providers"].update(
+        {
+            "vector_io": [
+                {
+                    "provider_id": "sqlite-vec",
+                    "provider_type": "inline::sqlite-vec",
+                    "config": {
+                        "db_path": str(state / "sqlite_vec.db"),
+                        "persistence": {"namespace": "vector_io::sqlite_vec", "backend": kv},
+                    },
+                }
+            ],
+            "tool_runtime": [
+                {"provider_id": "file-search", "provider_type": "inline::file-search"}
+            ],
+            "files": [
+                {
+                    "provider_id": "files",
+                    "provider_type": "inline::localfs",
+                    "config": {
+                        "storage_dir": str(state / "files"),
+                        "metadata_store": {"table_name": "files_metadata", "backend": sql},
+                    },
+                }
+            ],
+            "responses": [
+                {
+                    "provider_id": "builtin",
+                    "provider_type": "inline::builtin",
+                    "config": {
+                        "persistence": {"responses": {"table_name": "responses", "backend": sql}}
+                    },
+                }
+            ],
+        }
+    )
+    config["storage"]["stores"].update(
+        {
+            name: {"table_name": table, "backend": sql}
+            for name, table in (
+                ("conversations", "openai_conversations"),
+                ("prompts", "prompts"),
+                ("connectors", "connectors"),
+            )
+        }
+    )
 
 
 _SELF_SIGNED = """

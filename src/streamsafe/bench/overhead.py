@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamsafe.bench.report import add_output_flags, write_json
+
+if TYPE_CHECKING:
+    from streamsafe.bench.measure import Phase
+    from streamsafe.bench.tap import Tap
 
 __all__ = ["register", "run"]
 
@@ -34,9 +38,8 @@ def run(
     import httpx2
 
     from streamsafe.bench.load import run_load
-    from streamsafe.bench.measure import Phase, measure_phase
+    from streamsafe.bench.measure import measure_phase
     from streamsafe.bench.peer_servers import start_peer
-    from streamsafe.bench.stats import median, percentile
     from streamsafe.bench.tap import Tap
     from streamsafe.engine_sim import SimConfig, Simulator
     from streamsafe.server import ServerThread
@@ -71,32 +74,49 @@ def run(
             rounds.append((direct, via))
         gw_stats: dict[str, Any] = httpx2.get(gw.url + "/stats", timeout=10).json()
 
+    per_round = [_round_figures(direct, via, tap) for direct, via in rounds]
+    return _report(streams, chunks, itl_ms, rounds, per_round, gw_stats)
+
+
+def _round_figures(direct: Phase, via: Phase, tap: Tap) -> dict[str, float]:
+    """One round's figures: latencies direct and through the gateway (ms), CPU per chunk (µs),
+    walls and memory per stream."""
+    from streamsafe.bench.stats import median, percentile
+
     def pct(values: list[float], q: float) -> float:
         return (percentile(values, q) or 0.0) * 1000.0
 
-    per_round = []
-    for direct, via in rounds:
-        lat_d, lat_g = direct.latencies(tap), via.latencies(tap)
-        n_d, n_g = max(direct.events_received, 1), max(via.events_received, 1)
-        base = median(lat_d) or 0.0
-        added = [x - base for x in lat_g]
-        per_round.append(
-            {
-                "direct_p50": pct(lat_d, 0.5),
-                "direct_p99": pct(lat_d, 0.99),
-                "gw_p50": pct(lat_g, 0.5),
-                "gw_p99": pct(lat_g, 0.99),
-                "added_p50": pct(added, 0.5),
-                "added_p99": pct(added, 0.99),
-                "gw_us_per_chunk": via.server_cpu_s / n_g * 1e6,
-                "sim_us_per_chunk_direct": direct.upstream_cpu_s / n_d * 1e6,
-                "sim_us_per_chunk_via": via.upstream_cpu_s / n_g * 1e6,
-                "loadgen_us_per_chunk": via.loadgen_cpu_s / n_g * 1e6,
-                "direct_wall": direct.wall_s,
-                "gw_wall": via.wall_s,
-                "mem_per_stream": via.rss_per_stream(),
-            }
-        )
+    lat_d, lat_g = direct.latencies(tap), via.latencies(tap)
+    n_d, n_g = max(direct.events_received, 1), max(via.events_received, 1)
+    base = median(lat_d) or 0.0
+    added = [x - base for x in lat_g]
+    return {
+        "direct_p50": pct(lat_d, 0.5),
+        "direct_p99": pct(lat_d, 0.99),
+        "gw_p50": pct(lat_g, 0.5),
+        "gw_p99": pct(lat_g, 0.99),
+        "added_p50": pct(added, 0.5),
+        "added_p99": pct(added, 0.99),
+        "gw_us_per_chunk": via.server_cpu_s / n_g * 1e6,
+        "sim_us_per_chunk_direct": direct.upstream_cpu_s / n_d * 1e6,
+        "sim_us_per_chunk_via": via.upstream_cpu_s / n_g * 1e6,
+        "loadgen_us_per_chunk": via.loadgen_cpu_s / n_g * 1e6,
+        "direct_wall": direct.wall_s,
+        "gw_wall": via.wall_s,
+        "mem_per_stream": via.rss_per_stream(),
+    }
+
+
+def _report(
+    streams: int,
+    chunks: int,
+    itl_ms: float,
+    rounds: list[tuple[Phase, Phase]],
+    per_round: list[dict[str, float]],
+    gw_stats: dict[str, Any],
+) -> dict[str, Any]:
+    """The report: each figure the median over the rounds (counts from the last one)."""
+    from streamsafe.bench.stats import median
 
     def med(key: str, digits: int = 3) -> float:
         return round(median([r[key] for r in per_round]) or 0.0, digits)

@@ -182,6 +182,26 @@ def _summarise(per_peer: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str,
     return out
 
 
+def _start_peers(
+    stack: contextlib.ExitStack[bool | None],
+    peers: tuple[str, ...],
+    engines: list[str],
+    litellm_python: str | None,
+    missing: dict[str, str],
+) -> list[Peer]:
+    """Start each of ``peers`` in front of ``engines`` (stopped when ``stack`` closes); those
+    that cannot start are noted in ``missing`` with why, and the run goes on without them."""
+    python = litellm_python or default_litellm_python()
+    running: list[Peer] = []
+    for name in peers:
+        try:
+            running.append(stack.enter_context(start_peer(name, engines, litellm_python=python)))
+        except (Missing, RuntimeError, OSError) as exc:
+            missing[name] = str(exc)
+            print(f"peer {name} missing: {exc}", flush=True)
+    return running
+
+
 def run(
     *,
     streams: int = 50,
@@ -208,19 +228,10 @@ def run(
     # uses the first. They run in this process, which otherwise only waits: the machine carries
     # the same processes whether one engine or two serve the load.
     taps = Taps([Tap(Simulator(config)) for _ in range(max(map(engines_used, peers), default=1))])
-    python = litellm_python or default_litellm_python()
     missing: dict[str, str] = {}
-    running: list[Peer] = []
     with contextlib.ExitStack() as stack:
         engines = [stack.enter_context(ServerThread(t, loop="uvloop")).url for t in taps.taps]
-        for name in peers:
-            try:
-                running.append(
-                    stack.enter_context(start_peer(name, engines, litellm_python=python))
-                )
-            except (Missing, RuntimeError, OSError) as exc:
-                missing[name] = str(exc)
-                print(f"peer {name} missing: {exc}", flush=True)
+        running = _start_peers(stack, peers, engines, litellm_python, missing)
         for peer in running:  # warm-up: imports, first connections, pools
             run_load(peer.url, min(streams, 8), 8, f"{peer.name}-warmup")
         per_peer: dict[str, list[dict[str, Any]]] = {p.name: [] for p in running}

@@ -101,6 +101,25 @@ def parse_case(text: str) -> tuple[int, bool]:
     return int(count), bool(plus)
 
 
+def _cases(rounds: dict[tuple[int, bool], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each case (its workers, and how they share their generations) with the median of every
+    figure over its rounds, and its throughput against the first case's."""
+    from streamsafe.bench.stats import median
+
+    cases = []
+    for (n, own), phases in rounds.items():
+        shared = "--redis" if own else ("own" if n > 1 else None)
+        case: dict[str, Any] = {"workers": n, "redis": shared}
+        for key in phases[0]:
+            value = median([p[key] for p in phases]) or 0.0
+            case[key] = round(value, 2) if isinstance(value, float) else value
+        cases.append(case)
+    base = cases[0]["chunks_per_s"] or 1.0
+    for case in cases:
+        case["throughput_vs_first"] = round(case["chunks_per_s"] / base, 3)
+    return cases
+
+
 def run(
     workers: tuple[tuple[int, bool], ...] = ((1, False), (1, True), (2, False)),
     streams: int = 200,
@@ -110,7 +129,6 @@ def run(
 ) -> dict[str, Any]:
     """Run the benchmark; the report."""
     from streamsafe.bench.processes import RedisServer, ServerProcess
-    from streamsafe.bench.stats import median
 
     sim = ServerProcess(
         "simulate",
@@ -148,17 +166,7 @@ def run(
         sim.stop()
         if redis is not None:
             redis.stop()
-    cases = []
-    for (n, own), phases in rounds.items():
-        shared = "--redis" if own else ("own" if n > 1 else None)
-        case: dict[str, Any] = {"workers": n, "redis": shared}
-        for key in phases[0]:
-            value = median([p[key] for p in phases]) or 0.0
-            case[key] = round(value, 2) if isinstance(value, float) else value
-        cases.append(case)
-    base = cases[0]["chunks_per_s"] or 1.0
-    for case in cases:
-        case["throughput_vs_first"] = round(case["chunks_per_s"] / base, 3)
+    cases = _cases(rounds)
     return {
         "bench": "workers",
         "streams": streams,

@@ -133,8 +133,8 @@ class AsyncStream(AsyncCloseAlias, Generic[T]):
             decoder = SSEDecoder()
             # After a resume, skip any event the server replays that we already have.
             skip_through = _int_id(call.last_event_id) if call and call.resumes else None
-            failure: BaseException | None = None
-            refused: _Refused | None = None
+            # What broke this attempt off: a refusal before any chunk, or the transport.
+            broke: _Refused | httpx2.TransportError | None = None
             try:
                 async for raw in response.aiter_bytes():
                     for ev in decoder.feed(raw):
@@ -155,11 +155,7 @@ class AsyncStream(AsyncCloseAlias, Generic[T]):
                         if type(data) is not dict:
                             raise _bad_event(call, ev.raw, chunks)
                         if "error" in data and data["error"] is not None:
-                            if not chunks and call is not None and not call.resumes:
-                                status = refusal_status(data["error"])
-                                if status is not None:  # nothing started: a refusal
-                                    raise _Refused(status, data)
-                            raise _stream_error(call, data, chunks)
+                            raise _error_event(call, data, chunks)
                         chunk = make(data)
                         chunks.append(chunk)
                         yield chunk
@@ -172,10 +168,8 @@ class AsyncStream(AsyncCloseAlias, Generic[T]):
             except Exception as exc:
                 if self._closed:
                     return  # closed by the caller, maybe from another task: the loop ends
-                if isinstance(exc, _Refused):
-                    refused = exc
-                elif isinstance(exc, httpx2.TransportError):
-                    failure = exc
+                if isinstance(exc, (_Refused, httpx2.TransportError)):
+                    broke = exc
                 elif isinstance(exc, (SSEError, httpx2.DecodingError)):
                     raise _unreadable(call, exc, chunks) from exc
                 else:
@@ -184,18 +178,27 @@ class AsyncStream(AsyncCloseAlias, Generic[T]):
                 await response.aclose()
             if self._closed:
                 return
-            if refused is not None:
-                if call is None or self._client is None:
-                    raise _stream_error(call, refused.data, chunks)
-                headers = response.headers
-                response = await self._client._retry_refused(call, refused, headers)
-                self.response = response
-                continue
-            if call is None or self._client is None:
-                raise StreamsafeError(f"stream broke: {failure or 'truncated before [DONE]'}")
-            outcome = call.stream_failure(failure, len(chunks))
-            response = await self._client._resume(call, outcome, chunks, failure)
+            response = await self._next_attempt(call, response, broke)
             self.response = response
+
+    async def _next_attempt(
+        self,
+        call: Call | None,
+        response: httpx2.Response,
+        broke: _Refused | httpx2.TransportError | None,
+    ) -> httpx2.Response:
+        """The response that carries the stream on after ``response`` broke off (``broke``:
+        why, ``None`` where it ended before ``[DONE]``): a refusal before any chunk is retried,
+        any other break resumed (a plain response, with no call
+        behind it, cannot be)."""
+        if isinstance(broke, _Refused):
+            if call is None or self._client is None:
+                raise _stream_error(call, broke.data, self.chunks)
+            return await self._client._retry_refused(call, broke, response.headers)
+        if call is None or self._client is None:
+            raise StreamsafeError(f"stream broke: {broke or 'truncated before [DONE]'}")
+        outcome = call.stream_failure(broke, len(self.chunks))
+        return await self._client._resume(call, outcome, self.chunks, broke)
 
 
 class _Refused(Exception):
@@ -243,6 +246,16 @@ def _stream_error(call: Call | None, data: dict[str, Any], chunks: list[Any]) ->
     if call is None:
         return StreamsafeError(f"error event in stream: {data.get('error')!r}")
     return call.stream_error(data, chunks)
+
+
+def _error_event(call: Call | None, data: dict[str, Any], chunks: list[Any]) -> Exception:
+    """What an error event in the stream raises: a refusal where it came before anything
+    started (retried as its status would be), else the stream's error."""
+    if not chunks and call is not None and not call.resumes:
+        status = refusal_status(data["error"])
+        if status is not None:
+            return _Refused(status, data)
+    return _stream_error(call, data, chunks)
 
 
 class AsyncClient(AsyncCloseAlias):

@@ -28,11 +28,17 @@ import orjson
 from streamsafe.engine_sim.completion import Completion
 from streamsafe.engine_sim.config import SimConfig
 from streamsafe.engine_sim.engine import Engine
-from streamsafe.engine_sim.faults import FaultDraw, StreamCut
+from streamsafe.engine_sim.faults import Drawn, FaultDraw, StreamCut
 from streamsafe.engine_sim.messages import MessagesWriter, count_tokens_body, to_chat
 from streamsafe.engine_sim.outage import Outage, Outages
 from streamsafe.engine_sim.text import split_continuation
-from streamsafe.engine_sim.validation import INVALID_PREFILL, BadRequest, ContextTooLong, validate
+from streamsafe.engine_sim.validation import (
+    INVALID_PREFILL,
+    BadRequest,
+    ContextTooLong,
+    Job,
+    validate,
+)
 from streamsafe.engine_sim.wire import DONE_EVENT, error_body
 from streamsafe.server.asgi import (
     BodyTooLarge,
@@ -351,19 +357,29 @@ class Simulator:
                 engine.count("refused_prefill")
             await _refuse(send, exc)
             return
+        if await self._answered_before_work(faults, job, scope, receive, send):
+            return
+        await Completion(engine, self.config, job, faults).serve(receive, send)
+
+    async def _answered_before_work(
+        self, faults: Drawn, job: Job, scope: Scope, receive: Receive, send: Send
+    ) -> bool:
+        """Answer a valid request the way a failing engine would before any work (an injected
+        black hole, reset, status or error event, or the engine dead); whether it did."""
+        engine = self.engine
         if faults.black_hole:
             await self._outages.meet(Outage("silent"), scope, receive, send)
-            return
+            return True
         if engine.dead:
             await respond(send, 500, error_body(engine.dead_message, 500))
-            return
+            return True
         if faults.reset:
             engine.count("faults_reset")
             reset = reset_connection(scope)
             if reset is None:
                 raise StreamCut("injected fault: reset (this server cannot reset; closing)")
             reset()
-            return
+            return True
         if faults.status is not None:
             engine.count("faults_status")
             fault = faults.status
@@ -372,12 +388,12 @@ class Simulator:
                 headers.append((b"retry-after", f"{fault.retry_after:g}".encode()))
             msg = f"injected fault: status {fault.status}"
             await respond(send, fault.status, error_body(msg, fault.status), headers=headers)
-            return
+            return True
         if faults.error_event is not None:
             engine.count("faults_errorevent")
             await _refuse_in_stream(send, faults.error_event.status, job.stream)
-            return
-        await Completion(engine, self.config, job, faults).serve(receive, send)
+            return True
+        return False
 
 
 def _vector(text: str, size: int = 8) -> list[float]:

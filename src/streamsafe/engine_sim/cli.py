@@ -32,6 +32,14 @@ def register(subparsers: Any) -> None:
         help="port (default 8000, as vLLM)",
     )
     add_tls_options(p)
+    _add_engine_options(p)
+    _add_middle_layer_options(p)
+    _add_fault_options(p)
+    p.set_defaults(func=_main)
+
+
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    """The engine simulated: its model, memory, batch and speed, its context length."""
     p.add_argument(
         "--model", default="sim-llama-8b", help="the model served (default sim-llama-8b)"
     )
@@ -55,6 +63,18 @@ def register(subparsers: Any) -> None:
         help="max_tokens when none given (256)",
     )
     p.add_argument(
+        "--max-model-len",
+        type=_POSITIVE_COUNT,
+        default=None,
+        metavar="TOKENS",
+        help="vLLM's context length: prompt + max_tokens past it gets vLLM's 400 (default: "
+        "none, memory bounds a request)",
+    )
+
+
+def _add_middle_layer_options(p: argparse.ArgumentParser) -> None:
+    """Where it behaves unlike vLLM's defaults, as a layer in front of one or an older one would."""
+    p.add_argument(
         "--no-abort-on-disconnect",
         action="store_true",
         help="keep generating after the client is gone (a middle layer that does not pass "
@@ -64,24 +84,6 @@ def register(subparsers: Any) -> None:
         "--headers-after-first-token",
         action="store_true",
         help="hold response headers until the first token (a middle layer waiting upstream)",
-    )
-    p.add_argument(
-        "--fault",
-        action="append",
-        default=[],
-        metavar="SPEC",
-        help="inject a fault, repeatable: status:CODE:P[:RETRY_AFTER], errorevent:CODE:P, "
-        "cut:N:P, cut:LO-HI:P, stall:SECONDS:P, pause:N:SECONDS:P, reset:P, hang:N:P, "
-        "malformed:N:P, nodone:P, blackhole:P, crash:N:P; each optionally followed "
-        "by @fresh or @continuation (which requests) and #TIMES (at most that many)",
-    )
-    p.add_argument(
-        "--max-model-len",
-        type=_POSITIVE_COUNT,
-        default=None,
-        metavar="TOKENS",
-        help="vLLM's context length: prompt + max_tokens past it gets vLLM's 400 (default: "
-        "none, memory bounds a request)",
     )
     p.add_argument(
         "--refuse-prefill",
@@ -94,6 +96,20 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="publish no KV cache configuration in /metrics (vLLM publishes it, and a gateway "
         "learns the engine's memory from it): an engine that does not say what it holds",
+    )
+
+
+def _add_fault_options(p: argparse.ArgumentParser) -> None:
+    """The failures it injects: per request, as a whole server, and their seed."""
+    p.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="inject a fault, repeatable: status:CODE:P[:RETRY_AFTER], errorevent:CODE:P, "
+        "cut:N:P, cut:LO-HI:P, stall:SECONDS:P, pause:N:SECONDS:P, reset:P, hang:N:P, "
+        "malformed:N:P, nodone:P, blackhole:P, crash:N:P; each optionally followed "
+        "by @fresh or @continuation (which requests) and #TIMES (at most that many)",
     )
     p.add_argument(
         "--black-hole",
@@ -111,7 +127,6 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--no-fault-header", action="store_true", help="ignore x-sim-fault request headers"
     )
-    p.set_defaults(func=_main)
 
 
 def build_config(args: argparse.Namespace) -> Any:

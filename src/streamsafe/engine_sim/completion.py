@@ -128,24 +128,13 @@ class Completion:
         if not cfg.headers_after_first_token:
             await send({"type": "http.response.start", "status": 200, "headers": _SSE})
             started = True
-        try:
-            gen = await self._admit()
-        except EngineDeadError as exc:
-            if started:
-                await _finish(send, error_event(str(exc)) + DONE_EVENT)
-            else:
-                await respond(send, 500, error_body(str(exc), 500))
-            return
+        gen = await self._admit_stream(send, started)
         if gen is None:
             return
         enc = self._encoder()
         text = TextStream(job.body, cfg.seed)
         last_index = gen.max_tokens - 1
-        budget = faults.cut_after  # data events left before a cut
-        # A crash is a cut that takes the engine with it; the earlier of the two happens.
-        crash = faults.crash_after is not None and (budget is None or faults.crash_after < budget)
-        if crash:
-            budget = faults.crash_after
+        budget, crash = _cut_budget(faults)  # data events left before a cut
         events_out = 0  # data events sent (for the hang and malformed faults)
         role_pending = job.chat
         while True:
@@ -154,9 +143,7 @@ class Completion:
             if self.gone or state == GenState.ABORTED:
                 return
             if faults.pause_after is not None and events_out >= faults.pause_after:
-                faults.pause_after = None
-                await self._pause(faults.pause_s)
-                if self.gone:
+                if not await self._pause():
                     return
                 state = gen.state
             n = gen.generated
@@ -176,15 +163,7 @@ class Completion:
                     await respond(send, 500, error_body(gen.error, 500))
                     return
                 parts.append(end)
-            if end is not None and faults.nodone and end.endswith(DONE_EVENT):
-                self.engine.count("faults_nodone")
-                parts[-1] = end = end[: -len(DONE_EVENT)]
-            if faults.malformed_after is not None:
-                at = faults.malformed_after - events_out
-                if 0 <= at <= len(parts) - (end is not None):
-                    self.engine.count("faults_malformed")
-                    parts.insert(at, _MALFORMED_EVENT)
-                    faults.malformed_after = None
+            end = self._spoil(parts, end, events_out)
             if faults.hang_after is not None:
                 at = faults.hang_after - events_out
                 if at < len(parts) - (end is not None) or end is not None:
@@ -196,21 +175,47 @@ class Completion:
                 return
             if budget is not None:
                 budget -= len(parts) - (end is not None)
-            if not started:
-                await send({"type": "http.response.start", "status": 200, "headers": _SSE})
-                started = True
-            if end is not None:
-                await _finish(send, b"".join(parts))
-                gen.sent = n
-                return
-            await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
+            await _send_step(send, parts, started, last=end is not None)
+            started = True
             gen.sent = n
+            if end is not None:
+                return
 
-    async def _pause(self, seconds: float) -> None:
-        """The pause fault: nothing sent for ``seconds`` (or until the client leaves)."""
+    async def _admit_stream(self, send: Send, started: bool) -> Generation | None:
+        """The stream's generation (:meth:`_admit`); ``None`` where the client left or the
+        engine died (that is answered, as an error event where the headers went out)."""
+        try:
+            return await self._admit()
+        except EngineDeadError as exc:
+            if started:
+                await _finish(send, error_event(str(exc)) + DONE_EVENT)
+            else:
+                await respond(send, 500, error_body(str(exc), 500))
+            return None
+
+    def _spoil(self, parts: list[bytes], end: bytes | None, events_out: int) -> bytes | None:
+        """The no-[DONE] and malformed faults, on one step's events (``end``: its last, where
+        the stream ends there); the end as sent."""
+        faults = self.faults
+        if end is not None and faults.nodone and end.endswith(DONE_EVENT):
+            self.engine.count("faults_nodone")
+            parts[-1] = end = end[: -len(DONE_EVENT)]
+        if faults.malformed_after is not None:
+            at = faults.malformed_after - events_out
+            if 0 <= at <= len(parts) - (end is not None):
+                self.engine.count("faults_malformed")
+                parts.insert(at, _MALFORMED_EVENT)
+                faults.malformed_after = None
+        return end
+
+    async def _pause(self) -> bool:
+        """The pause fault, once: nothing sent for its seconds (or until the client leaves);
+        whether the client is still there."""
+        self.faults.pause_after = None
         self.engine.count("faults_pause")
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.gone_event.wait(), seconds)
+            await asyncio.wait_for(self.gone_event.wait(), self.faults.pause_s)
+        return not self.gone
 
     async def _hang(
         self,
@@ -262,3 +267,22 @@ async def _send_last(
 
 async def _finish(send: Send, body: bytes) -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _cut_budget(faults: Drawn) -> tuple[int | None, bool]:
+    """Data events a stream sends before its injected cut (``None``: no cut), and whether the
+    cut is a crash: a crash is a cut that takes the engine with it; the earlier one happens."""
+    budget = faults.cut_after
+    crash = faults.crash_after is not None and (budget is None or faults.crash_after < budget)
+    return (faults.crash_after if crash else budget), crash
+
+
+async def _send_step(send: Send, parts: list[bytes], started: bool, *, last: bool) -> None:
+    """One step's events, after the response's start where it has not gone out yet; ``last``:
+    they end the stream."""
+    if not started:
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+    if last:
+        await _finish(send, b"".join(parts))
+    else:
+        await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})

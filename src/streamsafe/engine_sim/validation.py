@@ -64,35 +64,12 @@ def validate(body: Any, chat: bool, cfg: SimConfig) -> Job:
     if not isinstance(model, str):
         raise BadRequest("'model' must be a string")
     if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("'messages' is required: a non-empty list of messages")
-        for i, msg in enumerate(messages):
-            if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
-                raise BadRequest(f"messages[{i}] must be an object with a 'role'")
-            content = msg.get("content")
-            if content is not None and not isinstance(content, str | list):
-                raise BadRequest(f"messages[{i}].content must be a string or a list of parts")
-            for j, part in enumerate(content if isinstance(content, list) else ()):
-                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                    raise BadRequest(f"messages[{i}].content[{j}] must be an object with a 'type'")
-                if part["type"] == "text" and not isinstance(part.get("text"), str):
-                    raise BadRequest(f"messages[{i}].content[{j}].text must be a string")
+        _check_messages(body.get("messages"))
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str | list) or (isinstance(prompt, list) and not prompt):
             raise BadRequest("'prompt' is required: a string or a non-empty list")
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise BadRequest("'stream' must be a boolean")
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise BadRequest("'stream_options' must be an object")
-    include_usage = bool(options and options.get("include_usage"))
-    if options is not None and not stream:
-        raise BadRequest("Stream options can only be defined when `stream=True`.")
+    stream, include_usage = _streaming(body)
     asked = _int_field(body, "max_completion_tokens") if chat else None
     if asked is None:
         asked = _int_field(body, "max_tokens")
@@ -128,6 +105,40 @@ def validate(body: Any, chat: bool, cfg: SimConfig) -> Job:
         if prompt_tokens + max_tokens > limit:
             raise ContextTooLong(_too_long(limit, prompt_tokens, max_tokens, chat))
     return Job(chat, body, stream, include_usage, prompt_tokens, max_tokens)
+
+
+def _check_messages(messages: Any) -> None:
+    """A chat's messages as vLLM takes them: a non-empty list of objects with a role, each
+    content a string or a list of typed parts."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' is required: a non-empty list of messages")
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+            raise BadRequest(f"messages[{i}] must be an object with a 'role'")
+        content = msg.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise BadRequest(f"messages[{i}].content must be a string or a list of parts")
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise BadRequest(f"messages[{i}].content[{j}] must be an object with a 'type'")
+            if part["type"] == "text" and not isinstance(part.get("text"), str):
+                raise BadRequest(f"messages[{i}].content[{j}].text must be a string")
+
+
+def _streaming(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    """Whether the request streams, and whether its stream ends with the usage."""
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise BadRequest("'stream_options' must be an object")
+    include_usage = bool(options and options.get("include_usage"))
+    if options is not None and not stream:
+        raise BadRequest("Stream options can only be defined when `stream=True`.")
+    return stream, include_usage
 
 
 def _is_prefill(body: Mapping[str, Any], chat: bool) -> bool:

@@ -12,9 +12,13 @@ import argparse
 import math
 import os
 import socket
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from streamsafe.gateway.cli_options import GROUPS, add_general
+
+if TYPE_CHECKING:
+    from streamsafe.gateway.app import Gateway
 
 __all__ = ["add_arguments", "build_config", "build_limits", "serve"]
 
@@ -128,7 +132,6 @@ def serve(
     (``args`` as ``streamsafe serve`` parses them); the exit code. ``sock``: accept from this
     listening socket instead of binding ``--host``/``--port`` (worker ``worker`` of
     ``--workers N``, whose supervisor announced the address)."""
-    from streamsafe._url_userinfo import redact
     from streamsafe.gateway.app import Gateway
     from streamsafe.gateway.engines.pool import parse_engine
     from streamsafe.server import run_server
@@ -156,6 +159,26 @@ def serve(
     except (TlsError, ValueError) as exc:
         print(f"streamsafe serve: {exc}")
         return 2
+    run_server(
+        gateway,
+        host=args.host,
+        port=args.port,
+        announce=_announcement(args, gateway, upstream, worker),
+        limits=limits,
+        drain=lambda: gateway.drain(args.drain_timeout),
+        sock=sock,
+        tls=tls,
+    )
+    return 0
+
+
+def _announcement(
+    args: argparse.Namespace, gateway: Gateway, upstream: str, worker: int | None
+) -> Callable[[str], None]:
+    """What the gateway prints once it listens: where, in front of what (credentials
+    redacted), and the settings an operator checks first."""
+    from streamsafe._url_userinfo import redact
+
     keys = len(gateway.config.api_keys)
     pool = [str(e.spec) for e in gateway.engines.pool.engines] if gateway.config.engines else []
     target = f"{len(pool)} engines ({', '.join(pool)})" if pool else redact(upstream)
@@ -168,14 +191,4 @@ def serve(
             flush=True,
         )
 
-    run_server(
-        gateway,
-        host=args.host,
-        port=args.port,
-        announce=announce,
-        limits=limits,
-        drain=lambda: gateway.drain(args.drain_timeout),
-        sock=sock,
-        tls=tls,
-    )
-    return 0
+    return announce

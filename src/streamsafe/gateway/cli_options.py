@@ -297,6 +297,21 @@ def _add_keeping(group: Options) -> None:
 
 def add_timeouts(group: Options) -> None:
     """An upstream attempt's deadlines, a client connection's, the drain at shutdown."""
+    _add_upstream_timeouts(group)
+    _add_connection_timeouts(group)
+    group.add_argument(
+        "--drain-timeout",
+        type=_NUMBER,
+        default=30.0,
+        help="on SIGTERM or Ctrl-C, seconds running streams get to finish while new work is "
+        "refused with 503; then they end with an error event (with --redis: handed to another "
+        "replica) and the process exits (default 30)",
+    )
+
+
+def _add_upstream_timeouts(group: Options) -> None:
+    """How long an attempt upstream, a caller's wait for the next token and a generation may
+    take."""
     group.add_argument(
         "--first-token-timeout",
         type=_NUMBER,
@@ -327,6 +342,10 @@ def add_timeouts(group: Options) -> None:
         default=600.0,
         help="seconds a generation may take upstream in all (default 600; 0: none)",
     )
+
+
+def _add_connection_timeouts(group: Options) -> None:
+    """How long a client connection may take to send its request, read the response, idle."""
     group.add_argument(
         "--header-timeout",
         type=_POSITIVE,
@@ -360,14 +379,6 @@ def add_timeouts(group: Options) -> None:
         default=5.0,
         help="seconds a kept-alive connection may sit idle before it is closed; above a load "
         "balancer's own idle timeout, so that it, not the gateway, closes (default 5)",
-    )
-    group.add_argument(
-        "--drain-timeout",
-        type=_NUMBER,
-        default=30.0,
-        help="on SIGTERM or Ctrl-C, seconds running streams get to finish while new work is "
-        "refused with 503; then they end with an error event (with --redis: handed to another "
-        "replica) and the process exits (default 30)",
     )
 
 

@@ -238,6 +238,16 @@ class GatewayConfig:
             # in the transport; infinity is no number of seconds either (None says "none").
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{field.name} must be a finite number, not {value}")
+        self._check_choices()
+        self._check_credentials()
+        self._check_numbers()
+        if self.redis_url is not None:
+            parse_redis_url(self.redis_url, ca_certs=self.redis_ca_certs)  # ValueError, redacted
+        elif self.redis_ca_certs is not None:
+            raise ValueError("redis_ca_certs without a redis_url")
+
+    def _check_choices(self) -> None:
+        """Each setting that names one of a few behaviours names one that exists."""
         if self.collapse_identical not in ("auto", "deterministic", "all", "off"):
             raise ValueError(
                 "collapse_identical must be 'auto', 'deterministic', 'all' or 'off', "
@@ -254,6 +264,15 @@ class GatewayConfig:
             raise ValueError(
                 f"engine_refusals must be 'wait' or 'answer', not {self.engine_refusals!r}"
             )
+        if self.on_live_duplicate not in ("attach", "409"):
+            raise ValueError("on_live_duplicate must be 'attach' or '409'")
+        if self.tenant_passthrough not in ("refuse", "shared"):
+            raise ValueError(
+                f"tenant_passthrough must be 'refuse' or 'shared', not {self.tenant_passthrough!r}"
+            )
+
+    def _check_credentials(self) -> None:
+        """Keys are never empty, and the upstream is sent one credential, not two."""
         if self.forward_authorization and self.upstream_api_key:
             raise ValueError(
                 "forward_authorization sends the caller's Authorization upstream; "
@@ -268,8 +287,13 @@ class GatewayConfig:
                 "forward_authorization sends the caller's Authorization upstream; an upstream "
                 "URL's user:password would send another: set one of them"
             )
-        if self.on_live_duplicate not in ("attach", "409"):
-            raise ValueError("on_live_duplicate must be 'attach' or '409'")
+        if any(not k for k in self.api_keys):
+            raise ValueError("api keys must not be empty")
+        if self.admin_key is not None and not self.admin_key:
+            raise ValueError("admin_key must not be empty")
+
+    def _check_numbers(self) -> None:
+        """Durations, sizes, counts and weights within the range each has a meaning in."""
         for name in ("grace", "heartbeat", "queue_timeout", "keep_finished", "connect_backoff"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
@@ -279,10 +303,6 @@ class GatewayConfig:
             raise ValueError("orphan_ttl must be at least three leases")
         if self.failover_attempts < 1:
             raise ValueError("failover_attempts must be >= 1")
-        if self.redis_url is not None:
-            parse_redis_url(self.redis_url, ca_certs=self.redis_ca_certs)  # ValueError, redacted
-        elif self.redis_ca_certs is not None:
-            raise ValueError("redis_ca_certs without a redis_url")
         for name in ("max_inflight", "max_memory_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -295,17 +315,9 @@ class GatewayConfig:
             raise ValueError(
                 "connect_retries, max_kept_bytes and max_kept_generations must be >= 0"
             )
-        if any(not k for k in self.api_keys):
-            raise ValueError("api keys must not be empty")
-        if self.tenant_passthrough not in ("refuse", "shared"):
-            raise ValueError(
-                f"tenant_passthrough must be 'refuse' or 'shared', not {self.tenant_passthrough!r}"
-            )
         for name in ("first_token_timeout", "idle_timeout", "stall_timeout", "total_timeout"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be > 0 or None")
-        if self.admin_key is not None and not self.admin_key:
-            raise ValueError("admin_key must not be empty")
         if any(not (w > 0 and w < float("inf")) for _, w in self.tenant_weights):
             raise ValueError("tenant weights must be > 0")

@@ -90,55 +90,90 @@ def decide(
         return _give_up(f"deadline of {policy.deadline:g} s passed: {what}")
 
     if outcome.committed:
-        if streaming is None:
-            return _give_up(f"{what}: the response had started, a call is never re-sent then")
-        if not outcome.resumable:
-            return _give_up(f"{what}: the server cannot resume this stream")
-        if not streaming.resume:
-            return _give_up(f"{what}: resume is off")
-        if resumes >= streaming.max_resumes:
-            return _give_up(f"{what}: all {streaming.max_resumes} resumes used")
-        # The first resume is immediate (a reset is usually one bad connection); later ones back
-        # off like retries so a flapping server is not hammered.
-        delay = 0.0 if resumes == 0 else policy.backoff(resumes - 1, rand)
-        if deadline_at is not None and now + delay > deadline_at:
-            return _give_up(f"{what}: a resume would end past the deadline")
-        return Decision("resume", delay, f"resume {resumes + 1}/{streaming.max_resumes}: {what}")
+        return _resume(policy, streaming, outcome, resumes, now, deadline_at, rand)
+    return _retry(policy, streaming, outcome, attempt, budget, now, deadline_at, rand)
 
+
+def _retry(
+    policy: RetryPolicy,
+    streaming: StreamingConfig | None,
+    outcome: Outcome,
+    attempt: int,
+    budget: RetryBudget | None,
+    now: float,
+    deadline_at: float | None,
+    rand: float,
+) -> Decision:
+    """An uncommitted outcome: retry where the call's kind allows it, retries and the budget
+    are left, and the wait (the server's or the backoff) ends within the deadline."""
+    what = outcome.describe()
     if outcome.should_retry_header is False:
         return _give_up(f"{what}: the server said x-should-retry: false")
-    if streaming is None:
-        if not _retryable_by_policy(policy, outcome):
-            return _give_up(f"{what}: not retryable")
-        limit = policy.max_retries
-    elif streaming.retry_if_nothing_started and nothing_started(outcome):
-        limit = policy.max_retries
-    elif (outcome.kind == "timeout" and streaming.retry_on_timeout) or (
-        outcome.kind != "timeout"
-        and streaming.retry_on_server_error
-        and _retryable_by_policy(policy, outcome)
-    ):
-        limit = streaming.max_retries
-    else:
+    limit = _retry_limit(policy, streaming, outcome)
+    if limit is None:
         return _give_up(
-            f"{what}: a stream is not retried once the server may have started it "
+            f"{what}: not retryable"
+            if streaming is None
+            else f"{what}: a stream is not retried once the server may have started it "
             "(opt in with StreamingConfig)"
         )
     if attempt >= limit:
         return _give_up(f"{what}: {attempt + 1} attempts made, retries exhausted")
     if budget is not None and not budget.allow_retry():
         return _give_up(f"{what}: retry budget exhausted ({budget.balance:.2f} retries left)")
-
     server_wait = parse_retry_after(outcome.headers, now) if outcome.kind == "status" else None
-    if server_wait is not None:
-        if server_wait > policy.max_retry_after:
-            return _give_up(
-                f"{what}: the server asked to wait {server_wait:g} s, more than "
-                f"max_retry_after={policy.max_retry_after:g} s"
-            )
-        delay = server_wait
-    else:
-        delay = policy.backoff(attempt, rand)
+    if server_wait is not None and server_wait > policy.max_retry_after:
+        return _give_up(
+            f"{what}: the server asked to wait {server_wait:g} s, more than "
+            f"max_retry_after={policy.max_retry_after:g} s"
+        )
+    delay = policy.backoff(attempt, rand) if server_wait is None else server_wait
     if deadline_at is not None and now + delay > deadline_at:
         return _give_up(f"{what}: a retry in {delay:.2f} s would end past the deadline")
     return Decision("retry", delay, f"attempt {attempt + 2}/{limit + 1}: {what}")
+
+
+def _resume(
+    policy: RetryPolicy,
+    streaming: StreamingConfig | None,
+    outcome: Outcome,
+    resumes: int,
+    now: float,
+    deadline_at: float | None,
+    rand: float,
+) -> Decision:
+    """A committed outcome: never re-sent; a stream is resumed where the server can, resume is
+    on and resumes are left (within the deadline)."""
+    what = outcome.describe()
+    if streaming is None:
+        return _give_up(f"{what}: the response had started, a call is never re-sent then")
+    if not outcome.resumable:
+        return _give_up(f"{what}: the server cannot resume this stream")
+    if not streaming.resume:
+        return _give_up(f"{what}: resume is off")
+    if resumes >= streaming.max_resumes:
+        return _give_up(f"{what}: all {streaming.max_resumes} resumes used")
+    # The first resume is immediate (a reset is usually one bad connection); later ones back
+    # off like retries so a flapping server is not hammered.
+    delay = 0.0 if resumes == 0 else policy.backoff(resumes - 1, rand)
+    if deadline_at is not None and now + delay > deadline_at:
+        return _give_up(f"{what}: a resume would end past the deadline")
+    return Decision("resume", delay, f"resume {resumes + 1}/{streaming.max_resumes}: {what}")
+
+
+def _retry_limit(
+    policy: RetryPolicy, streaming: StreamingConfig | None, outcome: Outcome
+) -> int | None:
+    """How many retries an uncommitted outcome allows in all, ``None`` where it is not retried:
+    a plain call by the policy; a stream only what cannot duplicate work, unless opted in."""
+    if streaming is None:
+        return policy.max_retries if _retryable_by_policy(policy, outcome) else None
+    if streaming.retry_if_nothing_started and nothing_started(outcome):
+        return policy.max_retries
+    if (outcome.kind == "timeout" and streaming.retry_on_timeout) or (
+        outcome.kind != "timeout"
+        and streaming.retry_on_server_error
+        and _retryable_by_policy(policy, outcome)
+    ):
+        return streaming.max_retries
+    return None

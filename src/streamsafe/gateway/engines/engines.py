@@ -69,6 +69,8 @@ class Engines:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        # Long because of its settings, one a line, each documented in the class docstring;
+        # the body builds each engine's upstream and stores the rest where it is read.
         self.budget = budget or RetryBudget()
         self.upstreams = [
             Upstream(

@@ -175,6 +175,8 @@ class Generation:
         key: str | None,
         created_at: float = 0.0,
     ) -> None:
+        # Long because it declares every attribute of this slotted object, each with why it is
+        # kept: one place to read them all, as ``__slots__`` lists them.
         self.id = gen_id
         self.request = request
         self.tenant = request.tenant

@@ -209,23 +209,9 @@ class Relay:
             if broken.quiet_since is not None:  # it relayed events: the stall began at the last
                 repair.quiet_since = broken.quiet_since
             attempts.cut()
-            # Only a stream the upstream ends with [DONE] (OpenAI's format) reads back as a
-            # partial answer; Llama Stack's streams end in their own way (see stream_reader).
-            route = gen.request.route
-            partial: Partial | MessagesPartial | None = None
-            if gen.stream and gen.length and route is not None and route.wire is _MESSAGES:
-                partial = await read_messages_partial(gen.log)
-            elif gen.stream and gen.length and (route is None or route.upstream_done):
-                partial = await read_partial(gen.log)
+            partial = await _read_partial(gen)
             if partial is not None and partial.finished:  # only the end was missing
-                if isinstance(partial, MessagesPartial):
-                    end = messages_owed_end(partial)
-                else:
-                    end = await owed_end(gen.request, partial, attempts.upstream.prompt_tokens)
-                self.counters.usage_recovered += len(end) > 1
-                gen.length = await gen.log.append(end)
-                attempts.succeeded()
-                self._finish(gen, State.DONE)
+                await self._append_owed_end(gen, attempts, partial)
                 return
             shed = broken.failure is not None and broken.failure.status in REFUSAL_STATUSES
             if await self._gives_up(gen, broken, attempts, repair, shed):
@@ -242,16 +228,34 @@ class Relay:
                     return
             elif not await self._next_ask(gen, broken, attempts, partial):
                 return
-            repair.tries += 1
-            gen.continuations += 1
-            self.counters.continued += 1
-            log.info(
-                "%s: %s; asking upstream again (%d)",
-                gen.id,
-                broken.why,
-                repair.tries,
-                extra={"fields": {"event": "continuation", "generation": gen.id}},
-            )
+            self._count_continuation(gen, broken, repair)
+
+    async def _append_owed_end(
+        self, gen: Generation, attempts: Attempts, partial: Partial | MessagesPartial
+    ) -> None:
+        """The attempt broke with only the stream's end missing: append what the engine owed
+        (the finish, the usage where it can be recovered) and finish the generation."""
+        if isinstance(partial, MessagesPartial):
+            end = messages_owed_end(partial)
+        else:
+            end = await owed_end(gen.request, partial, attempts.upstream.prompt_tokens)
+        self.counters.usage_recovered += len(end) > 1
+        gen.length = await gen.log.append(end)
+        attempts.succeeded()
+        self._finish(gen, State.DONE)
+
+    def _count_continuation(self, gen: Generation, broken: BrokenAttempt, repair: _Repair) -> None:
+        """One more attempt continues the generation: counted against its continuations."""
+        repair.tries += 1
+        gen.continuations += 1
+        self.counters.continued += 1
+        log.info(
+            "%s: %s; asking upstream again (%d)",
+            gen.id,
+            broken.why,
+            repair.tries,
+            extra={"fields": {"event": "continuation", "generation": gen.id}},
+        )
 
     async def _gives_up(
         self,
@@ -477,3 +481,18 @@ class _Repair:
     shed_since: float | None = None
     #: The latest attempt the engine refused (shed), which the next waits at its gate for.
     refused: BrokenAttempt | None = None
+
+
+async def _read_partial(gen: Generation) -> Partial | MessagesPartial | None:
+    """The answer a broken attempt left in the log, read back; ``None`` where nothing was
+    logged or the stream is not one that reads back. Only a stream the upstream ends with
+    [DONE] (OpenAI's format) or Anthropic's messages does; Llama Stack's streams end in their
+    own way (see stream_reader)."""
+    route = gen.request.route
+    if not gen.stream or not gen.length:
+        return None
+    if route is not None and route.wire is _MESSAGES:
+        return await read_messages_partial(gen.log)
+    if route is None or route.upstream_done:
+        return await read_partial(gen.log)
+    return None

@@ -133,6 +133,9 @@ class StreamSink:
         return self._append_now is not None
 
     def events(self, payloads: list[bytes]) -> None:
+        """Take one read's payloads from the attempt into the generation's log, where they pass."""
+        # Long because it runs once per upstream read, for every token: the checks stay in one
+        # frame, with no call per chunk (a helper per step costs the hot path measurably).
         gen = self.gen
         state = gen.state  # not gen.finished: a property call, once per read
         if (

@@ -180,18 +180,8 @@ class Mirrors:
                 if await store.wait(gen.id, log_.length, states, self.lease / 2):
                     delay = 0.05
                     continue
-                # Quiet for half a lease: is the owner still there? SET NX decides who takes
-                # over when it is not.
-                orphaned = gen.live and await store.lease_holder(gen.id) is None
-                # Only with its record there: an empty, restarted Redis is no proof of a
-                # dead owner (the owner writes it back).
-                orphaned = orphaned and await store.generation(gen.id) is not None
-                if orphaned and await store.take_lease(gen.id, self.lease):
-                    await log_.take_over(store.replica_id)
-                    gen.length = log_.length
-                    log.warning("%s: owner replica gone; taking the generation over", gen.id)
-                    self.forget(gen)
-                    await on_takeover(gen)
+                # Quiet for half a lease: is the owner still there?
+                if await self._took_over(gen, log_, on_takeover):
                     return
             except REDIS_ERRORS as exc:
                 self._failed(exc)
@@ -204,6 +194,25 @@ class Mirrors:
                 log.error("%s", why, extra={"fields": {"event": "redis_record_unreadable"}})
                 on_end(gen, _unreadable(gen, log_, why))
                 return
+
+    async def _took_over(
+        self, gen: Generation, log_: ReplicatedLog, on_takeover: OnTakeover
+    ) -> bool:
+        """Take over a live generation whose owner's lease lapsed (SET NX decides which
+        replica does); whether this one did."""
+        store = self.store
+        orphaned = gen.live and await store.lease_holder(gen.id) is None
+        # Only with its record there: an empty, restarted Redis is no proof of a dead owner
+        # (the owner writes it back).
+        orphaned = orphaned and await store.generation(gen.id) is not None
+        if not orphaned or not await store.take_lease(gen.id, self.lease):
+            return False
+        await log_.take_over(store.replica_id)
+        gen.length = log_.length
+        log.warning("%s: owner replica gone; taking the generation over", gen.id)
+        self.forget(gen)
+        await on_takeover(gen)
+        return True
 
 
 def _ends(new: list[bytes]) -> bool:

@@ -101,15 +101,7 @@ async def pass_through(
     that authenticates its own users; see ``GatewayConfig.forward_authorization``). ``body``:
     the whole body, read already; else ``head``: the start of the body, read already (the rest
     still to come from ``receive``, streamed)."""
-    method: str = scope["method"]
-    path = scope.get("raw_path") or scope["path"].encode()
-    query = scope.get("query_string") or b""
-    url = (path + b"?" + query if query else path).decode("latin-1")
-    headers = [
-        (k, v)
-        for k, v in scope["headers"]
-        if k.lower() not in _HOP_BY_HOP or (keep_authorization and k.lower() == b"authorization")
-    ]
+    url, headers = _forwarded(scope, keep_authorization)
     body_done = asyncio.Event()
     content: bytes | AsyncIterator[bytes]
     declared = _content_length(scope)
@@ -126,7 +118,7 @@ async def pass_through(
         body_done.set()
     else:
         content = _stream_body(receive, body_done)
-    request = client.build_request(method, url, headers=headers, content=content)
+    request = client.build_request(scope["method"], url, headers=headers, content=content)
     relay = asyncio.get_running_loop().create_task(_relay(client, request, send))
     try:
         await _wait_for(relay, body_done)
@@ -149,6 +141,20 @@ async def pass_through(
             relay.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await relay
+
+
+def _forwarded(scope: Scope, keep_authorization: bool) -> tuple[str, list[tuple[bytes, bytes]]]:
+    """The upstream URL (path and query as the client sent them) and the request's headers
+    less the hop-by-hop ones (``Authorization`` too, unless ``keep_authorization``)."""
+    path = scope.get("raw_path") or scope["path"].encode()
+    query = scope.get("query_string") or b""
+    url = (path + b"?" + query if query else path).decode("latin-1")
+    headers = [
+        (k, v)
+        for k, v in scope["headers"]
+        if k.lower() not in _HOP_BY_HOP or (keep_authorization and k.lower() == b"authorization")
+    ]
+    return url, headers
 
 
 async def _wait_for(relay: asyncio.Task[int], body_done: asyncio.Event) -> None:

@@ -176,21 +176,37 @@ async def serve_json(
             next_beat = now + beat
         elif now >= next_beat:
             if not committed:
-                headers = [(b"content-type", b"application/json"), generation_header]
-                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                await _commit_json(gen, send, admission, generation_header)
                 committed = True
-                if admission is not None and gen.waiter is not None:
-                    admission.commit(gen.waiter)
             await send(_JSON_HEARTBEAT_MSG)
             next_beat = now + beat
             if gen.version != version:
                 continue
-        waiter = gen.next_change()
-        try:
-            async with asyncio.timeout(max(0.0, next_beat - now)):
-                await waiter
-        except TimeoutError:
-            gen.forget_waiter(waiter)
+        await _next_change_within(gen, max(0.0, next_beat - now))
+
+
+async def _commit_json(
+    gen: Generation,
+    send: Send,
+    admission: Admission | None,
+    generation_header: tuple[bytes, bytes],
+) -> None:
+    """Answer a JSON call that waited past ``commit_wait`` 200 at once (its body follows,
+    whitespace first); its place in admission is committed, never shed after that."""
+    headers = [(b"content-type", b"application/json"), generation_header]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    if admission is not None and gen.waiter is not None:
+        admission.commit(gen.waiter)
+
+
+async def _next_change_within(gen: Generation, seconds: float) -> None:
+    """Until the generation changes, or ``seconds`` passed (its waiter then let go)."""
+    waiter = gen.next_change()
+    try:
+        async with asyncio.timeout(seconds):
+            await waiter
+    except TimeoutError:
+        gen.forget_waiter(waiter)
 
 
 async def _send_answer(

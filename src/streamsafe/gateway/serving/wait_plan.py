@@ -77,17 +77,7 @@ def plan_wait(
     if hold_left <= 0 or (predicted is not None and predicted > hold_left):
         return Plan("shed", retry_after=predicted if predicted is not None else 1.0)
     if early:
-        if answer_by is None:
-            limit = commit_after
-        elif predicted is None:  # no estimate yet (nothing finished): hold the client as before
-            limit = min(commit_after, answer_by)
-        else:
-            limit = answer_by
-        if waited >= limit or (
-            answer_by is not None and predicted is not None and waited + predicted >= answer_by
-        ):
-            return Plan("commit")
-        return Plan("wait", until=min(limit - waited, hold_left))
+        return _early_commit(predicted, waited, hold_left, answer_by, commit_after)
     if answer_by is None:
         return Plan("wait", until=hold_left)
     if waited >= answer_by:
@@ -96,6 +86,28 @@ def plan_wait(
         # Not near (else stepping back would cost the client an attempt for nothing).
         return _step_back(predicted, patience, last_attempt)
     return Plan("wait", until=min(answer_by - waited, hold_left))
+
+
+def _early_commit(
+    predicted: float | None,
+    waited: float,
+    hold_left: float,
+    answer_by: float | None,
+    commit_after: float,
+) -> Plan:
+    """Early commit, the generation held: commit once the wait may reach ``answer_by`` (or,
+    where that or the wait is unknown, after ``commit_after``); until then wait."""
+    if answer_by is None:
+        limit = commit_after
+    elif predicted is None:  # no estimate yet (nothing finished): hold the client as before
+        limit = min(commit_after, answer_by)
+    else:
+        limit = answer_by
+    if waited >= limit or (
+        answer_by is not None and predicted is not None and waited + predicted >= answer_by
+    ):
+        return Plan("commit")
+    return Plan("wait", until=min(limit - waited, hold_left))
 
 
 def _step_back(predicted: float | None, patience: float | None, last_attempt: bool) -> Plan:
