@@ -8,6 +8,7 @@ that says why. Ten cuts per row, drawn with a fixed seed."""
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -72,28 +73,42 @@ class Answer:
 
 
 def _read(base: str, body: dict[str, Any]) -> Answer:
+    """One stream, read whole. A 503 before any work (the gateway found vLLM's ``/health`` slow
+    on this loaded machine and refused, nothing started) is asked again after its
+    ``Retry-After``, as a client does: this file is about the continuation of a cut answer."""
+    for _ in range(10):
+        with httpx2.stream("POST", base + "/v1/chat/completions", json=body, timeout=120) as resp:
+            if resp.status_code == 503 and "retry-after" in resp.headers:
+                resp.read()
+                time.sleep(float(resp.headers["retry-after"]))  # the refusal's own wait
+                continue
+            assert resp.status_code == 200, resp.read()
+            return _answer(resp)
+    raise AssertionError(f"refused ten times: {body['messages']}")
+
+
+def _answer(resp: httpx2.Response) -> Answer:
+    """What a client read of one chat stream's events."""
     answer = Answer()
-    with httpx2.stream("POST", base + "/v1/chat/completions", json=body, timeout=120) as resp:
-        assert resp.status_code == 200, resp.read()
-        for line in resp.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            answer.events += 1
-            chunk = orjson.loads(line[6:])
-            if "error" in chunk:
-                answer.error = chunk["error"]["message"]
-                continue
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-                answer.usage = {k: usage[k] for k in ("prompt_tokens", "completion_tokens")}
-            for choice in chunk.get("choices", ()):
-                text, ids = answer_pieces(choice)
-                answer.text += text
-                answer.ids += ids or []
-                for entry in (choice.get("logprobs") or {}).get("content") or ():
-                    answer.logprobs.append((entry["token"], entry["logprob"]))
-                if choice.get("finish_reason"):
-                    answer.finish.append(choice["finish_reason"])
+    for line in resp.iter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        answer.events += 1
+        chunk = orjson.loads(line[6:])
+        if "error" in chunk:
+            answer.error = chunk["error"]["message"]
+            continue
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+            answer.usage = {k: usage[k] for k in ("prompt_tokens", "completion_tokens")}
+        for choice in chunk.get("choices", ()):
+            text, ids = answer_pieces(choice)
+            answer.text += text
+            answer.ids += ids or []
+            for entry in (choice.get("logprobs") or {}).get("content") or ():
+                answer.logprobs.append((entry["token"], entry["logprob"]))
+            if choice.get("finish_reason"):
+                answer.finish.append(choice["finish_reason"])
     return answer
 
 
