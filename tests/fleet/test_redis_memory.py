@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx2
 import pytest
 import redis
-from fleet_helpers import Process, RedisProcess
+from fleet_helpers import Process, RedisProcess, key_names
 
 from waiting import wait_until
 
@@ -26,7 +26,8 @@ def sim() -> Iterator[Process]:
 
 
 def _logs(client: redis.Redis) -> int:
-    return sum(1 for _ in client.scan_iter(match="*:log", _type="STREAM"))
+    # Every generation's log, named as the store names one (a glob: "{*}" is literal braces).
+    return sum(1 for _ in client.scan_iter(match=key_names().log_key("*"), _type="STREAM"))
 
 
 def test_redis_lets_go_of_the_answers_a_replica_evicted(

@@ -11,7 +11,7 @@ from typing import Any
 import httpx2
 import pytest
 import redis
-from fleet_helpers import Process, RedisProcess
+from fleet_helpers import Process, RedisProcess, claim_name
 
 from waiting import poll
 
@@ -84,7 +84,7 @@ def test_a_finished_generation_s_key_holds_after_redis_restarted_empty(
         # what it keeps: the claim among it.
         client = redis.Redis.from_url(own_redis.url)
         # Not a check: the requests below are told to come back (503) until it is done.
-        poll(lambda: any(client.scan_iter(match="*restart-empty*")), 5, every=0.1)
+        poll(lambda: client.exists(claim_name(key)), 5, every=0.1)
         for url in (owner.url, other.url):
             again = _send(url, body, key).text if stream else _post(url, body, key)
             assert again == first

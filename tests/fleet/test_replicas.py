@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import httpx2
 import pytest
-from fleet_helpers import Process, RedisProcess, claim_name
+from fleet_helpers import Process, RedisProcess, claim_name, key_names
 
 from streamsafe.engine_sim import expected_text
 from waiting import wait_until
@@ -362,12 +362,15 @@ def test_a_dead_owners_generation_nobody_takes_over_leaves_nothing_for_ever(
     finally:
         owner.kill()
     client = redis.Redis.from_url(own_redis.url)
-    lifetimes = {name.decode(): client.pttl(name) for name in client.scan_iter("ss:*")}
+    names = key_names()
+    lifetimes = {name.decode(): client.pttl(name) for name in client.scan_iter(names.prefix + "*")}
     claim = claim_name("orphan-1")
-    assert claim in lifetimes and any(n.endswith(":log") for n in lifetimes), lifetimes
+    gen_id = client.get(claim).decode()  # type: ignore[union-attr]
+    own = [claim, names.log_key(gen_id), names.meta_key(gen_id)]
+    assert all(name in lifetimes for name in own), lifetimes
     # Every key lapses (-1: none set); the generation's own within the orphan TTL.
     assert all(ms > 0 for ms in lifetimes.values()), lifetimes
-    assert all(ms <= 30_000 for n, ms in lifetimes.items() if "nudge" not in n), lifetimes
+    assert all(lifetimes[name] <= 30_000 for name in own), lifetimes
 
 
 def test_a_generation_running_past_the_orphan_ttl_keeps_its_keys(
@@ -407,7 +410,7 @@ def test_redis_evicts_a_running_log_the_owner_finishes_and_writes_it_back(
     url = "/v1/chat/completions"
     got: list[tuple[int, bytes]] = []
     with httpx2.stream("POST", a.url + url, json=body, headers=key, timeout=30) as r:
-        log_key = f"ss:{{{r.headers['x-streamsafe-generation']}}}:log"
+        log_key = key_names().log_key(r.headers["x-streamsafe-generation"])
         for event in events(r):
             got.append(event)
             if len(got) == 5:
