@@ -1,5 +1,5 @@
 """The pure parts: the memory store, SSE framing, generation ids. (Admission:
-test_admission.py.)"""
+admission/test_admission.py.)"""
 
 from __future__ import annotations
 
