@@ -1,6 +1,8 @@
-"""Suite-wide: the servers tests hand to ``server_stops.stop_later`` are all stopped before the
-session ends; and how ``make test TEST_PROCESSES=2`` spreads the files over two processes
-(pytest-xdist, ``-n 2 --dist loadfile``)."""
+"""Suite-wide: every test's tier (unit, integration, real_engine: see tiers.py), a unit test
+kept from listening or starting a process; the servers tests hand to
+``server_stops.stop_later`` all stopped before the session ends; and how ``make test
+TEST_PROCESSES=2`` spreads the files over two processes (pytest-xdist, ``-n 2 --dist
+loadfile``)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ import pytest
 sys.path.append(os.path.dirname(__file__))
 
 from server_stops import wait_stopped
+from tiers import TIERS, UNIT, closest_tier, no_servers, tier
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
 
 #: The files that run the real Llama Stack servers: tests/llamastack share one 0.2.12 server for
 #: the session (per process), tests/ogx one OGX 1.5 and one llama-stack 0.7.3, the demo starts
@@ -26,7 +31,7 @@ MIDDLE_TIER = "middle tier"
 REAL_VLLM = "real vllm"
 
 
-def _unit(nodeid: str) -> str:
+def _work_unit(nodeid: str) -> str:
     """The unit of work a test belongs to: its file, or :data:`MIDDLE_TIER`."""
     path = nodeid.split("::", 1)[0]
     if path.startswith(("tests/llamastack/", "tests/ogx/")) or path == "tests/test_demo.py":
@@ -42,11 +47,48 @@ def _servers_stopped_at_the_end() -> Iterator[None]:
     wait_stopped()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Each test ends with exactly one tier mark, its own: a module's unit mark moves down onto
+    # its tests, except those marked otherwise themselves, so that `-m unit` (which sees every
+    # mark up the chain) selects no test its module calls unit but the test does not. First, so
+    # that `-m` deselects on the resolved marks.
+    tiers = []
+    for item in items:
+        path = os.path.relpath(item.path, TESTS).replace(os.sep, "/")
+        try:
+            tiers.append(tier(path, closest_tier(mark.name for mark in item.iter_markers())))
+        except ValueError as error:
+            raise pytest.UsageError(str(error)) from None
+    for item, name in zip(items, tiers, strict=True):
+        for node in item.listchain():
+            node.own_markers[:] = [mark for mark in node.own_markers if mark.name not in TIERS]
+        item.add_marker(name)
     # In an xdist worker (every worker collects the same list), put the middle tier first so
     # the scheduler hands it out first; a plain run keeps the files in their order.
     if hasattr(config, "workerinput"):
-        items.sort(key=lambda item: _unit(item.nodeid) != MIDDLE_TIER)
+        items.sort(key=lambda item: _work_unit(item.nodeid) != MIDDLE_TIER)
+
+
+def _is_unit(item: pytest.Item) -> bool:
+    return closest_tier(mark.name for mark in item.iter_markers()) == UNIT
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    # Setup too: a server a unit test asks for through a fixture is refused there.
+    if not _is_unit(item):
+        return (yield)
+    with no_servers():
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    if not _is_unit(item):
+        return (yield)
+    with no_servers():
+        return (yield)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -58,7 +100,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class MiddleTierFirst(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            return _unit(nodeid)
+            return _work_unit(nodeid)
 
     # Hand units out in collection order (middle tier first), not largest test count first.
     config.option.loadscopereorder = False

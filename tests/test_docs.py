@@ -11,6 +11,8 @@ import pytest
 
 from streamsafe._clidoc import render
 
+pytestmark = pytest.mark.unit
+
 _ROOT = Path(__file__).resolve().parent.parent
 _CLI_MD = _ROOT / "docs" / "cli.md"
 _PAGES = [_ROOT / "README.md", *sorted((_ROOT / "docs").glob("*.md"))]

@@ -11,7 +11,11 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
+import pytest
+
 import streamsafe
+
+pytestmark = pytest.mark.unit
 
 SRC = pathlib.Path(streamsafe.__file__).parent
 #: Third-party modules the retry core must not pull in (they cost most of a server's import).
@@ -26,6 +30,7 @@ def _loaded_after(statement: str) -> set[str]:
     return set(json.loads(out.stdout))
 
 
+@pytest.mark.integration
 def test_importing_the_retry_core_loads_no_server_and_no_third_party_package() -> None:
     loaded = _loaded_after("import streamsafe.retry")
     ours = {m for m in loaded if m.startswith("streamsafe")}
@@ -33,6 +38,7 @@ def test_importing_the_retry_core_loads_no_server_and_no_third_party_package() -
     assert not {m.split(".")[0] for m in loaded} & set(HEAVY)
 
 
+@pytest.mark.integration
 def test_importing_the_package_loads_nothing_until_a_name_is_used() -> None:
     loaded = _loaded_after("import streamsafe")
     assert {m for m in loaded if m.startswith("streamsafe")} == {"streamsafe"}

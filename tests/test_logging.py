@@ -13,6 +13,8 @@ import pytest
 from streamsafe import _logging
 from streamsafe.cli import build_parser
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def restore_logging() -> Iterator[None]:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 #: What only the servers need.
@@ -66,6 +68,7 @@ print("ok", sorted(m for m in sys.modules if m.split(".")[0] in ({_BLOCKED})))
 """
 
 
+@pytest.mark.integration
 def test_the_client_imports_and_builds_without_any_server_package() -> None:
     code = _WITHOUT_SERVERS + _CLIENT_ALONE
     out = subprocess.run(
@@ -75,6 +78,7 @@ def test_the_client_imports_and_builds_without_any_server_package() -> None:
     assert out.stdout.strip() == "ok []"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("argv", "code", "says"),
     [
@@ -148,6 +152,7 @@ def _wheel(dist: Path) -> Path:
     return wheel
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_twine_passes_the_sdist_and_the_wheel(built: Path) -> None:
     files = sorted(str(p) for p in built.iterdir())
@@ -158,6 +163,7 @@ def test_twine_passes_the_sdist_and_the_wheel(built: Path) -> None:
     assert out.stdout.count("PASSED") == 2, out.stdout
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_the_wheel_requires_no_server_package_and_carries_the_source_version(built: Path) -> None:
     wheel = _wheel(built)
@@ -174,6 +180,7 @@ def test_the_wheel_requires_no_server_package_and_carries_the_source_version(bui
     assert not any(n.startswith("tests/") for n in names)
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_the_installed_wheel_reports_the_source_version(built: Path, tmp_path: Path) -> None:
     # A wheel of pure Python installs by unpacking; put it first on the path, ahead of the

@@ -11,7 +11,7 @@ from streamsafe._redis_url import parse_redis_url
 from streamsafe.cli import main
 from streamsafe.gateway.config import GatewayConfig
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 
 def test_a_plain_url_names_host_port_and_database() -> None:

@@ -16,6 +16,8 @@ from streamsafe.sse import (
     iter_events,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def decode_all(stream: bytes, sizes: list[int] | None = None) -> list[ServerSentEvent]:
     """Feed ``stream`` cut into pieces of the given sizes (cycled), then close."""

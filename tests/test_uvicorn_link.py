@@ -14,6 +14,7 @@ import uvicorn
 
 from streamsafe.server import bind_socket
 from streamsafe.server.uvicorn_link import UvicornLink
+from waiting import wait_until_async
 
 MOVED = "uvicorn {version} changed {what}: see streamsafe/server/uvicorn_link.py, relying on it"
 
@@ -55,11 +56,13 @@ async def _one_connection_then_shutdown() -> tuple[_Recorder, uvicorn.Server]:
     config = uvicorn.Config(_app, http=_Recorder, lifespan="off", log_config=None)
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:  # noqa: ASYNC110 - uvicorn offers a flag, not an event
-        await asyncio.sleep(0.005)
+    await wait_until_async(lambda: server.started, 10, "uvicorn started")  # a flag, no event
     _, writer = await asyncio.open_connection(*sock.getsockname()[:2])
-    while not _Recorder.built or _Recorder.built[-1].transport is None:  # noqa: ASYNC110
-        await asyncio.sleep(0.005)
+    await wait_until_async(
+        lambda: _Recorder.built and _Recorder.built[-1].transport is not None,
+        10,
+        "the connection's protocol built",
+    )
     server.should_exit = True
     await asyncio.wait_for(serving, 10)
     writer.close()

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamsafe.bench.stats import interval, median
 from streamsafe.bench.vllm_cost import _settled
+
+pytestmark = pytest.mark.unit
 
 _RATIOS = st.lists(st.floats(0.5, 2.0), min_size=2, max_size=30)
 

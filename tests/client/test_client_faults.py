@@ -441,7 +441,7 @@ def test_keep_alive_comments_keep_a_slow_stream_from_idling_out(mode):
         await req.start_stream()
         for _ in range(10):
             await req.write(encode_comment("keep-alive"))
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # the slow stream's pace: the behaviour under test
         await req.write(encode_event(chunk(0, "late", "stop")))
         await req.write(DONE_EVENT, more=False)
 
@@ -599,7 +599,7 @@ async def endless(req: Req) -> None:
     while not gone.done():  # uvicorn drops writes after a disconnect; receive() tells
         await req.write(encode_event(chunk(i, "x")))
         i += 1
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # the endless stream's pace
 
 
 @pytest.mark.parametrize("mode", MODES)

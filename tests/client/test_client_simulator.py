@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from client_fakes import FakeClock, run, serve
 
 from streamsafe.client import APITimeoutError, ServiceUnavailableError, StreamInterrupted, Timeouts
 from streamsafe.engine_sim import SimConfig, Simulator, expected_text
+from waiting import wait_until
 
 MODES = ["sync", "async"]
 MODEL = "sim-llama-8b"
@@ -23,15 +22,6 @@ def sim_run(mode, server, client_kw=None, **kw):
 
 def body(max_tokens: int = 12):
     return {"model": MODEL, "messages": MESSAGES, "max_tokens": max_tokens}
-
-
-def wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -80,7 +70,7 @@ def test_held_headers_past_first_byte_timeout_send_a_stream_once(mode):
         )
         assert isinstance(res.error, APITimeoutError) and res.error.phase == "first_byte"
         assert sim.stats()["requests_received"] == 1
-        assert wait_for(lambda: sim.stats()["generations_started"] == 0)
+        wait_until(lambda: sim.stats()["generations_started"] == 0, 10, "no generation left")
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -8,6 +8,10 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -20,12 +24,14 @@ def _script() -> ModuleType:
     return module
 
 
+@pytest.mark.integration
 def test_sync_client_is_exactly_what_the_async_source_generates():
     unasync = _script()
     [(src, dst)] = unasync.PAIRS
     assert unasync.generate(src, dst) == dst.read_text()
 
 
+@pytest.mark.integration
 def test_drift_check_fails_on_a_hand_edit_and_regeneration_repairs_it(tmp_path, capsys):
     unasync = _script()
     [(src, dst)] = unasync.PAIRS

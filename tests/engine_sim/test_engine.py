@@ -11,6 +11,8 @@ from streamsafe.engine_sim import EngineDeadError, SimConfig
 from streamsafe.engine_sim.engine import Engine
 from streamsafe.engine_sim.generation import GenState
 
+pytestmark = pytest.mark.unit
+
 
 def _engine(**kw) -> Engine:
     return Engine(SimConfig(**kw))

@@ -3,15 +3,19 @@ expected_text, and continued exactly by a resumed request."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai import OpenAI
 
 from streamsafe.engine_sim import VOCABULARY, expected_text
 
+pytestmark = pytest.mark.unit
+
 MODEL = "sim-llama-8b"
 
 
+@pytest.mark.integration
 def test_same_prompt_and_seed_give_the_same_text_across_servers(serve, body):
     req = body("tell me a story", max_tokens=12)
     texts = []
@@ -35,6 +39,7 @@ def test_a_different_seed_or_prompt_gives_different_text(body):
     assert expected_text(req, 20) != expected_text(body("b"), 20)
 
 
+@pytest.mark.integration
 def test_resumed_request_continues_the_same_text(serve, body):
     _sim, server = serve()
     client = OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)

@@ -17,16 +17,21 @@ from streamsafe.bench.processes import ServerProcess as Process
 from streamsafe.gateway.generations.finding import claim_key
 from streamsafe.gateway.replicas.store_redis import RedisStore
 
-__all__ = ["Process", "RedisProcess", "claim_name", "redis_binary"]
+__all__ = ["Process", "RedisProcess", "claim_name", "key_names", "redis_binary"]
+
+
+def key_names(secret: str | None = None) -> RedisStore:
+    """A store that names the keys of a gateway's Redis (default prefix, ``secret``): its
+    ``*_key`` functions, so that the schema is the store's, never the tests'. It never
+    connects."""
+    return RedisStore("redis://127.0.0.1:1/0", secret=secret)
 
 
 def claim_name(idempotency_key: str, secret: str | None = None, tenant: str = "anonymous") -> str:
     """The Redis key of the claim a gateway (default prefix, ``secret``) holds for a request
-    with this Idempotency-Key, as the store names it (the schema is the store's, not the
-    tests')."""
+    with this Idempotency-Key, as the store names it."""
     req: Any = SimpleNamespace(tenant=tenant, idempotency_key=idempotency_key)
-    store = RedisStore("redis://127.0.0.1:1/0", secret=secret)  # names only: never connects
-    return store.claim_key(claim_key(req) or "")
+    return key_names(secret).claim_key(claim_key(req) or "")
 
 
 def redis_binary() -> str:

@@ -19,6 +19,8 @@ from streamsafe.gateway.engines.pool import (
 )
 from streamsafe.gateway.upstream.breaker import BreakerState, EngineBreaker
 
+pytestmark = pytest.mark.unit
+
 MODELS = ["llama-8b", "llama-70b", "qwen-7b"]
 models_st = st.frozensets(st.sampled_from(MODELS), max_size=3)
 weights_st = st.sampled_from([0.5, 1.0, 2.0, 3.0])

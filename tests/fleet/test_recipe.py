@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 import httpx2
 import orjson
@@ -27,6 +26,7 @@ from streamsafe.bench.processes import ServerProcess
 from streamsafe.client import AsyncClient, Timeouts
 from streamsafe.engine_sim import expected_text
 from streamsafe.sse import SSEDecoder
+from waiting import wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MAX_TOKENS = 80
@@ -122,10 +122,12 @@ def test_a_replica_killed_under_load_loses_no_stream(tmp_path: pathlib.Path) -> 
         for body, text in zip(bodies, texts, strict=True):
             assert text == expected_text(body, MAX_TOKENS)  # every token once, none lost
         assert sum(resumes) >= 1  # some streams were on the killed replica and resumed
-        deadline = time.monotonic() + 30
-        while not any("replica 1 exited" in line for line in recipe.lines):
-            assert time.monotonic() < deadline, recipe.lines
-            time.sleep(0.1)
+        wait_until(
+            lambda: any("replica 1 exited" in line for line in recipe.lines),
+            30,
+            lambda: f"the recipe says replica 1 exited: {recipe.lines}",
+            every=0.1,
+        )
     finally:
         code = recipe.stop()
         engine.stop()
@@ -201,12 +203,20 @@ def test_a_rolling_restart_refuses_nothing_and_cuts_no_stream(tmp_path: pathlib.
         threads.append(threading.Thread(target=keep_asking))
         for t in threads:
             t.start()
-        time.sleep(0.3)
+        # The restart comes while the six streams are generating.
+        wait_until(
+            lambda: httpx2.get(engine.url + "/stats", timeout=5).json()["generations_started"] >= 6,
+            30,
+            "six streams started",
+            every=0.05,
+        )
         recipe.proc.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 60
-        while not any(line.startswith("rolling restart done") for line in recipe.lines):
-            assert time.monotonic() < deadline, recipe.lines
-            time.sleep(0.1)
+        wait_until(
+            lambda: any(line.startswith("rolling restart done") for line in recipe.lines),
+            60,
+            lambda: f"the recipe says the rolling restart is done: {recipe.lines}",
+            every=0.1,
+        )
         done.set()
         for t in threads:
             t.join(30)

@@ -74,7 +74,7 @@ def _until_answered(url: str, body: dict[str, Any], key: str, refusals: list[str
         assert error["code"] == 503 and "redis lost" in error["message"], error
         refusals.append(error["message"])
         assert time.monotonic() < deadline, refusals
-        time.sleep(min(float(r.headers["retry-after"]), 2.0))
+        time.sleep(min(float(r.headers["retry-after"]), 2.0))  # as told: the behaviour
 
 
 def _not_ready_because(proc: Process, words: str) -> bool:

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import httpx2
 import pytest
-from fleet_helpers import Process, RedisProcess, claim_name
+from fleet_helpers import Process, RedisProcess, claim_name, key_names
 
 from streamsafe.engine_sim import expected_text
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -178,10 +178,12 @@ def test_resume_on_another_replica_streams_the_owners_generation_exactly(
 
 
 def test_each_replica_reports_the_fleet_it_sees_in_redis(replicas: list[Process]) -> None:
-    deadline = time.monotonic() + 20
-    while not all(stats(p)["fleet_replicas"] >= 3 for p in replicas):
-        assert time.monotonic() < deadline, [stats(p)["fleet_replicas"] for p in replicas]
-        time.sleep(0.05)
+    wait_until(
+        lambda: all(stats(p)["fleet_replicas"] >= 3 for p in replicas),
+        20,
+        lambda: f"each replica sees three: {[stats(p)['fleet_replicas'] for p in replicas]}",
+        every=0.05,
+    )
     doc = stats(replicas[0])
     assert doc["redis_used_memory_bytes"] > 0 and not doc["redis_degraded"]
     metrics = httpx2.get(replicas[0].url + "/metrics").text
@@ -360,12 +362,15 @@ def test_a_dead_owners_generation_nobody_takes_over_leaves_nothing_for_ever(
     finally:
         owner.kill()
     client = redis.Redis.from_url(own_redis.url)
-    lifetimes = {name.decode(): client.pttl(name) for name in client.scan_iter("ss:*")}
+    names = key_names()
+    lifetimes = {name.decode(): client.pttl(name) for name in client.scan_iter(names.prefix + "*")}
     claim = claim_name("orphan-1")
-    assert claim in lifetimes and any(n.endswith(":log") for n in lifetimes), lifetimes
+    gen_id = client.get(claim).decode()  # type: ignore[union-attr]
+    own = [claim, names.log_key(gen_id), names.meta_key(gen_id)]
+    assert all(name in lifetimes for name in own), lifetimes
     # Every key lapses (-1: none set); the generation's own within the orphan TTL.
     assert all(ms > 0 for ms in lifetimes.values()), lifetimes
-    assert all(ms <= 30_000 for n, ms in lifetimes.items() if "nudge" not in n), lifetimes
+    assert all(lifetimes[name] <= 30_000 for name in own), lifetimes
 
 
 def test_a_generation_running_past_the_orphan_ttl_keeps_its_keys(
@@ -405,7 +410,7 @@ def test_redis_evicts_a_running_log_the_owner_finishes_and_writes_it_back(
     url = "/v1/chat/completions"
     got: list[tuple[int, bytes]] = []
     with httpx2.stream("POST", a.url + url, json=body, headers=key, timeout=30) as r:
-        log_key = f"ss:{{{r.headers['x-streamsafe-generation']}}}:log"
+        log_key = key_names().log_key(r.headers["x-streamsafe-generation"])
         for event in events(r):
             got.append(event)
             if len(got) == 5:
@@ -437,10 +442,9 @@ def test_redis_lost_mid_stream_the_owner_finishes_and_comes_back(
         alone = httpx2.post(gw.url + "/v1/chat/completions", json=chat("alone", 3, False))
         assert alone.status_code == 200
         own_redis.start()
-        deadline = time.monotonic() + 20
-        while stats(gw)["redis_degraded"]:
-            assert time.monotonic() < deadline, "the replica did not go back to Redis"
-            time.sleep(0.05)
+        wait_until(
+            lambda: not stats(gw)["redis_degraded"], 20, "the replica back on Redis", every=0.05
+        )
         key = {"Idempotency-Key": "after-redis-1"}
         back = httpx2.post(
             gw.url + "/v1/chat/completions", json=chat("back", 3, False), headers=key
@@ -493,10 +497,12 @@ def test_a_generation_started_while_redis_was_away_is_found_elsewhere_once_it_is
                     break
             assert stats(a)["redis_degraded"]
             own_redis.start()
-            deadline = time.monotonic() + 20
-            while stats(a)["redis_degraded"] or stats(b)["redis_degraded"]:
-                assert time.monotonic() < deadline, "the replicas did not go back to Redis"
-                time.sleep(0.05)
+            wait_until(
+                lambda: not stats(a)["redis_degraded"] and not stats(b)["redis_degraded"],
+                20,
+                "the replicas back on Redis",
+                every=0.05,
+            )
             # A resume on the other replica finds it (written back) and reads the rest of it.
             resume = {**key, "Last-Event-ID": str(got[-1][0])}
             with httpx2.stream("POST", b.url + url, json=body, headers=resume, timeout=30) as r:
@@ -522,14 +528,16 @@ def test_a_generation_abandoned_while_redis_was_away_leaves_no_claim_once_it_is_
         url = gw.url + "/v1/chat/completions"
         with httpx2.stream("POST", url, json=chat("left", 300), headers=key, timeout=30) as r:
             next(events(r))  # then the client leaves: aborted at once (grace 0)
-        deadline = time.monotonic() + 20
-        while stats(gw)["generations_aborted"] < 1:
-            assert time.monotonic() < deadline, "the abandoned generation was not aborted"
-            time.sleep(0.05)
+        wait_until(
+            lambda: stats(gw)["generations_aborted"] >= 1,
+            20,
+            "the abandoned generation aborted",
+            every=0.05,
+        )
         own_redis.start()
-        while stats(gw)["redis_degraded"]:
-            assert time.monotonic() < deadline + 20, "the replica did not go back to Redis"
-            time.sleep(0.05)
+        wait_until(
+            lambda: not stats(gw)["redis_degraded"], 20, "the replica back on Redis", every=0.05
+        )
         # Written back with its end, but not its claim: nothing would ever release it, and a
         # retry would wait for a record that lapsed.
         claim = claim_name("abandoned-in-outage-1")
@@ -639,10 +647,12 @@ def test_a_replica_shut_down_mid_stream_hands_its_generation_over(
                     # Once the owner saw its client go (a server shutting down gracefully waits
                     # for the requests it still serves), stop it: SIGINT, as in a rolling
                     # restart.
-                    deadline = time.monotonic() + 10
-                    while stats(owner)["subscribers"]:
-                        assert time.monotonic() < deadline
-                        time.sleep(0.01)
+                    wait_until(
+                        lambda: not stats(owner)["subscribers"],
+                        10,
+                        "the owner saw its client go",
+                        every=0.01,
+                    )
                     owner.stop()
         assert text_of(got) == expected_text(body, 600, 0)
         taken = stats(other)

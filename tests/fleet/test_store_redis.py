@@ -4,11 +4,11 @@ wake-ups across connections (each RedisStore is one replica with connections of 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+import redis
 from fleet_helpers import RedisProcess
 from redis.exceptions import RedisError
 
@@ -18,6 +18,7 @@ from streamsafe.gateway.replicas.record_seal import Unsealable
 from streamsafe.gateway.replicas.redis_log import LogConflict, LogLost
 from streamsafe.gateway.replicas.replicas import Replicas
 from streamsafe.gateway.replicas.store_redis import RedisStore, StateLost
+from waiting import wait_until_async
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -26,14 +27,7 @@ MakeStore = Callable[..., RedisStore]
 
 async def eventually(check: Callable[[], Awaitable[Any]], within: float = 5.0) -> Any:
     """The first truthy result of ``check()``, polled for ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met in {within} s")
-        await asyncio.sleep(0.01)
+    return await wait_until_async(check, within, every=0.01)
 
 
 async def test_racing_claims_have_exactly_one_winner(make_store: MakeStore) -> None:
@@ -349,11 +343,7 @@ async def test_the_nudge_stream_of_a_replica_expires(make_store: MakeStore) -> N
     await writer.log("gen-a").append([b"x"])
     await writer.log("gen-b").append([b"y"])
     assert await first and await second
-    nudges = [k async for k in follower.redis.scan_iter(match="*nudge:*")]
-    assert any(follower.replica_id in k.decode() for k in nudges)
-    for key in nudges:
-        if follower.replica_id in key.decode():
-            assert 0 < await follower.redis.pttl(key) <= 60_000
+    assert 0 < await follower.redis.pttl(follower.nudge_key()) <= 60_000
 
 
 async def test_wait_times_out_when_nothing_happens(make_store: MakeStore) -> None:
@@ -361,12 +351,19 @@ async def test_wait_times_out_when_nothing_happens(make_store: MakeStore) -> Non
     assert not await follower.wait("gen-quiet", 0, 0, max_wait=0.1)
 
 
+def _blocked(server: RedisProcess) -> bool:
+    """Whether a client of ``server`` is blocked: the store's tail in its ``XREAD BLOCK``, a
+    waiter parked on it."""
+    with redis.Redis.from_url(server.url) as client:
+        return int(client.info("clients")["blocked_clients"]) >= 1
+
+
 async def test_redis_restart_surfaces_errors_then_recovers(own_redis: RedisProcess) -> None:
     store = RedisStore(own_redis.url, prefix="r:", socket_timeout=2)
     try:
         assert await store.claim("k", "gen-1") is None
         waiting = asyncio.create_task(store.wait("gen-1", 0, 0, max_wait=10))
-        await asyncio.sleep(0.05)
+        await wait_until_async(lambda: _blocked(own_redis), 5, "the tail's read blocked")
         own_redis.kill()
         assert await waiting  # followers are woken to re-read and meet the error themselves
         with pytest.raises((RedisError, OSError)):
@@ -385,7 +382,7 @@ async def test_redis_restart_surfaces_errors_then_recovers(own_redis: RedisProce
         writer = RedisStore(own_redis.url, prefix="r:")
         try:
             waiting = asyncio.create_task(store.wait("gen-2", 0, 0, max_wait=10))
-            await asyncio.sleep(0.05)
+            await wait_until_async(lambda: _blocked(own_redis), 5, "the tail's read blocked")
             await writer.log("gen-2").append([b"x"])
             assert await waiting
         finally:

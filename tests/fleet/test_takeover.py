@@ -12,9 +12,10 @@ from typing import Any
 import httpx2
 import pytest
 import redis
-from fleet_helpers import Process, RedisProcess, claim_name
+from fleet_helpers import Process, RedisProcess, claim_name, key_names
 
 from streamsafe.engine_sim import expected_text
+from streamsafe.gateway.generations.generation import State
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -69,9 +70,10 @@ def _generations(sim: Process) -> int:
 def _as_if_killed_before_recording_its_end(client: redis.Redis, key: str) -> None:
     """Make Redis hold what a replica killed right after its answer's end went out left: the
     whole log, the record still running, no lease."""
+    names = key_names()
     gen_id = client.get(claim_name(key)).decode()  # type: ignore[union-attr]
-    client.hset(f"ss:{{{gen_id}}}:meta", "state", "running")
-    client.delete(f"ss:{{{gen_id}}}:lease")
+    client.hset(names.meta_key(gen_id), "state", State.RUNNING.value)
+    client.delete(names.lease_key(gen_id))
 
 
 @pytest.mark.parametrize("stream", [True, False])

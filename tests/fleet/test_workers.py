@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -78,8 +77,8 @@ def pinned(url: str, per_worker: int, workers: int = 2) -> dict[int, list[httpx2
     """``per_worker`` clients on a kept-alive connection to each of ``workers`` workers, by
     the pid that answered their first ``/stats``."""
     found: dict[int, list[httpx2.Client]] = {}
-    deadline = time.monotonic() + 30  # a worker still starting answers nothing yet
-    while time.monotonic() < deadline:
+
+    def one_more() -> dict[int, list[httpx2.Client]] | None:
         client = httpx2.Client(base_url=url, timeout=30, limits=httpx2.Limits(max_connections=1))
         pid = int(client.get("/stats").json()["pid"])
         if len(found.setdefault(pid, [])) < per_worker:
@@ -88,6 +87,12 @@ def pinned(url: str, per_worker: int, workers: int = 2) -> dict[int, list[httpx2
             client.close()
         if len(found) == workers and all(len(c) == per_worker for c in found.values()):
             return found
+        return None
+
+    # A worker still starting answers nothing yet.
+    return wait_until(
+        one_more, 30, lambda: f"{per_worker} connections to each of {workers}: {found}", every=0
+    )
     close_all(found)
     raise AssertionError(f"in 30 s connections reached {len(found)} worker(s)")
 
@@ -158,13 +163,15 @@ def stats_of(client: httpx2.Client) -> dict[str, Any]:
 def client_on(url: str, pid: int) -> httpx2.Client:
     """A client whose kept-alive connection is worker ``pid``'s (a stream read only in part
     closes its connection, so each request that follows one needs a client of its own)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def connected() -> httpx2.Client | None:
         client = httpx2.Client(base_url=url, timeout=30, limits=httpx2.Limits(max_connections=1))
         if stats_of(client)["pid"] == pid:
             return client
         client.close()
-    raise AssertionError(f"in 30 s no connection reached worker {pid}")
+        return None
+
+    return wait_until(connected, 30, f"a connection reaching worker {pid}", every=0)
 
 
 def test_a_resume_on_either_worker_is_exact(sim: Process, gateway: Process) -> None:

@@ -20,6 +20,7 @@ import openai
 from engine_process import EngineProcess
 
 from streamsafe.bench.processes import ServerProcess
+from waiting import poll_async
 
 #: Processes started at once: each costs about a core for a second while it imports, and the
 #: machine has two; the scenarios started first (the longest) get theirs first.
@@ -112,12 +113,7 @@ async def eventually(check: Callable[[], Awaitable[Any]], within: float, every: 
     """The first truthy value of ``await check()``, asked every ``every`` s; the last (falsy)
     one if none came within ``within`` s (the scenario records it; its test says what it
     expected)."""
-    deadline = time.monotonic() + within
-    while True:
-        value = await check()
-        if value or time.monotonic() > deadline:
-            return value
-        await asyncio.sleep(every)
+    return await poll_async(check, within, every)
 
 
 async def get(url: str) -> httpx2.Response | None:

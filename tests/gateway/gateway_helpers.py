@@ -4,7 +4,6 @@ its own loopback server thread."""
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +14,7 @@ from server_stops import stop_later
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.server import ServerThread
+from waiting import wait_until
 
 MODEL = "sim-llama-8b"
 
@@ -36,15 +36,8 @@ class Stack:
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll ``cond`` until it is truthy, with a bounded deadline (no fixed sleeps)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
+    """The first truthy value of ``cond()``: :func:`waiting.wait_until`, ten seconds."""
+    return wait_until(cond, timeout, what)
 
 
 def fast_sim(**changes: Any) -> SimConfig:

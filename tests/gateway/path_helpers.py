@@ -1,5 +1,5 @@
 """An upstream that records the paths it is sent, behind a gateway that passes through to it
-under a path prefix: for the path-spelling tests (test_paths.py) and their fuzzing
+under a path prefix: for the path-spelling tests (serving/test_paths.py) and their fuzzing
 (test_fuzz.py)."""
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ from streamsafe.gateway.replicas.generation_record import record_of, request_of
 from streamsafe.gateway.replicas.record_seal import RecordSeal, Unreadable
 from streamsafe.server import ServerThread
 from streamsafe.sse import SSEDecoder
+from waiting import poll_async
 
 #: Seconds one fuzzed request may take before its client "leaves" (every call is bounded).
 _CLIENT_PATIENCE = 2.0
@@ -426,11 +427,10 @@ def test_the_gateway_still_serves_after_the_fuzzing(harness: _Harness) -> None:
     assert result.body.endswith(b"data: [DONE]\n\n")
 
     async def settled() -> bool:
-        for _ in range(1000):  # live generations of clients that left are aborted (grace 0)
-            if harness.gw.registry.live_generations == 0:
-                return True
-            await asyncio.sleep(0.01)
-        return False
+        # Live generations of clients that left are aborted (grace 0).
+        return bool(
+            await poll_async(lambda: harness.gw.registry.live_generations == 0, 10, every=0.01)
+        )
 
     assert harness.run(settled())
 

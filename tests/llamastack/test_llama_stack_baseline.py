@@ -16,7 +16,7 @@ from conftest import MODEL, LlamaStackTier
 from streamsafe.engine_sim import Fault, expected_text
 from streamsafe.gateway.upstream.kinds import KINDS, Wire, ends_answer, parse_error_event
 from streamsafe.sse import SSEDecoder
-from waiting import wait_until
+from waiting import wait_until, wait_until_async
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -270,9 +270,4 @@ async def test_client_retry_reaches_the_engine_as_a_fresh_call(tier: LlamaStackT
 
 
 async def _until(predicate: Any, what: str, limit_s: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"condition not met in {limit_s} s: {what}")
-        await asyncio.sleep(0.005)
+    await wait_until_async(predicate, limit_s, what)

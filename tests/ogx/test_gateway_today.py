@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +21,7 @@ from streamsafe.bench.tier_load import TierLoad, engine_for, expected_answer
 from streamsafe.engine_sim import Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.server import ServerThread
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -212,10 +212,12 @@ def test_a_llama_stack_kind_set_by_hand_that_the_server_is_not_is_warned_about(
     caplog.set_level(logging.WARNING, logger="streamsafe.gateway")
     gateway = Gateway(GatewayConfig(upstream=today.url, upstream_kind="llama-stack"))
     with ServerThread(gateway):
-        deadline = time.monotonic() + 10
-        while not any("answers as ogx" in r.getMessage() for r in caplog.records):
-            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
-            time.sleep(0.05)
+        wait_until(
+            lambda: any("answers as ogx" in r.getMessage() for r in caplog.records),
+            10,
+            lambda: f"the kind said wrong: {[r.getMessage() for r in caplog.records]}",
+            every=0.05,
+        )
     said = next(r.getMessage() for r in caplog.records if "answers as ogx" in r.getMessage())
     assert "was set as llama-stack" in said and "--upstream-kind ogx" in said
 

@@ -7,7 +7,6 @@ engine."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +19,7 @@ from today_tier import TodayTier
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.server import ServerThread
 from streamsafe.sse import SSEDecoder
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -71,8 +71,7 @@ def test_a_marked_retry_of_a_live_response_attaches(
     got: list[list[tuple[str | None, Any]]] = []
     first = threading.Thread(target=lambda: got.append(events(url, body(ogx_server, "live"))))
     first.start()
-    while sim.stats()["generations_started"] < 1:
-        threading.Event().wait(0.01)
+    wait_until(lambda: sim.stats()["generations_started"] >= 1, 30, "the first call generating")
     retry = events(url, body(ogx_server, "live"), **{"x-stainless-retry-count": "1"})
     first.join(30)
     assert text_of(retry) == text_of(got[0]) and retry[-1] == got[0][-1]
@@ -138,12 +137,9 @@ def test_starting_after_follows_a_live_stream_to_its_end(
     first = threading.Thread(target=lambda: got.append(events(url, body(ogx_server, "live"))))
     first.start()
     # The caller lost its stream after the first delta: it comes back for the rest.
-    while True:
-        held = ogx_server_events(through[1])
-        if held is not None:
-            break
-        threading.Event().wait(0.02)
-    response_id, after = held
+    response_id, after = wait_until(
+        lambda: ogx_server_events(through[1]), 30, "the response held here", every=0.02
+    )
     rest = resumed(url, response_id, after)
     first.join(30)
     assert rest == got[0][after + 1 :]
@@ -188,9 +184,9 @@ def test_cancel_ends_a_live_response_for_every_subscriber_and_at_the_engine(
     threads = [threading.Thread(target=read) for _ in range(2)]  # the second attaches
     for t in threads:
         t.start()
-    while (held := ogx_server_events(gateway)) is None:
-        threading.Event().wait(0.02)
-    response_id, _ = held
+    response_id, _ = wait_until(
+        lambda: ogx_server_events(gateway), 30, "the response held here", every=0.02
+    )
     r = httpx2.post(f"{url}/v1/responses/{response_id}/cancel", timeout=10)
     assert r.status_code == 200 and r.json()["status"] == "cancelled"
     for t in threads:
@@ -201,10 +197,9 @@ def test_cancel_ends_a_live_response_for_every_subscriber_and_at_the_engine(
         assert not any(d.get("type") == "response.completed" for _, d in got)
     stats = sim.stats()
     assert stats["generations_started"] == 1
-    deadline = time.monotonic() + 10
-    while sim.stats()["generations_aborted"] < 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert sim.stats()["generations_aborted"] == 1  # OGX let its engine request go
+    # OGX lets its engine request go.
+    wait_until(lambda: sim.stats()["generations_aborted"] >= 1, 10, "the engine request let go")
+    assert sim.stats()["generations_aborted"] == 1
 
 
 def test_a_cancel_of_a_response_not_held_here_is_the_server_s(

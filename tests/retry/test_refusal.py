@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from streamsafe.retry import REFUSAL_STATUSES, Outcome, nothing_started, refusal_status
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     ("error", "status"),

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 from streamsafe.retry import Outcome, RetryBudget, RetryPolicy, decide
 
+pytestmark = pytest.mark.unit
+
 NOW = 1_700_000_000.0
 
 

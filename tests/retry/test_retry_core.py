@@ -20,6 +20,8 @@ from streamsafe.retry import (
     parse_retry_after,
 )
 
+pytestmark = pytest.mark.unit
+
 NOW = 1_700_000_000.0
 
 statuses = st.sampled_from([400, 401, 404, 408, 409, 422, 429, 500, 501, 502, 503, 504])

@@ -4,11 +4,14 @@ may retry."""
 from __future__ import annotations
 
 import httpx2
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from streamsafe.retry import Outcome, nothing_started
 from streamsafe.sdk._calls import NOT_RESENT, CallBook, attempt_outcome, should_retry_header
+
+pytestmark = pytest.mark.unit
 
 OWNER = object()
 

@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from streamsafe.workers.restart import RestartBackoff
 
+pytestmark = pytest.mark.unit
+
 BACKOFF = RestartBackoff(first=0.5, cap=30.0, window=60.0)
 times = st.lists(st.floats(min_value=0, max_value=1000, allow_nan=False), max_size=50)
 

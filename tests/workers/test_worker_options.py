@@ -11,6 +11,8 @@ import pytest
 from streamsafe.workers.cli import cores, worker_count
 from streamsafe.workers.worker import this_worker, worker_env
 
+pytestmark = pytest.mark.unit
+
 
 def test_workers_takes_a_count_or_auto() -> None:
     assert worker_count("3") == 3

@@ -107,9 +107,7 @@ class RedisStore:
             target, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
         )
         self._scripts = Scripts(self.redis)
-        self._tail = RedisTail(
-            self.redis, partial(connect, target), f"{prefix}nudge:{self.replica_id}"
-        )
+        self._tail = RedisTail(self.redis, partial(connect, target), self.nudge_key())
         #: The fleet epoch this replica knows (``None`` until it first read the marker, and
         #: after it found it gone).
         self.epoch: str | None = None
@@ -150,6 +148,11 @@ class RedisStore:
     def fleet_key(self) -> str:
         """Redis key of the fleet's marker."""
         return f"{self.prefix}fleet"
+
+    def nudge_key(self) -> str:
+        """Redis key of this replica's nudge stream (what wakes its blocked read, see
+        :class:`~streamsafe.gateway.replicas.redis_tail.RedisTail`)."""
+        return f"{self.prefix}nudge:{self.replica_id}"
 
     def fingerprint_key(self, tenant: str, fingerprint: bytes) -> str:
         """Redis key of the unkeyed-retry index entry of ``(tenant, fingerprint)`` (named by a

@@ -1,6 +1,6 @@
 """An httpcore network backend on plain asyncio protocols, for the gateway's upstream pool; the
 one module that reaches into httpx2's and httpcore2's private parts (``_pool``, ``_utils``),
-checked against the pinned versions by tests/gateway/test_asyncio_backend.py.
+checked against the pinned versions by tests/gateway/upstream/test_asyncio_backend.py.
 
 httpcore's default backend goes through anyio, which opens a cancel scope and two context managers
 around every read (about a fifth of the gateway's CPU per relayed chunk). Here a read returns what

@@ -51,7 +51,7 @@ async def test_one_probe_asks_at_a_time_and_an_admission_lets_the_others_go_grad
             most_asking_while_refused = max(most_asking_while_refused, asking)
         else:
             most_asking_after = max(most_asking_after, asking)
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(0.005)  # the engine's answer time: the window others may ask in
         asking -= 1
         if refusals_left:
             refusals_left -= 1
@@ -132,7 +132,7 @@ async def test_a_probe_taken_while_others_run_there_waits_for_room_again() -> No
     gate.admitted(probe, runs=True)
     assert gate.state is not None  # full but working: the next asks when one ends
     behind = asyncio.create_task(gate.turn(RefusedCall(), loop.time() + 20.0))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # a while it must go on waiting through: the behaviour
     assert not behind.done()
     gate.room_made()
     assert await asyncio.wait_for(behind, 1) is None

@@ -33,7 +33,7 @@ from streamsafe.tokens import estimate_input_tokens, estimate_text_tokens
 
 pytestmark = pytest.mark.timeout(60)
 
-DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "gateway.md"
+DOCS = pathlib.Path(__file__).resolve().parents[3] / "docs" / "gateway.md"
 EMBED = {"model": MODEL, "input": ["the quick brown fox", "jumps"]}
 
 

@@ -432,12 +432,15 @@ async def test_attempt_watch_total_deadline_wins_and_a_real_cancel_still_propaga
             await asyncio.Event().wait()
     assert info.value.phase == "total"
 
+    watching = asyncio.Event()
+
     async def attempt() -> None:
         async with AttemptWatch(UpstreamTimeouts(first_token=10.0), None):
+            watching.set()
             await asyncio.Event().wait()
 
     task = asyncio.create_task(attempt())
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(watching.wait(), 5)
     task.cancel()  # an abort (the last subscriber left): not a stall
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamsafe.gateway.generations.event_log import MemoryEventLog
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest
 from streamsafe.gateway.generations.retention import Retention
+
+pytestmark = pytest.mark.unit
 
 
 def finished(i: int, at: float, payload: bytes = b"{}") -> Generation:

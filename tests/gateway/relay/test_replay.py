@@ -8,12 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamsafe.gateway.relay.continuation_plan import plan_continuation
 from streamsafe.gateway.relay.replay import Replay, answer_pieces
 from streamsafe.sse import DONE
+
+pytestmark = pytest.mark.unit
 
 CHAT = "/v1/chat/completions"
 

@@ -27,6 +27,8 @@ from streamsafe.gateway.serving.pacing import (
     heartbeat_within,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def _generation(created_at: float = 100.0, *, queued: bool = False) -> Generation:
     """A generation admitted at ``created_at`` or, with ``queued``, waiting for a place since

@@ -17,6 +17,8 @@ from streamsafe.gateway.replicas.generation_record import key_of, record_of, req
 from streamsafe.gateway.replicas.record_seal import SEALED, RecordSeal, Unsealable, key_name
 from streamsafe.gateway.upstream.kinds import CompletionRoute, Wire
 
+pytestmark = pytest.mark.unit
+
 PROMPT = b'{"model":"m","messages":[{"role":"user","content":"my private question"}]}'
 PROVIDER = b'x-llamastack-provider-data: {"together_api_key": "sk-provider-secret"}\r\n'
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamsafe.bench.recorded import recorded_chat_events
 from streamsafe.gateway.generations.event_log import MemoryEventLog
+
+pytestmark = pytest.mark.unit
 
 # Payloads alike and unlike their neighbours: shared prefixes and suffixes of every length,
 # empty ones, and batches of any size.

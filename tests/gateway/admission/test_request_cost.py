@@ -23,6 +23,8 @@ from streamsafe.request_cost import (
     read_int,
 )
 
+pytestmark = pytest.mark.unit
+
 SPACES = st.sampled_from(["", " ", "\t", "\n", "\xa0", "\u3000", " \r\n"])
 
 
@@ -146,6 +148,7 @@ def _completions(url: str, body: dict[str, Any]) -> httpx2.Response:
     return httpx2.post(url + "/v1/completions", json=body, timeout=10)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "asked",
     [
@@ -164,6 +167,7 @@ def test_a_limit_written_leniently_is_refused_where_it_cannot_fit(asked: dict[st
         assert s.sim.stats()["requests_received"] == 0
 
 
+@pytest.mark.integration
 def test_a_prompt_list_that_cannot_fit_never_reaches_the_engine() -> None:
     prompts = ["word " * 80] * 40  # 40 prompts of 100 tokens, 16 tokens each by default
     with make_stack(fast_sim(memory_tokens=6000), max_memory_tokens=BUDGET) as s:
@@ -177,6 +181,7 @@ def test_a_prompt_list_that_cannot_fit_never_reaches_the_engine() -> None:
         assert r.json()["usage"]["completion_tokens"] == 4
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("asked", "field"),
     [
@@ -196,6 +201,7 @@ def test_a_number_the_engine_refuses_is_a_clear_400(asked: dict[str, Any], field
         assert s.sim.stats()["requests_received"] == 0
 
 
+@pytest.mark.integration
 def test_limits_written_as_strings_cannot_overfill_the_engine() -> None:
     # The report's finding: four streams of "2500" under a budget of 6000 were counted as the
     # default 1024 each, all admitted at once, and the engine (6000 tokens) died.

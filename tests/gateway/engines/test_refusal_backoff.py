@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +18,8 @@ from streamsafe.gateway.engines.refusal_backoff import (
     Refusing,
     next_turn,
 )
+
+pytestmark = pytest.mark.unit
 
 RULES = RefusalRules()
 QUEUE_TIMEOUT = 20.0

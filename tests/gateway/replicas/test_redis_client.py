@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 
 from streamsafe.gateway.replicas.redis_client import CancelSafeRedis
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
 
 def _swallowing(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:

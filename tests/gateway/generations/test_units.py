@@ -1,14 +1,17 @@
 """The pure parts: the memory store, SSE framing, generation ids. (Admission:
-test_admission.py.)"""
+admission/test_admission.py.)"""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from streamsafe.gateway.generations.generation import new_generation_id
 from streamsafe.gateway.generations.store import MemoryStore
 from streamsafe.sse import SSEDecoder, encode_events
+
+pytestmark = pytest.mark.unit
 
 
 async def test_memory_store_claim_is_set_nx_and_release_is_compare_and_delete() -> None:

@@ -10,6 +10,8 @@ from streamsafe.gateway.generations.generation import Generation, GenerationRequ
 from streamsafe.gateway.generations.solo import Solo
 from streamsafe.gateway.generations.store import MemoryStore
 
+pytestmark = pytest.mark.unit
+
 
 def _request() -> GenerationRequest:
     return GenerationRequest(

@@ -92,7 +92,7 @@ def _upstream() -> Iterator[str]:
             if isinstance(answer, tuple):
                 interim, final = answer
                 conn.sendall(interim)
-                time.sleep(0.2)
+                time.sleep(0.2)  # the upstream's pause between its answers: the behaviour
                 conn.sendall(final)
             else:
                 conn.sendall(answer)

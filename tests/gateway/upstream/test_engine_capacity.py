@@ -3,8 +3,12 @@ of the page, and the pool bounding what it sends to an engine by what the engine
 
 from __future__ import annotations
 
+import pytest
+
 from streamsafe.gateway.engines.pool import EngineSpec, Pool
 from streamsafe.gateway.upstream.capacity import kv_capacity
+
+pytestmark = pytest.mark.unit
 
 # As prometheus_client writes vLLM's info gauge (labels are CacheConfig's fields, abridged).
 PAGE = b"\n".join(

@@ -14,6 +14,8 @@ from streamsafe.gateway.admission.admission import MAX_REQUEST_COST, Admission, 
 from streamsafe.gateway.admission.fair_queue import ADMITTED, QUEUED, SHED, AdmissionCore, Waiter
 from streamsafe.gateway.serving.wait_plan import ANSWER_FRACTION, plan_wait
 
+pytestmark = pytest.mark.unit
+
 TENANTS = ("a", "b", "c")
 
 ops = st.lists(

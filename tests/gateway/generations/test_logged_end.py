@@ -11,6 +11,8 @@ from streamsafe.gateway.generations.logged_end import LoggedEnd, logged_end
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.upstream.kinds import CompletionRoute, Wire
 
+pytestmark = pytest.mark.unit
+
 LS_CHAT = CompletionRoute(
     "/v1/inference/chat-completion",
     "/v1/inference/chat-completion",
