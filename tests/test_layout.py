@@ -46,6 +46,7 @@ def test_importing_the_package_loads_nothing_until_a_name_is_used() -> None:
     assert not {m for m in loaded if m.startswith(("streamsafe.gateway", "streamsafe.client"))}
 
 
+@pytest.mark.integration  # a fresh interpreter
 def test_importing_the_client_loads_no_server() -> None:
     loaded = _loaded_after("import streamsafe.client, streamsafe.sdk")
     servers = ("streamsafe.server", "streamsafe.gateway", "streamsafe.engine_sim")
@@ -53,6 +54,7 @@ def test_importing_the_client_loads_no_server() -> None:
     assert not {m.split(".")[0] for m in loaded} & {"uvicorn", "httptools"}
 
 
+@pytest.mark.integration  # a fresh interpreter
 def test_an_app_importing_the_asgi_helpers_loads_no_server_runner() -> None:
     # The gateway's and the simulator's modules import streamsafe.server.asgi (and the option
     # parsers streamsafe.server.tls) at the top; the runner, uvicorn and the protocol load only
