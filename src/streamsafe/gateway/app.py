@@ -126,7 +126,7 @@ class Gateway:
         self._completions = Completions(
             config, self.registry, self.admission, self.tracing, self._api_keys
         )
-        self._calls = EngineCalls(config, self.engines, self.admission)
+        self._calls = EngineCalls(config, self.engines, self.admission, self._api_keys)
         self._started = time.monotonic()
         #: Shutting down (see :meth:`drain`): no new work, ``/ready`` answers 503.
         self.draining = False
@@ -340,7 +340,7 @@ class Gateway:
             await self._passing_through(self._calls.serve(scope, receive, send, entry, access))
             return
         if entry.tenant_state:
-            self._calls.check_tenant_state(tenant)
+            self._api_keys.check_tenant_state(tenant)
         await self._passing_through(self._calls.serve_engine_route(scope, receive, send, entry))
 
     async def _passing_through(self, work: Awaitable[None]) -> None:

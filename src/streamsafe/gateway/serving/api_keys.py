@@ -11,6 +11,8 @@ import hashlib
 import hmac
 import logging
 
+import orjson
+
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.errors import BadRequest
 from streamsafe.gateway.serving.requests import tenant_id
@@ -23,6 +25,25 @@ log = logging.getLogger("streamsafe.gateway")
 #: The one tenant of a gateway without API keys (nor a forwarded Authorization).
 ANONYMOUS = "anonymous"
 
+#: The request fields of the Responses API that read what another request stored on the engine.
+STATE_FIELDS = ("previous_response_id", "conversation")
+_TENANT_STATE = (
+    "this request reads what another request stored on the engine, which tenants share under "
+    "the gateway's one upstream identity (tenant_passthrough, --tenant-passthrough)"
+)
+
+
+def reads_stored_state(raw: bytes) -> bool:
+    """Whether a Responses request body names what another request stored on the engine
+    (:data:`STATE_FIELDS` not null); parsed only where one of the names is in it."""
+    if b'"previous_response_id"' not in raw and b'"conversation"' not in raw:
+        return False
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False  # refused as unreadable where the request is read
+    return isinstance(body, dict) and any(body.get(k) is not None for k in STATE_FIELDS)
+
 
 class ApiKeys:
     """The gateway's ``api_keys`` (one tenant each) and its ``admin_key``. Without API keys
@@ -32,6 +53,10 @@ class ApiKeys:
 
     def __init__(self, config: GatewayConfig) -> None:
         self._forward_authorization = config.forward_authorization
+        #: Tenants are refused what is stored upstream (their shared upstream identity).
+        self._refuse_state = (
+            config.tenant_passthrough == "refuse" and not config.forward_authorization
+        )
         self._tenants = {
             hashlib.sha256(k.strip().encode()).digest(): tenant_id(k.strip().encode())
             for k in config.api_keys
@@ -40,6 +65,13 @@ class ApiKeys:
         self._admin_digest = hashlib.sha256(admin.encode()).digest() if admin else None
         if self._tenants and self._admin_digest is None:
             log.warning("API keys are set but no admin key: /stats and /metrics are open")
+
+    def check_tenant_state(self, tenant: str | None) -> None:
+        """Raise 403 where ``tenant`` may not read what is stored upstream: the tenants share the
+        gateway's one upstream identity there (``tenant_passthrough`` ``refuse``, no
+        ``forward_authorization``)."""
+        if self._refuse_state and tenant not in (None, ANONYMOUS):
+            raise BadRequest(403, _TENANT_STATE)
 
     def tenant(self, scope: Scope) -> str:
         """The tenant the request's ``Authorization: Bearer`` key names; raises a 401

@@ -29,7 +29,7 @@ from streamsafe.gateway.generations.generation_index import GenerationIndex
 from streamsafe.gateway.generations.refusals import EngineRefused
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.serving.access import Access
-from streamsafe.gateway.serving.api_keys import ApiKeys
+from streamsafe.gateway.serving.api_keys import ApiKeys, reads_stored_state
 from streamsafe.gateway.serving.body_work import BodyWorker
 from streamsafe.gateway.serving.completion_id import own_completion_id
 from streamsafe.gateway.serving.pacing import StreamRules
@@ -49,7 +49,7 @@ from streamsafe.gateway.serving.responses import (
 from streamsafe.gateway.serving.stream_terms import StreamTerms
 from streamsafe.gateway.serving.subscriber import Subscriber, serve_json, serve_stream
 from streamsafe.gateway.tracing import Tracing
-from streamsafe.gateway.upstream.kinds import CompletionRoute
+from streamsafe.gateway.upstream.kinds import CompletionRoute, Wire
 from streamsafe.server.asgi import (
     Receive,
     Scope,
@@ -127,6 +127,8 @@ class Completions:
         access.completion = True
         tenant = access.tenant = self._api_keys.tenant(scope)
         raw = await read_request_body(scope, receive, self._config.max_body_bytes)
+        if route.wire is Wire.OPENAI_RESPONSES and reads_stored_state(raw):
+            self._api_keys.check_tenant_state(tenant)
         req = await self._bodies.run(
             len(raw),
             completion_request,

@@ -29,7 +29,7 @@ from streamsafe.gateway.engines.engines import Engines
 from streamsafe.gateway.engines.pool import Full, Unavailable
 from streamsafe.gateway.errors import BadRequest
 from streamsafe.gateway.serving.access import Access
-from streamsafe.gateway.serving.api_keys import ANONYMOUS
+from streamsafe.gateway.serving.api_keys import ANONYMOUS, STATE_FIELDS, ApiKeys
 from streamsafe.gateway.serving.passthrough import pass_through
 from streamsafe.gateway.serving.requests import read_request_body
 from streamsafe.gateway.upstream.kinds import Wire, cost_view
@@ -50,11 +50,6 @@ _FORM_MODEL = re.compile(
     rb"(?:[^\r\n]+\r\n)*\r\n([^\r\n]{1,256})\r\n--",
     re.IGNORECASE,
 )
-_STATE_FIELDS = ("previous_response_id", "conversation")
-_TENANT_STATE = (
-    "this request reads what another request stored on the engine, which tenants share under "
-    "the gateway's one upstream identity (tenant_passthrough, --tenant-passthrough)"
-)
 
 
 def form_model(head: bytes) -> str | None:
@@ -68,10 +63,13 @@ class EngineCalls:
     """Serves the admitted and engine routes (see the module) with ``engines``, holding each
     admitted request's place in ``admission``."""
 
-    def __init__(self, config: GatewayConfig, engines: Engines, admission: Admission) -> None:
+    def __init__(
+        self, config: GatewayConfig, engines: Engines, admission: Admission, api_keys: ApiKeys
+    ) -> None:
         self._config = config
         self._engines = engines
         self._admission = admission
+        self._api_keys = api_keys
 
     async def serve(
         self, scope: Scope, receive: Receive, send: Send, route: Route, access: Access
@@ -92,8 +90,8 @@ class EngineCalls:
             given = fields.get("model")
             model = given if isinstance(given, str) else None
         access.model = model
-        if route.tenant_state and any(fields.get(k) is not None for k in _STATE_FIELDS):
-            self.check_tenant_state(access.tenant)
+        if route.tenant_state and any(fields.get(k) is not None for k in STATE_FIELDS):
+            self._api_keys.check_tenant_state(access.tenant)
         cost = self._cost(route.cost, fields)
         waiter = None
         if cost:
@@ -127,16 +125,6 @@ class EngineCalls:
         """Pass an operator's request (its admin key checked) to the first engine: the
         operator names another engine by calling it directly."""
         await self._send(0, 0, scope, receive, send, None, b"")
-
-    def check_tenant_state(self, tenant: str | None) -> None:
-        """Raise 403 where a tenant may not read what is stored upstream (see ``Route``)."""
-        config = self._config
-        if (
-            tenant not in (None, ANONYMOUS)
-            and config.tenant_passthrough == "refuse"
-            and not config.forward_authorization
-        ):
-            raise BadRequest(403, _TENANT_STATE)
 
     # -- the parts ------------------------------------------------------------------------------
 

@@ -201,6 +201,11 @@ KINDS: Mapping[KindName, UpstreamKind] = {
             ),
             # Anthropic's Messages API, which vLLM serves natively (streams end without [DONE]).
             CompletionRoute("/v1/messages", "/v1/messages", Wire.ANTHROPIC_MESSAGES, False, False),
+            # vLLM's own Responses API, served as OGX's is: response.created and
+            # response.in_progress come before the first token; no [DONE].
+            CompletionRoute(
+                "/v1/responses", "/v1/responses", Wire.OPENAI_RESPONSES, False, False, preamble=2
+            ),
         ),
         passthrough=False,
         can_continue=True,

@@ -93,6 +93,8 @@ class Route:
     @property
     def guarantees(self) -> str:
         """What the gateway guarantees on the route, in words (the docs' column)."""
+        if self.handling is Handling.SERVED and self.path == "/v1/responses":
+            return "coalescing, replay, resume (`starting_after`), cancel, admission, failover"
         if self.handling is Handling.SERVED and self.cost is Cost.INPUT:
             return "coalescing, replay, admission by input tokens, failover (plain calls)"
         if self.handling is Handling.SERVED:
@@ -146,12 +148,6 @@ ROUTES: tuple[Route, ...] = (
         note="Llama Stack 0.2's alias, no `[DONE]`",
     ),
     # -- generations passed through, admitted ------------------------------------------------
-    _admitted(
-        "/v1/responses",
-        Cost.GENERATION,
-        "`previous_response_id` or `conversation` read stored state",
-        tenant_state=True,
-    ),
     _admitted("/v1/chat/completions/batch", Cost.GENERATION),
     _admitted("/cohere/v2/chat", Cost.GENERATION),
     _admitted("/inference/v1/generate", Cost.GENERATION, "tokens in, tokens out"),
@@ -212,6 +208,15 @@ ROUTES: tuple[Route, ...] = (
     Route("/v1/openai/v1/models", _GET, Handling.GATEWAY, note="Llama Stack 0.2's alias"),
     # -- the Anthropic Messages API (docs/gateway.md, Messages) -------------------------------
     Route("/v1/messages", _POST, Handling.SERVED, True, Cost.GENERATION),
+    Route(
+        "/v1/responses",
+        _POST,
+        Handling.SERVED,
+        True,
+        Cost.GENERATION,
+        tenant_state=True,
+        note="`previous_response_id` or `conversation` read stored state",
+    ),
     Route("/v1/messages/count_tokens", _POST, Handling.ADMITTED, True),
     Route("/v1/messages/render", _POST, Handling.ADMITTED, True),
     # -- operator routes: never a tenant's ---------------------------------------------------
