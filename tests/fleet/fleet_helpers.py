@@ -5,11 +5,14 @@ as the package ``redis-server``."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
+import httpx2
 import pytest
 
 from streamsafe.bench.processes import RedisServer as RedisProcess
@@ -17,7 +20,51 @@ from streamsafe.bench.processes import ServerProcess as Process
 from streamsafe.gateway.generations.finding import claim_key
 from streamsafe.gateway.replicas.store_redis import RedisStore
 
-__all__ = ["Process", "RedisProcess", "claim_name", "key_names", "redis_binary"]
+__all__ = [
+    "MODEL",
+    "Process",
+    "RedisProcess",
+    "chat_body",
+    "claim_name",
+    "key_names",
+    "redis_binary",
+    "sse_events",
+    "whole_text",
+]
+
+MODEL = "sim-llama-8b"
+
+
+def chat_body(content: str, max_tokens: int, stream: bool = True) -> dict[str, Any]:
+    """A chat request to the simulator's model."""
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
+
+
+def sse_events(response: httpx2.Response) -> Iterator[tuple[int, bytes]]:
+    """(id, data) of each event of a streamed response, as it is read (-1 before any id)."""
+    event_id = -1
+    for line in response.iter_lines():
+        if line.startswith("id: "):
+            event_id = int(line[4:])
+        elif line.startswith("data: "):
+            yield event_id, line[6:].encode()
+
+
+def whole_text(got: list[tuple[int, bytes]]) -> str:
+    """The answer ``got`` holds; fails on an error event or anything after one ``[DONE]``."""
+    datas = [data for _, data in got]
+    assert datas.count(b"[DONE]") == 1 and datas[-1] == b"[DONE]", datas[-4:]
+    parts = []
+    for data in datas[:-1]:
+        payload = json.loads(data)
+        assert "error" not in payload, payload
+        parts.append(payload["choices"][0]["delta"].get("content") or "")
+    return "".join(parts)
 
 
 def key_names(secret: str | None = None) -> RedisStore:

@@ -5,21 +5,25 @@ before it recorded the end; the replica that took it over appended an error even
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from typing import Any
 
 import httpx2
 import pytest
 import redis
-from fleet_helpers import Process, RedisProcess, claim_name, key_names
+from fleet_helpers import (
+    Process,
+    RedisProcess,
+    chat_body,
+    claim_name,
+    key_names,
+    sse_events,
+    whole_text,
+)
 
 from streamsafe.engine_sim import expected_text
 from streamsafe.gateway.generations.generation import State
 
 pytestmark = pytest.mark.timeout(180)
-
-MODEL = "sim-llama-8b"
 
 
 @pytest.fixture(scope="module")
@@ -31,36 +35,6 @@ def sim() -> Iterator[Process]:
 
 def _serve(sim: Process, redis_server: RedisProcess) -> Process:
     return Process("serve", "--upstream", sim.url, "--redis", redis_server.url, "--lease", "1")
-
-
-def _chat(content: str, max_tokens: int, stream: bool = True) -> dict[str, Any]:
-    return {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens,
-        "stream": stream,
-    }
-
-
-def _events(response: httpx2.Response) -> Iterator[tuple[int, bytes]]:
-    event_id = -1
-    for line in response.iter_lines():
-        if line.startswith("id: "):
-            event_id = int(line[4:])
-        elif line.startswith("data: "):
-            yield event_id, line[6:].encode()
-
-
-def _whole(got: list[tuple[int, bytes]]) -> str:
-    """The answer ``got`` holds; fails on an error event or anything after ``[DONE]``."""
-    datas = [data for _, data in got]
-    assert datas.count(b"[DONE]") == 1 and datas[-1] == b"[DONE]", datas[-4:]
-    parts = []
-    for data in datas[:-1]:
-        payload = json.loads(data)
-        assert "error" not in payload, payload
-        parts.append(payload["choices"][0]["delta"].get("content") or "")
-    return "".join(parts)
 
 
 def _generations(sim: Process) -> int:
@@ -83,7 +57,7 @@ def test_a_whole_answer_whose_end_was_not_recorded_is_finished_not_failed_on_tak
     owner, other = _serve(sim, own_redis), _serve(sim, own_redis)
     try:
         key = f"whole-not-recorded-{stream}"
-        body = _chat("the owner dies after its answer", 12, stream)
+        body = chat_body("the owner dies after its answer", 12, stream)
         headers = {"Idempotency-Key": key}
         url = "/v1/chat/completions"
         first = httpx2.post(owner.url + url, json=body, headers=headers, timeout=30)
@@ -96,9 +70,9 @@ def test_a_whole_answer_whose_end_was_not_recorded_is_finished_not_failed_on_tak
         if stream:
             with httpx2.stream("POST", other.url + url, json=body, headers=headers) as r:
                 assert r.status_code == 200
-                got = list(_events(r))
+                got = list(sse_events(r))
             assert [i for i, _ in got] == list(range(len(got)))
-            assert _whole(got) == expected_text(body, 12, 0)
+            assert whole_text(got) == expected_text(body, 12, 0)
         else:
             again = httpx2.post(other.url + url, json=body, headers=headers, timeout=30)
             assert again.status_code == 200, again.text
@@ -114,9 +88,9 @@ def test_ten_owners_killed_mid_stream_each_answer_exact_and_never_an_error_after
 ) -> None:
     other = _serve(sim, redis_server)
     try:
-        probe = _chat("how long is an answer", 12)
+        probe = chat_body("how long is an answer", 12)
         with httpx2.stream("POST", other.url + "/v1/chat/completions", json=probe) as r:
-            length = len(list(_events(r)))
+            length = len(list(sse_events(r)))
         # Kills spread over the answer, most of them at its end: after the last token, after
         # the chunk with the finish_reason, after [DONE].
         kill_after = [3, 6, length - 3, length - 2, length - 2, length - 1, length - 1]
@@ -124,12 +98,12 @@ def test_ten_owners_killed_mid_stream_each_answer_exact_and_never_an_error_after
         for trial, n in enumerate(kill_after):
             owner = _serve(sim, redis_server)
             try:
-                body = _chat(f"owner killed, trial {trial}", 12)
+                body = chat_body(f"owner killed, trial {trial}", 12)
                 headers = {"Idempotency-Key": f"ten-kills-{trial}"}
                 got: list[tuple[int, bytes]] = []
                 url = owner.url + "/v1/chat/completions"
                 with httpx2.stream("POST", url, json=body, headers=headers) as r:
-                    for event in _events(r):
+                    for event in sse_events(r):
                         got.append(event)
                         if len(got) == n:
                             owner.kill()
@@ -139,13 +113,13 @@ def test_ten_owners_killed_mid_stream_each_answer_exact_and_never_an_error_after
                     url = other.url + "/v1/chat/completions"
                     with httpx2.stream("POST", url, json=body, headers=resume, timeout=30) as r:
                         assert r.status_code == 200
-                        got += list(_events(r))
+                        got += list(sse_events(r))
                 assert [i for i, _ in got] == list(range(len(got))), (trial, n)
-                assert _whole(got) == expected_text(body, 12, 0), (trial, n)
+                assert whole_text(got) == expected_text(body, 12, 0), (trial, n)
                 # A retry once it is over replays the same answer, nothing after it.
                 url = other.url + "/v1/chat/completions"
                 with httpx2.stream("POST", url, json=body, headers=headers, timeout=30) as r:
-                    assert _whole(list(_events(r))) == expected_text(body, 12, 0), (trial, n)
+                    assert whole_text(list(sse_events(r))) == expected_text(body, 12, 0), (trial, n)
             finally:
                 owner.kill()
     finally:

@@ -9,7 +9,6 @@ connection (kept alive), so that its requests go to the worker it named.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -23,43 +22,12 @@ from typing import Any
 
 import httpx2
 import pytest
-from fleet_helpers import Process, redis_binary
+from fleet_helpers import MODEL, Process, chat_body, redis_binary, sse_events, whole_text
 
 from streamsafe.engine_sim import expected_text
 from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
-
-MODEL = "sim-llama-8b"
-
-
-def chat(content: str, max_tokens: int) -> dict[str, Any]:
-    return {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens,
-        "stream": True,
-    }
-
-
-def events(response: httpx2.Response) -> Iterator[tuple[int, bytes]]:
-    event_id = -1
-    for line in response.iter_lines():
-        if line.startswith("id: "):
-            event_id = int(line[4:])
-        elif line.startswith("data: "):
-            yield event_id, line[6:].encode()
-
-
-def text_of(got: list[tuple[int, bytes]]) -> str:
-    datas = [data for _, data in got]
-    assert datas[-1] == b"[DONE]" and datas.count(b"[DONE]") == 1, datas[-3:]
-    parts = []
-    for data in datas[:-1]:
-        payload = json.loads(data)
-        assert "error" not in payload, payload
-        parts.append(payload["choices"][0]["delta"].get("content") or "")
-    return "".join(parts)
 
 
 def stats(url: str) -> dict[str, Any]:
@@ -130,7 +98,7 @@ def test_one_key_sent_to_both_workers_at_once_is_one_generation(
 ) -> None:
     clients = pinned(gateway.url, 4)
     try:
-        body = chat("eight copies, two workers", 30)
+        body = chat_body("eight copies, two workers", 30)
         before = new_generations(sim)
         seen = {pid: stats_of(group[0])["requests_received"] for pid, group in clients.items()}
         key = {"Idempotency-Key": "workers-one-key-1"}
@@ -139,8 +107,8 @@ def test_one_key_sent_to_both_workers_at_once_is_one_generation(
             pid, client = pid_client
             with client.stream("POST", "/v1/chat/completions", json=body, headers=key) as r:
                 assert r.status_code == 200, r.read()
-                got = list(events(r))
-            return pid, text_of(got)
+                got = list(sse_events(r))
+            return pid, whole_text(got)
 
         jobs = [(pid, c) for pid, group in clients.items() for c in group]
         with ThreadPoolExecutor(len(jobs)) as pool:
@@ -178,7 +146,7 @@ def test_a_resume_on_either_worker_is_exact(sim: Process, gateway: Process) -> N
     clients = pinned(gateway.url, 1)
     close_all(clients)
     first, second = clients
-    body = chat("resume across workers", 60)
+    body = chat_body("resume across workers", 60)
     key = {"Idempotency-Key": "workers-resume-1"}
     before = new_generations(sim)
     got: list[tuple[int, bytes]] = []
@@ -190,12 +158,12 @@ def test_a_resume_on_either_worker_is_exact(sim: Process, gateway: Process) -> N
             client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r,
         ):
             assert r.status_code == 200
-            for event in events(r):
+            for event in sse_events(r):
                 got.append(event)
                 if len(got) == until:
                     break
     assert [i for i, _ in got] == list(range(len(got)))
-    assert text_of(got) == expected_text(body, 60, 0)
+    assert whole_text(got) == expected_text(body, 60, 0)
     assert new_generations(sim) == before + 1
     for pid in (first, second):
         with contextlib.closing(client_on(gateway.url, pid)) as client:
@@ -210,7 +178,7 @@ def test_a_worker_killed_under_live_streams_loses_none_and_is_replaced(sim: Proc
         clients = pinned(gateway.url, 1)
         pids = set(clients)
         streams, tokens = 6, 120
-        bodies = [chat(f"killed worker {i}", tokens) for i in range(streams)]
+        bodies = [chat_body(f"killed worker {i}", tokens) for i in range(streams)]
         started = threading.Barrier(streams + 1, timeout=30)
         before = new_generations(sim)
 
@@ -262,17 +230,17 @@ def test_sigterm_to_the_supervisor_drains_the_workers_and_exits_0(sim: Process) 
 
         lines = wait_until(worker_lines, 10, "both workers' lines")
         worker_pids = [int(line.split("(pid ")[1].split(")")[0]) for line in lines]
-        body = chat("drained whole", 80)
+        body = chat_body("drained whole", 80)
         got: list[tuple[int, bytes]] = []
         with httpx2.stream(
             "POST", gateway.url + "/v1/chat/completions", json=body, timeout=30
         ) as r:
-            for event in events(r):
+            for event in sse_events(r):
                 got.append(event)
                 if len(got) == 3:
                     gateway.proc.send_signal(signal.SIGTERM)
         # The stream that ran when the signal came ended whole; then every process exited.
-        assert text_of(got) == expected_text(body, 80, 0)
+        assert whole_text(got) == expected_text(body, 80, 0)
         assert gateway.proc.wait(30) == 0
         assert not [pid for pid in worker_pids if os.path.exists(f"/proc/{pid}")]
         assert any("draining 2 worker(s)" in line for line in gateway.output)
