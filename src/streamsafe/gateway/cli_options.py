@@ -355,8 +355,8 @@ def _add_connection_timeouts(group: Options) -> None:
     group.add_argument(
         "--body-timeout",
         type=_POSITIVE,
-        default=30.0,
-        help="seconds between reads of an unfinished body; past it 408 (default 30)",
+        default=10.0,
+        help="seconds between reads of an unfinished body; past it 408 (default 10)",
     )
     group.add_argument(
         "--min-body-rate",

@@ -36,10 +36,13 @@ class ServerLimits:
     #: connection's or the request's first byte (default 10; nginx allows 60, but a client that
     #: needs more than a few seconds for a few KiB is broken or hostile). Past it: 408.
     header_timeout: float = 10.0
-    #: Seconds between two reads of an unfinished request body (default 30, nginx's
-    #: ``client_body_timeout`` is 60). Not counted while the app holds the body back. Past it:
-    #: 408.
-    body_timeout: float = 30.0
+    #: Seconds between two reads of an unfinished request body (default 10; Apache's
+    #: ``RequestReadTimeout`` allows 20, nginx's ``client_body_timeout`` 60). Not counted while
+    #: the app holds the body back. Past it: 408. It is also how long a body may trickle before
+    #: ``min_body_rate`` binds, so it is how long bodies trickled from many addresses can hold
+    #: a capped gateway: 30 of them on a 30-connection cap are cut after it, and a client
+    #: elsewhere is served (30 s kept everyone else out past a 20 s client's patience).
+    body_timeout: float = 10.0
     #: Bytes per second a request body must keep up once its first ``body_timeout`` seconds
     #: are past (default 1024; 0: none): the body's deadline is ``body_timeout`` after its
     #: head, moved on one second for every ``min_body_rate`` bytes that arrive (Apache's
