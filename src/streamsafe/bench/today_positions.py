@@ -3,16 +3,16 @@ position, counted at the engine: the figures of docs/design.md, "Positions aroun
 
     python -m streamsafe.bench.today_positions [--flavor ogx|llama-stack-0.7] [--json FILE]
 
-The server starts once per flavor in front of an engine slot; each run installs a fresh
-simulator sized as the report's engine (room for each call once, :func:`engine_for`) and makes 32
-concurrent calls (:class:`TierLoad`): plain calls and streams from llama-stack-client 0.7.5 (3 s
-timeout, its 2 retries), openai streams (3 s, 2 retries), plain calls from ogx-client 1.5.0 with
+The server starts once per flavor in front of an engine slot; each run installs a fresh simulator
+sized as the report's engine (room for each call once, :func:`engine_for`) and makes 32 concurrent
+calls (:class:`TierLoad`): plain calls and streams from llama-stack-client 0.7.5 (3 s timeout, its 2
+retries), openai plain calls and streams (3 s, 2 retries), plain calls from ogx-client 1.5.0 with
 its defaults and with a 3 s timeout. Positions: ``direct`` (client -> server -> engine),
-``in-front`` (client -> gateway, default flags -> server -> engine), ``behind`` (client ->
-server -> gateway, default flags -> engine), ``behind-collapse`` (the same with
-``--collapse-identical``, which attaches the client's retry the server sends on as a fresh
-call), ``behind-answer`` (the same with ``--engine-refusals answer``, which answers the server's
-retries of a refused request without asking the engine).
+``in-front`` (client -> gateway, default flags -> server -> engine), ``behind`` (client -> server ->
+gateway, default flags -> engine), ``behind-collapse`` (the same with ``--collapse-identical``,
+which attaches the client's retry the server sends on as a fresh call), ``behind-answer`` (the same
+with ``--engine-refusals answer``, which answers the server's retries of a refused request without
+asking the engine).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ POSITIONS: tuple[Position, ...] = (
 LOADS: tuple[tuple[str, str, bool, float | None], ...] = (
     ("llama-stack-client plain", "llama-stack-client", False, 3.0),
     ("llama-stack-client streams", "llama-stack-client", True, 3.0),
+    ("openai plain", "openai", False, 3.0),
     ("openai streams", "openai", True, 3.0),
     ("ogx-client plain, defaults", "ogx-client", False, None),
     ("ogx-client plain, 3 s", "ogx-client", False, 3.0),
@@ -100,7 +101,8 @@ def _position(
                 deployment.install(Simulator(SimConfig(model=sim.config.model)))
 
 
-async def _openai_streams(url: str, load: TierLoad, model: str) -> list[dict[str, Any]]:
+async def _openai_calls(url: str, load: TierLoad, model: str) -> list[dict[str, Any]]:
+    """The load through openai-python (its retries, ``load``'s timeout), streamed or plain."""
     import openai
 
     client = openai.AsyncOpenAI(
@@ -111,6 +113,11 @@ async def _openai_streams(url: str, load: TierLoad, model: str) -> list[dict[str
         parts: list[str] = []
         messages: Any = load.messages(i)
         try:
+            if not load.stream:
+                answer = await client.chat.completions.create(
+                    model=model, messages=messages, max_tokens=load.max_tokens
+                )
+                return {"text": answer.choices[0].message.content or "", "error": None}
             stream = await client.chat.completions.create(
                 model=model, messages=messages, max_tokens=load.max_tokens, stream=True
             )
@@ -130,7 +137,7 @@ async def _openai_streams(url: str, load: TierLoad, model: str) -> list[dict[str
 def _calls(url: str, client: str, load: TierLoad, timeout: float | None) -> list[dict[str, Any]]:
     model = f"vllm/{load.model}"
     if client == "openai":
-        return asyncio.run(_openai_streams(url, load, model))
+        return asyncio.run(_openai_calls(url, load, model))
     calls = [
         {
             "model": model,

@@ -75,6 +75,9 @@ class Counters:
         "Requests marked as client retries (X-Retry-Count or x-stainless-retry-count)"
     )
     attached: int = _counter("Requests attached to a live generation instead of starting one")
+    unread_adopted: int = _counter(
+        "Requests given a live generation with their body that every caller left unread"
+    )
     replayed: int = _counter("Requests answered by replaying a finished generation")
     resumed: int = _counter("Requests resuming a stream with Last-Event-ID")
     generations_started: int = _counter("Generations sent upstream")

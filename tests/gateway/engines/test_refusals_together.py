@@ -7,12 +7,14 @@ answered from that while the engine still refuses."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx2
+import orjson
 import pytest
 from gateway_helpers import MODEL, fast_sim, make_stack
 
@@ -20,6 +22,7 @@ from streamsafe import Client, RetryPolicy, ServiceUnavailableError, StreamingCo
 from streamsafe.engine_sim import Fault
 from streamsafe.gateway.engines.refusal_backoff import RefusalRules
 from streamsafe.gateway.engines.refusal_gate import RefusalGate, RefusedCall
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -240,3 +243,34 @@ def test_the_streamsafe_client_does_not_turn_the_gateways_refusal_into_another_r
                 pass
         gw = s.gw.stats()
         assert gw["refusals_answered"] == 0  # no retry reached the gateway
+
+
+def test_a_stream_sent_again_after_its_caller_left_takes_over_the_unread_copy() -> None:
+    """Behind a server (OGX) a client's retry of a stream comes as a fresh call, unmarked, while
+    the copy its caller abandoned still waits at the refusing engine's gate (in its grace
+    period): it takes that copy over, so the three attempts of one call cost the engine one
+    call's asks (at most 6), not 6 each (18 measured behind OGX)."""
+    sim = fast_sim(faults=(Fault.parse(REFUSE_ALL),))
+    with make_stack(sim, queue_timeout=8.0) as s:
+        raw = orjson.dumps(_chat("sent again by a server"))
+        request = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json"
+            b"\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%b" % (len(raw), raw)
+        )
+        host, port = s.url.removeprefix("http://").split(":")
+        for attempt in range(2):  # sent, waiting at the gate, abandoned
+            with socket.create_connection((host, int(port)), timeout=20) as sock:
+                sock.sendall(request)
+                wait_until(lambda: s.gw.stats()["subscribers"] == 1, what="a subscriber")
+                asked = attempt + 1
+                wait_until(lambda: s.sim.stats()["requests_received"] >= asked, what="asked")  # noqa: B023
+            wait_until(lambda: s.gw.stats()["subscribers"] == 0, what="the caller gone")
+        with socket.create_connection((host, int(port)), timeout=20) as sock:
+            sock.sendall(request)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 503"), answer[:200]
+        gw = s.gw.stats()
+        assert (gw["generations_started"], gw["unread_adopted"]) == (1, 2), gw
+        assert s.sim.stats()["requests_received"] <= 6

@@ -108,7 +108,8 @@ class Admission:
         if not core.can_ever_fit(cost):
             raise ValueError(
                 f"request needs about {cost} tokens of engine memory, more than the "
-                f"{core.max_memory_tokens} the gateway admits at once; lower max_tokens"
+                f"{core.max_memory_tokens} the gateway admits at once; lower max_tokens or "
+                "send fewer or shorter prompts"
             )
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         waiter, changed = core.request(tenant, cost, fut, self._clock())

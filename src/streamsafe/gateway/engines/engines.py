@@ -172,7 +172,8 @@ class Engines:
         if not self.can_ever_fit(model, cost):
             msg = (
                 f"request needs about {cost} tokens of engine memory, more than "
-                f"any engine of {model!r} (or its fallback) holds; lower max_tokens"
+                f"any engine of {model!r} (or its fallback) holds; lower max_tokens or send "
+                "fewer or shorter prompts"
             )
             return made_refusal(400, msg, "invalid_request_error")
         if not await self.room_freed(started + self.queue_timeout):

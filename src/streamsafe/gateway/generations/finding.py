@@ -117,8 +117,9 @@ class Finding:
 
     async def by_body(self, req: GenerationRequest, reach: Reach) -> Generation | None:
         """For a request without a key: the generation an unkeyed retry or a resume continues,
-        or (``collapse_identical``, see :func:`collapses`) the one an identical request joins;
-        ``None`` for none."""
+        or (``collapse_identical``, see :func:`collapses`) the one an identical request joins,
+        or else one with its body that every caller left before it sent anything; ``None`` for
+        none."""
         resume = req.last_event_id is not None
         if req.retry or resume:
             found = self._generations.by_body(req.tenant, req.fingerprint)
@@ -133,6 +134,19 @@ class Finding:
             return None
         if collapses(self._config.collapse_identical, req):
             return self._identical(req)
+        return self._unread(req)
+
+    def _unread(self, req: GenerationRequest) -> Generation | None:
+        # A live generation with this body whose callers all left before it sent anything (it
+        # waits at a refusing engine's gate, or for its first token) is given to this request:
+        # nobody read any of it, so no two callers share a sample, and the engine is spared the
+        # asks of a second copy. Behind a server a client's retry of a stream comes as a fresh
+        # call while the copy it abandoned still waits in its grace period: 3 attempts of one
+        # stream cost a refusing engine 18 requests, each copy asking its own 6.
+        found = self._generations.by_body(req.tenant, req.fingerprint)
+        if found is not None and found.live and found.subscribers == 0 and found.length == 0:
+            self._counters.unread_adopted += 1
+            return found
         return None
 
     def _identical(self, req: GenerationRequest) -> Generation | None:
