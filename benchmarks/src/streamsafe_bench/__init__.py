@@ -1,0 +1,1 @@
+"""streamsafe_bench."""
