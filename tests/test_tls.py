@@ -17,10 +17,10 @@ import httpx2
 import pytest
 from openai import OpenAI
 
-from streamsafe.bench.processes import ServerProcess
 from streamsafe.cli import main
 from streamsafe.server import ServerLimits, ServerThread
 from streamsafe.server.tls import TlsFiles, server_context
+from streamsafe_bench.processes import ServerProcess
 from tls_certs import TestCA
 
 pytestmark = pytest.mark.timeout(90)

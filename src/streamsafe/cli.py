@@ -18,35 +18,41 @@ from streamsafe._version import __version__
 
 # (subcommand, module that registers it), in the order --help lists them.
 _COMMANDS: tuple[tuple[str, str], ...] = (
-    ("demo", "streamsafe.bench.demo_cli"),
+    ("demo", "streamsafe_bench.demo_cli"),
     ("serve", "streamsafe.serve_cli"),
     ("simulate", "streamsafe.engine_sim.cli"),
     ("chat", "streamsafe.client.cli"),
-    ("bench", "streamsafe.bench.cli"),
+    ("bench", "streamsafe_bench.cli"),
 )
 #: Level of streamsafe's own loggers where ``--log-level`` is not given: the servers say what
 #: an operator must see (engine down, shedding, one access line per request); the tools whose
 #: output is their report (demo, chat, bench) stay quiet.
 _DEFAULT_LEVEL = {"serve": "info", "simulate": "info"}
-#: Packages some commands import only when they run, and the extra that installs each
-#: (``pip install 'streamsafe[EXTRA]'``; ``make demo`` and ``make test`` install them all).
-_EXTRAS = {
-    "uvicorn": "gateway",
-    "uvloop": "gateway",
-    "httptools": "gateway",
-    "prometheus_client": "gateway",
-    "redis": "gateway",
-    "cryptography": "gateway",
-    "rich": "demo",
-    "openai": "peers",
-    "llama_stack_client": "peers",
-    "fire": "peers",
-    "requests": "peers",
-    "matplotlib": "plot",
-    "opentelemetry": "otel",
-    "llama_stack": "llamastack",
-    "aiosqlite": "llamastack",
-    "sqlalchemy": "llamastack",
+#: The demo and the benchmarks are a distribution of their own, streamsafe-bench, kept in the
+#: repository's benchmarks/ folder and not in streamsafe's wheel: ``demo`` and ``bench`` import
+#: it only when named, and say how to install it where it is missing.
+_BENCH = "streamsafe_bench"
+#: Packages some commands import only when they run, and what installs each: an extra of
+#: streamsafe (``pip install 'streamsafe[EXTRA]'``) or of streamsafe-bench, installed from a
+#: clone (``pip install './benchmarks[EXTRA]'``; ``make demo`` and ``make test`` install all).
+_EXTRAS: dict[str, tuple[str, str]] = {
+    "uvicorn": ("streamsafe", "gateway"),
+    "uvloop": ("streamsafe", "gateway"),
+    "httptools": ("streamsafe", "gateway"),
+    "prometheus_client": ("streamsafe", "gateway"),
+    "redis": ("streamsafe", "gateway"),
+    "cryptography": ("streamsafe", "gateway"),
+    "opentelemetry": ("streamsafe", "otel"),
+    _BENCH: ("./benchmarks", ""),
+    "rich": ("./benchmarks", ""),
+    "openai": ("./benchmarks", "peers"),
+    "llama_stack_client": ("./benchmarks", "peers"),
+    "fire": ("./benchmarks", "peers"),
+    "requests": ("./benchmarks", "peers"),
+    "matplotlib": ("./benchmarks", "plot"),
+    "llama_stack": ("./benchmarks", "llamastack"),
+    "aiosqlite": ("./benchmarks", "llamastack"),
+    "sqlalchemy": ("./benchmarks", "llamastack"),
 }
 
 
@@ -90,16 +96,26 @@ def _register_missing(sub: Any, name: str, package: str) -> None:
     """``name`` as a command whose part cannot load here (``pip install streamsafe`` holds the
     client alone; ``serve`` imports the gateway to add its options): ``--help`` lists it with
     the extra to install, and :func:`main` answers it with that before parsing its options."""
-    extra = _EXTRAS[package]
-    p = sub.add_parser(name, help=f"(needs pip install 'streamsafe[{extra}]')")
+    p = sub.add_parser(name, help=f"(needs pip install {_install(package)})")
     p.set_defaults(missing=package)
 
 
+def _install(package: str) -> str:
+    """The pip argument that brings ``package``: ``'streamsafe[gateway]'``, ``./benchmarks``."""
+    where, extra = _EXTRAS[package]
+    return f"'{where}[{extra}]'" if extra else where
+
+
 def _needs(command: str, package: str) -> int:
-    extra = _EXTRAS[package]
+    where, extra = _EXTRAS[package]
+    if where == "streamsafe":
+        what = f"which the {extra!r} extra installs: pip install {_install(package)}"
+    else:
+        # Not on the package index: it is installed from a clone of the repository.
+        dist = f"streamsafe-bench's {extra!r} extra" if extra else "streamsafe-bench"
+        what = f"which {dist} installs, from a clone of streamsafe: pip install {_install(package)}"
     print(
-        f"streamsafe {command}: needs {package}, which the {extra!r} extra installs: "
-        f"pip install 'streamsafe[{extra}]' (or make demo, which installs everything)",
+        f"streamsafe {command}: needs {package}, {what} (or make demo, which installs everything)",
         file=sys.stderr,
     )
     return 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from streamsafe.bench import overhead
+from streamsafe_bench import overhead
 
 
 def test_bench_overhead_reports_latency_cpu_and_memory() -> None:

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from streamsafe.bench import peers
+from streamsafe_bench import peers
 
 pytestmark = pytest.mark.timeout(180)
 

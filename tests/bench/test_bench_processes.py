@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from streamsafe.bench.processes import cpu_seconds, preempted_since, preemptions, process_tree
+from streamsafe_bench.processes import cpu_seconds, preempted_since, preemptions, process_tree
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streamsafe.bench import relay
-from streamsafe.bench.relay import run
+from streamsafe_bench import relay
+from streamsafe_bench.relay import run
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamsafe.bench.stats import interval, median
-from streamsafe.bench.vllm_cost import _settled
+from streamsafe_bench.stats import interval, median
+from streamsafe_bench.vllm_cost import _settled
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from streamsafe.bench import workers
+from streamsafe_bench import workers
 
 pytestmark = pytest.mark.timeout(120)
 

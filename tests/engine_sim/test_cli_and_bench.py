@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from streamsafe.bench.simulator import measure_level
 from streamsafe.engine_sim import Fault
 from streamsafe.engine_sim.cli import build_config, register
+from streamsafe_bench.simulator import measure_level
 
 
 def _parse(argv):

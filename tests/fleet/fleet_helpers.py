@@ -1,5 +1,5 @@
 """Real servers for the fleet tests: ``redis-server`` and ``streamsafe`` processes (from
-:mod:`streamsafe.bench.processes`). When ``redis-server`` is missing, tests that need it fail in
+:mod:`streamsafe_bench.processes`). When ``redis-server`` is missing, tests that need it fail in
 CI (the ``CI`` environment variable is set) and are skipped elsewhere; Debian and Ubuntu ship it
 as the package ``redis-server``."""
 
@@ -15,10 +15,10 @@ from typing import Any
 import httpx2
 import pytest
 
-from streamsafe.bench.processes import RedisServer as RedisProcess
-from streamsafe.bench.processes import ServerProcess as Process
 from streamsafe.gateway.generations.finding import claim_key
 from streamsafe.gateway.replicas.store_redis import RedisStore
+from streamsafe_bench.processes import RedisServer as RedisProcess
+from streamsafe_bench.processes import ServerProcess as Process
 
 __all__ = [
     "MODEL",

@@ -213,7 +213,7 @@ def test_fallback_model_answers_when_its_engines_are_down_and_says_so() -> None:
 
 
 def test_bench_fleet_small_run_completes_every_stream_exactly() -> None:
-    from streamsafe.bench.fleet import FleetSettings, run
+    from streamsafe_bench.fleet import FleetSettings, run
 
     report = run(FleetSettings(replicas=2, engines=2, requests=12, window_s=1.5, max_tokens=30))
     assert report["completed"] == report["logical_requests"] == 12

@@ -22,10 +22,10 @@ import orjson
 import pytest
 from fleet_helpers import redis_binary
 
-from streamsafe.bench.processes import ServerProcess
 from streamsafe.client import AsyncClient, Timeouts
 from streamsafe.engine_sim import expected_text
 from streamsafe.sse import SSEDecoder
+from streamsafe_bench.processes import ServerProcess
 from waiting import wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

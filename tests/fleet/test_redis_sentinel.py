@@ -22,8 +22,8 @@ import redis
 from fleet_helpers import Process, RedisProcess, redis_binary
 
 from streamsafe import AsyncClient, Client, Timeouts
-from streamsafe.bench.processes import free_port
 from streamsafe.engine_sim import expected_text
+from streamsafe_bench.processes import free_port
 from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)

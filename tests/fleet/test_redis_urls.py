@@ -14,8 +14,8 @@ import pytest
 import redis
 from fleet_helpers import Process, redis_binary
 
-from streamsafe.bench.processes import free_port
 from streamsafe.gateway.replicas.store_redis import RedisStore
+from streamsafe_bench.processes import free_port
 from tls_certs import TestCA
 from waiting import wait_until
 

@@ -3,7 +3,7 @@ the index is each replica's own, as the look-up by reading logs was (it scanned 
 held): a replica finds the streams it runs and those it mirrors (a caller of its own attached to
 one another replica runs), named as their first event reaches it; any other id is passed through
 to the server. Two gateways in this process share the session's redis-server, in front of
-:class:`~streamsafe.bench.responses_upstream.ResponsesUpstream`."""
+:class:`~streamsafe_bench.responses_upstream.ResponsesUpstream`."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import pytest
 from fleet_helpers import RedisProcess
 
 from server_stops import stop_later
-from streamsafe.bench.responses_upstream import ResponsesUpstream, answer_input
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.server import ServerThread
 from streamsafe.sse import SSEDecoder
+from streamsafe_bench.responses_upstream import ResponsesUpstream, answer_input
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -277,7 +277,7 @@ def test_options_the_workers_refuse_stop_the_supervisor_with_status_2(sim: Proce
 
 
 def test_a_supervisor_killed_leaves_no_worker_and_no_redis_behind(sim: Process) -> None:
-    from streamsafe.bench.processes import process_tree
+    from streamsafe_bench.processes import process_tree
 
     gateway = workers(sim)
     try:

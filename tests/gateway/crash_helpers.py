@@ -19,7 +19,7 @@ import httpx2
 import openai
 from engine_process import EngineProcess
 
-from streamsafe.bench.processes import ServerProcess
+from streamsafe_bench.processes import ServerProcess
 from waiting import poll_async
 
 #: Processes started at once: each costs about a core for a second while it imports, and the

@@ -27,7 +27,6 @@ from hypothesis import strategies as st
 from path_helpers import BODY, COMPLETION_ROUTES, PREFIX, PathStack, lenient, path_stack
 
 from streamsafe import _logging
-from streamsafe.bench.responses_upstream import ResponsesUpstream
 from streamsafe.engine_sim import Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.engines.pool import parse_engine, parse_fallback
@@ -37,6 +36,7 @@ from streamsafe.gateway.replicas.generation_record import record_of, request_of
 from streamsafe.gateway.replicas.record_seal import RecordSeal, Unreadable
 from streamsafe.server import ServerThread
 from streamsafe.sse import SSEDecoder
+from streamsafe_bench.responses_upstream import ResponsesUpstream
 from waiting import poll_async
 
 #: Seconds one fuzzed request may take before its client "leaves" (every call is bounded).

@@ -17,7 +17,6 @@ import pytest
 from gateway_helpers import MODEL, Stack, fast_sim, make_stack, wait_for
 
 from server_stops import stop_later
-from streamsafe.bench.cutting_proxy import CuttingProxy, serve_proxy
 from streamsafe.engine_sim import Fault, SimConfig, Simulator, expected_text
 from streamsafe.engine_sim.messages import to_chat
 from streamsafe.gateway import Gateway, GatewayConfig
@@ -25,6 +24,7 @@ from streamsafe.gateway.generations.event_log import MemoryEventLog
 from streamsafe.gateway.relay.messages_continuation import SkipDelivered, read_messages_partial
 from streamsafe.server import ServerThread
 from streamsafe.sse import SSEDecoder
+from streamsafe_bench.cutting_proxy import CuttingProxy, serve_proxy
 
 anthropic = pytest.importorskip("anthropic")
 

@@ -18,9 +18,9 @@ import httpx2
 import orjson
 from gateway_helpers import chat_body
 
-from streamsafe.bench.processes import ServerProcess
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.server import serve_in_thread
+from streamsafe_bench.processes import ServerProcess
 from waiting import wait_until
 
 _HEAD = (

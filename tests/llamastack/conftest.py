@@ -1,5 +1,5 @@
 """One real Llama Stack server for the whole session, in front of an engine slot; each test
-installs a fresh simulator in the slot (see streamsafe.bench.llamastack_deployment)."""
+installs a fresh simulator in the slot (see streamsafe_bench.llamastack_deployment)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from streamsafe.bench.llamastack_deployment import Deployment, llama_stack_deployment
 from streamsafe.engine_sim import SimConfig, Simulator
+from streamsafe_bench.llamastack_deployment import Deployment, llama_stack_deployment
 
 sys.path.insert(0, os.path.dirname(__file__))
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import LlamaStackTier
-from streamsafe.bench.middle_tier import Position, gateway_for, run_tier
-from streamsafe.bench.tier_load import Api, TierLoad
+from streamsafe_bench.middle_tier import Position, gateway_for, run_tier
+from streamsafe_bench.tier_load import Api, TierLoad
 
 pytestmark = pytest.mark.timeout(120)
 

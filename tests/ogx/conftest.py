@@ -1,5 +1,5 @@
 """Today's Llama Stack, real: OGX 1.5.0 and llama-stack 0.7.3, each started once for the session
-in front of an engine slot (see streamsafe.bench.llamastack_deployment); each test installs a
+in front of an engine slot (see streamsafe_bench.llamastack_deployment); each test installs a
 fresh simulator in the slot, so every count is its own.
 
 Fixtures:
@@ -28,8 +28,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from today_tier import FAST, MODEL, TodayTier
 
-from streamsafe.bench.llamastack_deployment import llama_stack_deployment
-from streamsafe.bench.ogx_server import (
+from streamsafe.engine_sim import SimConfig, Simulator
+from streamsafe_bench.llamastack_deployment import llama_stack_deployment
+from streamsafe_bench.ogx_server import (
     FLAVORS,
     OGX,
     Flavor,
@@ -37,7 +38,6 @@ from streamsafe.bench.ogx_server import (
     ServerUnavailable,
     find_venv,
 )
-from streamsafe.engine_sim import SimConfig, Simulator
 
 
 def _in_ci() -> bool:

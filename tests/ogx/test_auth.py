@@ -13,11 +13,11 @@ import httpx2
 import orjson
 import pytest
 
-from streamsafe.bench.ogx_server import OGX, OGXServer, ServerUnavailable, find_venv
 from streamsafe.engine_sim import SimConfig, Simulator, expected_text
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.server import ServerThread
 from streamsafe.sse import SSEDecoder
+from streamsafe_bench.ogx_server import OGX, OGXServer, ServerUnavailable, find_venv
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from today_tier import MODEL, TodayTier
 
-from streamsafe.bench.client_calls import run_calls
-from streamsafe.bench.ogx_server import LLAMA_STACK_07, find_venv
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.engine_sim.config import Fault
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.server import ServerThread
+from streamsafe_bench.client_calls import run_calls
+from streamsafe_bench.ogx_server import LLAMA_STACK_07, find_venv
 
 pytestmark = pytest.mark.timeout(120)
 

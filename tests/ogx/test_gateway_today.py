@@ -16,11 +16,11 @@ import openai
 import pytest
 from today_tier import TodayTier
 
-from streamsafe.bench.client_calls import run_calls
-from streamsafe.bench.tier_load import TierLoad, engine_for, expected_answer
 from streamsafe.engine_sim import Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.server import ServerThread
+from streamsafe_bench.client_calls import run_calls
+from streamsafe_bench.tier_load import TierLoad, engine_for, expected_answer
 from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -65,7 +65,7 @@ def storm_engine(tier: TodayTier, load: TierLoad) -> Simulator:
 
 def llama_stack_client_calls(tier: TodayTier, url: str, load: TierLoad) -> list[dict[str, Any]]:
     """The load through llama-stack-client 0.7.5 (in llama-stack 0.7.3's venv)."""
-    from streamsafe.bench.ogx_server import LLAMA_STACK_07, find_venv
+    from streamsafe_bench.ogx_server import LLAMA_STACK_07, find_venv
 
     plan = {
         "client": "llama-stack-client",
@@ -196,8 +196,8 @@ def test_the_caller_s_provider_data_reaches_the_engine_through_ogx(
 
 
 def test_the_positions_bench_measures_a_position(ogx_server: TodayTier) -> None:
-    # python -m streamsafe.bench.today_positions, one of its rows (the design doc's table).
-    from streamsafe.bench.today_positions import run
+    # python -m streamsafe_bench.today_positions, one of its rows (the design doc's table).
+    from streamsafe_bench.today_positions import run
 
     row = run(ogx_server.deployment, ogx_server.flavor, "in-front", "openai streams")
     assert (row.exact, row.engine_generations, row.engine_dead) == (32, 32, False), row

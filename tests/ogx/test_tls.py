@@ -14,10 +14,10 @@ import httpx2
 import openai
 import pytest
 
-from streamsafe.bench.ogx_server import OGX, OGXServer, ServerUnavailable, find_venv
 from streamsafe.engine_sim import SimConfig, Simulator, expected_text
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.server import ServerThread
+from streamsafe_bench.ogx_server import OGX, OGXServer, ServerUnavailable, find_venv
 
 pytestmark = pytest.mark.timeout(120)
 

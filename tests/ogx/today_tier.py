@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from streamsafe.bench.llamastack_deployment import Deployment, SeenRequest
-from streamsafe.bench.ogx_server import Flavor, OGXServer
 from streamsafe.engine_sim import SimConfig, Simulator
+from streamsafe_bench.llamastack_deployment import Deployment, SeenRequest
+from streamsafe_bench.ogx_server import Flavor, OGXServer
 
 MODEL = "sim-llama-8b"
 FAST: dict[str, Any] = {

@@ -3,7 +3,7 @@ shared by every test in this folder, and helpers to put the gateway in front of 
 
 Fixtures:
 
-- ``vllm_engine``: the session's :class:`~streamsafe.bench.vllm_engine.VLLMEngine` (``.url``,
+- ``vllm_engine``: the session's :class:`~streamsafe_bench.vllm_engine.VLLMEngine` (``.url``,
   ``.model``; ``.requests_received(seed=...)`` and ``.requests_aborted()`` read its request
   log; ``.engine_core_pid()``; ``.pause()``, ``.resume()`` and ``.stall(seconds)`` stop and
   continue its engine). Its KV cache is small (16 blocks of 128 tokens, 2,048 tokens: the
@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from streamsafe.bench.vllm_engine import VLLMEngine, VLLMOptions, VLLMUnavailable, find_venv
+from streamsafe_bench.vllm_engine import VLLMEngine, VLLMOptions, VLLMUnavailable, find_venv
 
 sys.path.insert(0, os.path.dirname(__file__))
 

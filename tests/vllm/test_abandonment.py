@@ -10,7 +10,7 @@ import httpx2
 import pytest
 from vllm_helpers import chat_body, gateway, wait_until
 
-from streamsafe.bench.vllm_engine import VLLMEngine
+from streamsafe_bench.vllm_engine import VLLMEngine
 
 pytestmark = pytest.mark.timeout(90, func_only=True)
 

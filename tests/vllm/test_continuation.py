@@ -13,10 +13,10 @@ import httpx2
 import orjson
 import pytest
 
-from streamsafe.bench.cutting_proxy import CuttingProxy, serve_proxy
-from streamsafe.bench.tiny_model import TRIM_TEMPLATE
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.server import ServerThread
+from streamsafe_bench.cutting_proxy import CuttingProxy, serve_proxy
+from streamsafe_bench.tiny_model import TRIM_TEMPLATE
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -18,10 +18,10 @@ import httpx2
 import orjson
 import pytest
 
-from streamsafe.bench.cutting_proxy import CuttingProxy, serve_proxy
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.relay.replay import answer_pieces
 from streamsafe.server import ServerThread
+from streamsafe_bench.cutting_proxy import CuttingProxy, serve_proxy
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -14,8 +14,8 @@ import orjson
 import pytest
 from vllm_helpers import chat_body, sse_events, stream_text, wait_until
 
-from streamsafe.bench import tiny_model
-from streamsafe.bench.vllm_engine import VLLMEngine
+from streamsafe_bench import tiny_model
+from streamsafe_bench.vllm_engine import VLLMEngine
 
 pytestmark = pytest.mark.timeout(90, func_only=True)
 

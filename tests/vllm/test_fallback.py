@@ -10,9 +10,9 @@ import httpx2
 import pytest
 from vllm_helpers import gateway, wait_until
 
-from streamsafe.bench.vllm_engine import VLLMEngine
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.server import ServerThread
+from streamsafe_bench.vllm_engine import VLLMEngine
 
 pytestmark = pytest.mark.timeout(120, func_only=True)
 

@@ -13,7 +13,7 @@ import httpx2
 import pytest
 from vllm_helpers import gateway, start_together, wait_until
 
-from streamsafe.bench.vllm_engine import VLLMEngine
+from streamsafe_bench.vllm_engine import VLLMEngine
 
 pytestmark = pytest.mark.timeout(180, func_only=True)
 

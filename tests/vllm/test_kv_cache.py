@@ -13,7 +13,7 @@ import orjson
 import pytest
 from vllm_helpers import chat_body, gateway, sse_events, wait_until
 
-from streamsafe.bench.vllm_engine import VLLMEngine
+from streamsafe_bench.vllm_engine import VLLMEngine
 
 pytestmark = pytest.mark.timeout(150, func_only=True)
 

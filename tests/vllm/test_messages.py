@@ -17,11 +17,11 @@ import orjson
 import pytest
 from vllm_helpers import gateway, wait_until
 
-from streamsafe.bench.cutting_proxy import CuttingProxy, serve_proxy
-from streamsafe.bench.vllm_engine import VLLMEngine
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.server import ServerThread
 from streamsafe.sse import SSEDecoder
+from streamsafe_bench.cutting_proxy import CuttingProxy, serve_proxy
+from streamsafe_bench.vllm_engine import VLLMEngine
 
 anthropic = pytest.importorskip("anthropic")
 

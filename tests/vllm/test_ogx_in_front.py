@@ -18,17 +18,17 @@ import pytest
 from vllm_helpers import greedy_text
 
 from server_stops import stop_later
-from streamsafe.bench.client_calls import run_calls
-from streamsafe.bench.ogx_server import (
+from streamsafe.gateway import Gateway, GatewayConfig
+from streamsafe.server import ServerThread
+from streamsafe_bench.client_calls import run_calls
+from streamsafe_bench.ogx_server import (
     LLAMA_STACK_07,
     OGX,
     OGXServer,
     ServerUnavailable,
     find_venv,
 )
-from streamsafe.bench.vllm_engine import VLLMEngine
-from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.server import ServerThread
+from streamsafe_bench.vllm_engine import VLLMEngine
 
 pytestmark = pytest.mark.timeout(180, func_only=True)
 

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from vllm_helpers import gateway
 
-from streamsafe.bench.vllm_engine import VLLMEngine
 from streamsafe.request_cost import MAX_REQUEST_COST, InvalidField, read_cost
+from streamsafe_bench.vllm_engine import VLLMEngine
 
 HERE = Path(__file__).parent
 

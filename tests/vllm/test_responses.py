@@ -12,8 +12,8 @@ import orjson
 import pytest
 from vllm_helpers import gateway
 
-from streamsafe.bench.vllm_engine import VLLMEngine
 from streamsafe.sse import SSEDecoder
+from streamsafe_bench.vllm_engine import VLLMEngine
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -13,7 +13,7 @@ import httpx2
 import pytest
 from vllm_helpers import chat_body, gateway, greedy_text, sse_events, stream_text, wait_until
 
-from streamsafe.bench.vllm_engine import VLLMEngine
+from streamsafe_bench.vllm_engine import VLLMEngine
 
 pytestmark = pytest.mark.timeout(120, func_only=True)
 

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from vllm_helpers import gateway
 
-from streamsafe.bench.vllm_engine import VLLMEngine
+from streamsafe_bench.vllm_engine import VLLMEngine
 
 pytestmark = pytest.mark.timeout(180, func_only=True)
 

@@ -15,7 +15,7 @@ import httpx2
 import pytest
 from vllm_helpers import gateway, wait_until
 
-from streamsafe.bench.vllm_engine import VLLMEngine
+from streamsafe_bench.vllm_engine import VLLMEngine
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "sdk"))
 from sdk_storm import CALLS, Storm, run_storm

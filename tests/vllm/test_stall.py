@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from vllm_helpers import gateway, greedy_text, start_together
 
-from streamsafe.bench.vllm_engine import VLLMEngine
+from streamsafe_bench.vllm_engine import VLLMEngine
 
 pytestmark = pytest.mark.timeout(180, func_only=True)
 

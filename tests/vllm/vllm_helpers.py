@@ -14,9 +14,9 @@ import orjson
 
 import waiting
 from server_stops import stop_later
-from streamsafe.bench.vllm_engine import VLLMEngine
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.server import ServerThread
+from streamsafe_bench.vllm_engine import VLLMEngine
 
 
 @dataclass

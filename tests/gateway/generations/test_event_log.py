@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamsafe.bench.recorded import recorded_chat_events
 from streamsafe.gateway.generations.event_log import MemoryEventLog
+from streamsafe_bench.recorded import recorded_chat_events
 
 pytestmark = pytest.mark.unit
 

@@ -3,7 +3,7 @@
 index, from the id its first event named, so a look-up reads no kept log (it decoded every kept
 log of the tenant on the event loop, for any id anyone asked, stalling every stream); the entry
 lives as long as the generation is held, and one tenant never finds another's. In front of
-:class:`~streamsafe.bench.responses_upstream.ResponsesUpstream`, a server in OGX's shape."""
+:class:`~streamsafe_bench.responses_upstream.ResponsesUpstream`, a server in OGX's shape."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import orjson
 from gateway_helpers import wait_for
 
 from server_stops import stop_later
-from streamsafe.bench.responses_upstream import ResponsesUpstream, answer_input
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
 from streamsafe.gateway.generations.generation_index import GenerationIndex
@@ -26,6 +25,7 @@ from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.upstream.kinds import KINDS
 from streamsafe.server import ServerThread
 from streamsafe.sse import SSEDecoder
+from streamsafe_bench.responses_upstream import ResponsesUpstream, answer_input
 
 RESPONSES = KINDS["ogx"].route("/v1/responses")
 

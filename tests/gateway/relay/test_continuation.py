@@ -6,7 +6,6 @@ from __future__ import annotations
 import orjson
 from gateway_helpers import chat_body, content_of, fast_sim, make_stack, post_stream, sse_payloads
 
-from streamsafe.bench.cutting_proxy import CuttingProxy, serve_proxy
 from streamsafe.engine_sim import Fault, Simulator, expected_text
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.generations.event_log import MemoryEventLog
@@ -22,6 +21,7 @@ from streamsafe.gateway.relay.continuation import (
 )
 from streamsafe.gateway.relay.replay import Replay
 from streamsafe.server import ServerThread
+from streamsafe_bench.cutting_proxy import CuttingProxy, serve_proxy
 
 
 def test_cut_upstream_stream_is_continued_and_the_client_sees_the_exact_text() -> None:

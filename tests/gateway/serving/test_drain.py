@@ -14,8 +14,8 @@ import orjson
 from engine_process import engine_process
 from gateway_helpers import chat_body, content_of, sse_payloads, wait_for
 
-from streamsafe.bench.processes import ServerProcess
 from streamsafe.engine_sim import expected_text
+from streamsafe_bench.processes import ServerProcess
 
 
 def _streams(url: str, n: int, max_tokens: int) -> tuple[list[threading.Thread], list[Any]]:

@@ -15,12 +15,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamsafe._url_userinfo import redact, split_userinfo
-from streamsafe.bench.processes import ServerProcess
 from streamsafe.engine_sim import Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.engines.pool import parse_engine
 from streamsafe.gateway.upstream.connection import Upstream
 from streamsafe.server import ServerThread
+from streamsafe_bench.processes import ServerProcess
 from waiting import wait_until
 
 PASSWORD = "Pa55-w0rd-7c1f"

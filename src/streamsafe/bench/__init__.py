@@ -1,1 +1,0 @@
-"""streamsafe.bench."""
