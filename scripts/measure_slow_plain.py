@@ -6,7 +6,7 @@ client with a ``--timeout`` read timeout and its default retries (2): llama-stac
 caller got the whole answer, how long it took, what the gateway saw as retries and how many
 requests reached the engine (counted by the engine behind the server).
 
-    PYTHONPATH=src python scripts/measure_slow_plain.py [--seconds 14] [--timeout 3]
+    PYTHONPATH=src:benchmarks/src python scripts/measure_slow_plain.py [--seconds 14] [--timeout 3]
         [--flavor ogx --flavor llama-stack-0.7]
 """
 
@@ -18,12 +18,12 @@ import time
 
 import openai
 
-from streamsafe.bench.client_calls import run_calls
-from streamsafe.bench.llamastack_deployment import llama_stack_deployment
-from streamsafe.bench.ogx_server import FLAVORS, LLAMA_STACK_07, OGXServer, find_venv
 from streamsafe.engine_sim import SimConfig, Simulator, expected_text
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.server import ServerThread
+from streamsafe_bench.client_calls import run_calls
+from streamsafe_bench.llamastack_deployment import llama_stack_deployment
+from streamsafe_bench.ogx_server import FLAVORS, LLAMA_STACK_07, OGXServer, find_venv
 
 MODEL = "sim-llama-8b"
 
