@@ -274,3 +274,23 @@ def test_a_stream_sent_again_after_its_caller_left_takes_over_the_unread_copy() 
         gw = s.gw.stats()
         assert (gw["generations_started"], gw["unread_adopted"]) == (1, 2), gw
         assert s.sim.stats()["requests_received"] <= 6
+
+
+def test_identical_calls_waiting_at_the_gate_keep_one_call_s_bounds_together() -> None:
+    """Behind a server whose client retried twice, three copies of one stream reach the gateway
+    as fresh calls (unmarked, the same body), each still held open by the server: they count
+    their asks together, so the engine is asked at most 6 times for the three (18 measured
+    behind OGX when each asked on its own), and each gets the refusal."""
+    sim = fast_sim(faults=(Fault.parse(REFUSE_ALL),))
+    with make_stack(sim, queue_timeout=8.0) as s:
+        body = _chat("one call, three copies")
+        url = s.url + "/v1/chat/completions"
+        with ThreadPoolExecutor(3) as pool, httpx2.Client(timeout=30) as http:
+            answers = []
+            for copy in range(3):
+                answers.append(pool.submit(http.post, url, json=body))
+                asked = copy + 2  # the copy before asked again since this one's arrival
+                wait_until(lambda: s.sim.stats()["requests_received"] >= asked, what="asks")  # noqa: B023
+            statuses = [a.result().status_code for a in answers]
+        assert statuses == [503, 503, 503]
+        assert s.sim.stats()["requests_received"] <= 6

@@ -100,8 +100,10 @@ class Attempts:
         #: Whether the current attempt's shed, or its admission, was told to its engine's
         #: gate already.
         self._shed_noted = self._admitted = False
-        #: This generation's asks of engines that refuse (see :mod:`.refusal_gate`).
-        self.refused_call = RefusedCall()
+        #: This generation's asks of engines that refuse (see :mod:`.refusal_gate`), counted
+        #: with those of its identical copies.
+        ledger = None if gen is None else engines.ledgers.of(gen.tenant, gen.fingerprint)
+        self.refused_call = RefusedCall(ledger)
 
     # -- sending ----------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ import httpx2
 
 from streamsafe.gateway.engines.answers import Refused, made_refusal
 from streamsafe.gateway.engines.pool import Counts, Engine, EngineSpec, Pool
-from streamsafe.gateway.engines.refusal_gate import RefusalGate
+from streamsafe.gateway.engines.refusal_gate import AskLedgers, RefusalGate
 from streamsafe.gateway.upstream.capacity import learn_kv_capacity
 from streamsafe.gateway.upstream.connection import Upstream
 from streamsafe.retry import RetryBudget
@@ -107,6 +107,8 @@ class Engines:
         self._room: list[asyncio.Future[None]] = []
         #: Per engine, the calls it refused waiting together (one probe at a time).
         self.gates = [RefusalGate() for _ in specs]
+        #: The refused asks of each call, shared by its identical copies.
+        self.ledgers = AskLedgers()
         #: Attempts sent to another engine (or model) before a first token.
         self.failovers = 0
         #: Continuations sent to another engine after a stream was cut.

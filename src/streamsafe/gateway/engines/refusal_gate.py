@@ -24,11 +24,12 @@ import asyncio
 import itertools
 import math
 import random
+import weakref
 from collections.abc import Callable
 
 from streamsafe.gateway.engines.refusal_backoff import RefusalRules, Refusing, next_turn
 
-__all__ = ["MOST_RELEASED", "PROBE_PATIENCE", "RefusalGate", "RefusedCall"]
+__all__ = ["MOST_RELEASED", "PROBE_PATIENCE", "AskLedger", "AskLedgers", "RefusalGate", "RefusedCall"]
 
 #: The most calls let through at once while an engine recovers (the doubling stops there).
 MOST_RELEASED = 64
@@ -41,24 +42,68 @@ _EARLY = 0.002
 _LATE = 0.05
 
 
-class RefusedCall:
-    """One generation's asks of a refusing engine: when it asked while refused (the bounds of
-    :func:`~.refusal_backoff.next_turn` count them), and whether the gate let it through and
-    awaits its outcome."""
+class AskLedger:
+    """The refused asks of one logical call, shared by its identical copies: behind a server a
+    client's retry comes as a fresh call with the same body while the copy it gave up on still
+    waits here, and each copy asking on its own bounds multiplied them (three attempts of one
+    stream cost a refusing engine 18 requests behind OGX). Copies of one call (same tenant, same
+    body: :class:`AskLedgers`) count their asks
+    together, so together they keep one call's bounds, and give up together."""
 
-    __slots__ = ("asks", "gate", "patience", "seq")
+    __slots__ = ("__weakref__", "asks")
+
+    def __init__(self) -> None:
+        #: Clock readings of the asks that were refused.
+        self.asks: tuple[float, ...] = ()
+
+
+class AskLedgers:
+    """The ledgers of the calls waiting or asking now, by tenant and body fingerprint: a copy of
+    a call finds its siblings' (see :class:`AskLedger`); a ledger lasts as long as a generation
+    holds it."""
+
+    __slots__ = ("_by_call",)
+
+    def __init__(self) -> None:
+        self._by_call: weakref.WeakValueDictionary[tuple[str, bytes], AskLedger] = (
+            weakref.WeakValueDictionary()
+        )
+
+    def of(self, tenant: str, fingerprint: bytes) -> AskLedger:
+        """The ledger of the call ``tenant`` sends with the body of ``fingerprint``."""
+        ledger = self._by_call.get((tenant, fingerprint))
+        if ledger is None:
+            ledger = self._by_call[tenant, fingerprint] = AskLedger()
+        return ledger
+
+
+class RefusedCall:
+    """One generation's asks of a refusing engine: when it (with its identical copies, see
+    :class:`AskLedger`) asked while refused (the bounds of :func:`~.refusal_backoff.next_turn`
+    count them), and whether the gate let it through and awaits its outcome."""
+
+    __slots__ = ("gate", "ledger", "patience", "seq")
 
     _arrivals = itertools.count()
 
-    def __init__(self) -> None:
+    def __init__(self, ledger: AskLedger | None = None) -> None:
         #: Its place in arrival order (the line is by fewest asks, then arrival).
         self.seq = next(RefusedCall._arrivals)
-        #: Clock readings of its asks that were refused.
-        self.asks: tuple[float, ...] = ()
+        #: The asks it shares with its identical copies.
+        self.ledger = ledger if ledger is not None else AskLedger()
         #: The gate it went through and whose outcome is not known yet.
         self.gate: RefusalGate | None = None
         #: The timer that counts it admitted if no refusal comes (:data:`PROBE_PATIENCE`).
         self.patience: asyncio.TimerHandle | None = None
+
+    @property
+    def asks(self) -> tuple[float, ...]:
+        """Clock readings of its asks (and its copies') that were refused."""
+        return self.ledger.asks
+
+    @asks.setter
+    def asks(self, asks: tuple[float, ...]) -> None:
+        self.ledger.asks = asks
 
 
 class RefusalGate:
