@@ -29,7 +29,14 @@ from collections.abc import Callable
 
 from streamsafe.gateway.engines.refusal_backoff import RefusalRules, Refusing, next_turn
 
-__all__ = ["MOST_RELEASED", "PROBE_PATIENCE", "AskLedger", "AskLedgers", "RefusalGate", "RefusedCall"]
+__all__ = [
+    "MOST_RELEASED",
+    "PROBE_PATIENCE",
+    "AskLedger",
+    "AskLedgers",
+    "RefusalGate",
+    "RefusedCall",
+]
 
 #: The most calls let through at once while an engine recovers (the doubling stops there).
 MOST_RELEASED = 64
