@@ -29,7 +29,17 @@ import enum
 from streamsafe.gateway.engines.failover import Failover, failover_step
 from streamsafe.gateway.engines.refusal_backoff import RefusalRules
 
-__all__ = ["Again", "Ask", "AskKind", "AttemptPlan", "Outcome", "PlanBounds", "Stop", "Where"]
+__all__ = [
+    "Again",
+    "Ask",
+    "AskKind",
+    "AttemptPlan",
+    "Outcome",
+    "PlanBounds",
+    "Stop",
+    "Verdict",
+    "Where",
+]
 
 
 #: The refusal gate's default per-call bounds (one value, frozen, shared).
@@ -176,6 +186,10 @@ class AttemptPlan:
     """The kind the next ask is recorded as."""
     round_start: int = 0
     """Index in :attr:`history` of the current round's first ask."""
+    continued: int = 0
+    """Continuation rounds granted (:meth:`after_break`), whether or not each got to ask."""
+    waited: int = 0
+    """Rounds granted after a shed, to wait for room at the engine's gate."""
 
     # -- what happened ----------------------------------------------------------------------------
 
@@ -197,6 +211,11 @@ class AttemptPlan:
     def asks(self) -> int:
         """Requests sent upstream so far."""
         return len(self.history)
+
+    @property
+    def most_asks(self) -> int:
+        """The most requests its bounds allow (:attr:`PlanBounds.most_asks`)."""
+        return self.bounds.most_asks
 
     @property
     def attempts(self) -> int:
@@ -298,14 +317,17 @@ class AttemptPlan:
         bounds = self.bounds
         if shed:
             most = bounds.refusals.most_asks
-            if len(self.refused_asks) >= most or self.count(AskKind.WAIT_FOR_ROOM) >= most - 1:
+            if len(self.refused_asks) >= most or self.waited >= most - 1:
                 return Stop(f"refused {len(self.refused_asks)} times (at most {most} asks)")
-            return Again(self._round(AskKind.WAIT_FOR_ROOM), Where.GATE)
-        if self.count(AskKind.CONTINUATION) >= bounds.continuations:
+            plan = dataclasses.replace(self._round(AskKind.WAIT_FOR_ROOM), waited=self.waited + 1)
+            return Again(plan, Where.GATE)
+        if self.continued >= bounds.continuations:
             return Stop(f"continuations spent ({bounds.continuations})")
-        return Again(self._round(AskKind.CONTINUATION), Where.ANY)
+        plan = dataclasses.replace(self._round(AskKind.CONTINUATION), continued=self.continued + 1)
+        return Again(plan, Where.ANY)
 
     def _round(self, kind: AskKind) -> AttemptPlan:
+        """A new round whose first ask is of ``kind``."""
         return dataclasses.replace(self, next_kind=kind, round_start=len(self.history))
 
 
