@@ -223,6 +223,16 @@ class AttemptPlan:
         return sum(a.kind is not AskKind.CONNECT_RETRY for a in self.history[self.round_start :])
 
     @property
+    def connect_retries(self) -> int:
+        """Connect retries of the current attempt so far."""
+        done = 0
+        for ask in reversed(self.history):
+            if ask.kind is not AskKind.CONNECT_RETRY:
+                break
+            done += 1
+        return done
+
+    @property
     def refused_asks(self) -> tuple[float, ...]:
         """Clock readings of the asks an engine shed."""
         return tuple(a.at for a in self.history if a.outcome is Outcome.REFUSED)
@@ -253,11 +263,7 @@ class AttemptPlan:
         ``connect_retries`` per attempt and the retry budget; never where ``retryable`` is false
         (a TLS failure: the certificate will not have changed) or the caller said no connect
         retry (``allowed``)."""
-        done = 0
-        for ask in reversed(self.history):
-            if ask.kind is not AskKind.CONNECT_RETRY:
-                break
-            done += 1
+        done = self.connect_retries
         bounds = self.bounds
         if not allowed:
             return Stop("connect retries off for this request")
@@ -309,6 +315,11 @@ class AttemptPlan:
             return Again(plan, Where.SAME_ENGINE, step.delay)
         where = Where.LARGER_MODEL if step.action is Failover.LARGER_MODEL else Where.OTHER_ENGINE
         return Again(dataclasses.replace(self, next_kind=AskKind.FAILOVER), where)
+
+    def elsewhere(self) -> AttemptPlan:
+        """The same engine could not be asked after all (its breaker opened meanwhile): the
+        next ask goes to another engine, a failover."""
+        return dataclasses.replace(self, next_kind=AskKind.FAILOVER)
 
     def after_break(self, *, shed: bool) -> Verdict:
         """A round ended without an answer: the engine shed it (``shed``: it waits for room at

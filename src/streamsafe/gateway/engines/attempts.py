@@ -22,7 +22,6 @@ import httpx2
 from streamsafe.gateway.engines.answers import Refused, answer_response, unavailable
 from streamsafe.gateway.engines.attempt_plan import (
     Again,
-    AskKind,
     AttemptPlan,
     Outcome,
     Stop,
@@ -203,9 +202,9 @@ class Attempts:
                 )
                 connecting_again = isinstance(again, Again)
                 if isinstance(again, Again):
+                    n = self.plan.connect_retries + 1
                     self._plan(again.plan)
                     upstream.connect_retries_done += 1
-                    n = again.plan.count(AskKind.CONNECT_RETRY) + 1
                     msg = "upstream %s: %s; retry %d in %.2f s"
                     log.info(msg, upstream.base_url, sent.why, n, again.delay)
                     await engines.sleep(again.delay)
@@ -227,6 +226,7 @@ class Attempts:
                 await engines.sleep(verdict.delay)
                 if engine.breaker.allows(engines.clock()):
                     continue  # pick stays: the same engine once more
+                self._plan(self.plan.elsewhere())
             elif verdict.where is Where.LARGER_MODEL:
                 model = engines.pool.fallbacks[model]
             else:
