@@ -40,6 +40,8 @@ class _Answer:
     retryable: bool = True
     budget: bool = True
     dt: float = 0.0
+    #: A 400 that says the context is too long, where a larger model is configured.
+    too_long: bool = False
 
 
 #: Mostly yes: the engine's worst is a budget that allows and a failure worth retrying.
@@ -59,6 +61,7 @@ _ANSWERS = st.one_of(
         retry_after=st.one_of(st.none(), st.floats(0, 5)),
         budget=_MOSTLY,
         dt=st.sampled_from([0.0, 0.0, 1.0, 5.0]),
+        too_long=st.booleans(),
     ),
     st.builds(
         _Answer, kind=st.sampled_from(["in-band-refusal", "cut", "done"]), dt=st.floats(0, 5)
@@ -124,11 +127,11 @@ def _round(
             plan = plan.ended(Outcome.REFUSED if refused else Outcome.FAILED)
         verdict = plan.after_failure(
             status,
-            b"",
+            b"prompt too long for the maximum context length" if answer.too_long else b"",
             retry_after=answer.retry_after,
             now=now,
             budget_allows=answer.budget,
-            larger_model=False,
+            larger_model=answer.too_long,
         )
         if isinstance(verdict, Again):
             plan = verdict.plan
