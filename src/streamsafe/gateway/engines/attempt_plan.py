@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 
 from streamsafe.gateway.engines.failover import Failover, failover_step
 from streamsafe.gateway.engines.refusal_backoff import RefusalRules
@@ -123,6 +124,12 @@ class PlanBounds:
     """Seconds it may wait for room from the first refusal it met (default 20)."""
     total: float | None = 600.0
     """Seconds the generation may take upstream in all (default 600; ``None`` for none)."""
+
+    def __post_init__(self) -> None:
+        if self.failover_attempts < 1:
+            raise ValueError("failover_attempts must be >= 1")
+        if min(self.connect_retries, self.same_engine_retries, self.continuations) < 0:
+            raise ValueError("connect_retries, same_engine_retries and continuations must be >= 0")
 
     @property
     def most_rounds(self) -> int:
@@ -244,14 +251,10 @@ class AttemptPlan:
     def summary(self) -> str:
         """The history in one short phrase for the access line: the kinds after the first in
         order, repeats counted (``"connect-retry x2, failover"``); empty for one ask."""
-        parts: list[str] = []
-        for ask in self.history[1:]:
-            name = ask.kind.value
-            if parts and parts[-1].split(" x")[0] == name:
-                head, _, times = parts[-1].partition(" x")
-                parts[-1] = f"{head} x{int(times or 1) + 1}"
-            else:
-                parts.append(name)
+        parts = []
+        for name, run in itertools.groupby(ask.kind.value for ask in self.history[1:]):
+            times = sum(1 for _ in run)
+            parts.append(name if times == 1 else f"{name} x{times}")
         return ", ".join(parts)
 
     # -- the answers ----------------------------------------------------------------------------
