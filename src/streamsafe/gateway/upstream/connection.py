@@ -321,19 +321,23 @@ class Upstream(EngineHealth):
             self.budget.record_success()
             return conn
 
-    async def _may_retry_connect(self, retry_connect: bool, attempt: int, exc: Exception) -> bool:
+    async def _may_retry_connect(
+        self, retry_connect: bool, attempt: int, exc: BaseException
+    ) -> bool:
         """A connection could not be made (``exc``): whether to try again (after the backoff,
         within the budget); when not, the engine counts as unreachable, for the reason
         :func:`connect_failure` names. A TLS failure is not asked again: the certificate will
         not have changed."""
-        why = self._not_connected(exc).why
+        self.budget.record_failure()
+        why = connect_failure(exc)
         if (
             not retry_connect
             or attempt >= self.connect_retries
             or is_tls_failure(exc)
             or not self.budget.allow_retry()
         ):
-            self.gave_up_connecting(why)
+            self.failures += 1
+            self.unreachable(why)
             return False
         delay = self.connect_backoff * (2**attempt)
         self.connect_retries_done += 1
@@ -342,12 +346,14 @@ class Upstream(EngineHealth):
         return True
 
     def _not_connected(self, exc: Exception) -> NotConnected:
-        """A connection could not be made: counted against the retry budget."""
+        """A connection could not be made (a ``connect_once`` send): counted against the retry
+        budget, as :meth:`_may_retry_connect` counts it."""
         self.budget.record_failure()
         return NotConnected(exc, connect_failure(exc))
 
     def gave_up_connecting(self, why: str) -> None:
-        """No more connects for this request: the engine counts as unreachable, for ``why``."""
+        """No more connects for this request (its plan said so): the engine counts as
+        unreachable, for ``why``, as where :meth:`_may_retry_connect` gives up."""
         self.failures += 1
         self.unreachable(why)
 
