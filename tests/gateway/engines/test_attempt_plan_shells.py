@@ -50,6 +50,7 @@ async def test_a_refused_connection_is_retried_by_the_plan_then_the_engine_held_
         assert slept == [0.05, 0.1]  # the plan's backoff, waited by the shell
         upstream = engines.upstreams[0]
         assert upstream.connect_retries_done == 2 and upstream.breaker.held
+        assert upstream.requests == 1  # one attempt, however many connects (its metric)
     finally:
         await engines.close()
 

@@ -186,6 +186,7 @@ class Attempts:
             upstream = engines.upstreams[engine.index]
             if not connecting_again:  # a connect retry repeats the attempt: not a new one
                 self._begin(engine)
+                upstream.requests += 1  # one request per attempt, however many connects
                 if on_engine is not None:
                     on_engine(upstream)
             self._plan(self.plan.asked(engine.spec.url, engines.clock()))

@@ -276,7 +276,8 @@ class Upstream(EngineHealth):
         ``connect_once``: no retry here, a refused connection raises :class:`NotConnected`."""
         client = self.client
         request = client.build_request(method, path, content=content, headers=headers)
-        self.requests += 1
+        if not connect_once:  # a plan's sends are counted by their attempt, once
+            self.requests += 1
         attempt = 0
         while True:
             try:
@@ -306,7 +307,8 @@ class Upstream(EngineHealth):
         is written; connect retries as :meth:`open`. ``headers``: header lines of the request's own.
         Raises ``OSError`` when no connection could be made."""
         lines = _JSON_LINE + headers if headers else _JSON_LINE
-        self.requests += 1
+        if not connect_once:  # a plan's sends are counted by their attempt, once
+            self.requests += 1
         attempt = 0
         while True:
             try:
