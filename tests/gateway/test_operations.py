@@ -73,9 +73,29 @@ def test_each_completion_gets_one_access_line_with_what_it_took(
     assert streamed["duration_ms"] > 0 and streamed["ttft_ms"] <= streamed["duration_ms"]
     assert streamed["generation"] == r.headers["x-streamsafe-generation"]
     assert streamed["attempts"] == 1 and streamed["engine"] == s.sim_url
+    assert streamed["asks"] == 1 and streamed["asked"] is None and streamed["asks_bound"] == 99
     assert streamed["outcome"] == "completed" and streamed["completion_tokens"] == 6
     assert unary["outcome"] == "completed" and unary["completion_tokens"] == 3
     assert "ttft_ms" not in unary and unary["stream"] is False
+
+
+def test_the_access_line_says_every_request_a_call_cost_and_its_bound(
+    access: list[dict[str, Any]],
+) -> None:
+    sock = bind_socket()
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there now: connections are refused
+    gw = Gateway(GatewayConfig(upstream=f"http://127.0.0.1:{port}", connect_backoff=0.001))
+    with ServerThread(gw) as server:
+        r = httpx2.post(server.url + "/v1/chat/completions", json=chat_body("x"), timeout=10)
+        assert r.status_code == 503
+        (line,) = _completion_lines(access, 1)
+        stats = gw.stats()
+    # The connect retries are asks of the one plan, not a loop hidden under the failover.
+    assert line["asks"] == 3 and line["asked"] == "connect-retry x2"
+    assert line["asks_bound"] == stats["asks_bound"] == 99
+    assert stats["asks_bound_made_of"] == "99 = 11 rounds x 3 attempts x 3 connects"
+    assert stats["upstream_connect_retries"] == 2
 
 
 def test_outcomes_say_how_a_request_was_served(access: list[dict[str, Any]]) -> None:

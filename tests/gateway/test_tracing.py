@@ -97,6 +97,7 @@ def test_a_request_its_generation_and_its_attempt_are_one_trace_passed_upstream(
     attrs = dict(request.attributes or {})
     assert attrs["http.response.status_code"] == 200 and attrs["streamsafe.outcome"] == "completed"
     assert attrs["streamsafe.generation"] == r.headers["x-streamsafe-generation"]
+    assert attrs["streamsafe.asks"] == 1 and attrs["streamsafe.asks_bound"] == 99
     assert dict(generation.attributes or {})["streamsafe.state"] == "done"
     assert dict(attempt.attributes or {})["server.address"] == engine.url
     # The engine was asked under the attempt's span: a tracing engine joins the trace.

@@ -166,6 +166,9 @@ class Gateway:
         doc["upstream_kind"] = upstream.kind.name if upstream.kind_known else None
         doc["refusals_answered"] = registry.refusals.answered
         doc["engines"] = engines.stats()
+        # What one call may cost the engines at most, as every generation's plan bounds it.
+        doc["asks_bound"] = engines.bounds.most_asks
+        doc["asks_bound_made_of"] = engines.bounds.describe()
         # Which process answered: with --workers N, each worker has its own figures.
         doc["pid"] = os.getpid()
         return doc
@@ -435,6 +438,8 @@ def _engines(config: GatewayConfig, specs: Sequence[str]) -> Engines:
         max_attempts=config.failover_attempts,
         probe_interval=config.probe_interval,
         queue_timeout=config.queue_timeout,
+        continuations=config.max_continuations,
+        total_timeout=config.total_timeout,
         answer_refusals=config.engine_refusals == "answer",
     )
 

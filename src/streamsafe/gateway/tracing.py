@@ -4,7 +4,8 @@
 Three kinds of span, none per chunk:
 
 - one per request (``SERVER``), a child of the client's ``traceparent`` where it sent one, with
-  the access line's facts: status, outcome, how it joined its generation, the generation;
+  the access line's facts: status, outcome, how it joined its generation, the generation, the
+  requests its generation sent upstream and their bound;
 - one per generation (``INTERNAL``), a child of the request that started it (a request that
   attaches to it, replays or resumes it links to it instead), ended with its final state,
   attempts, continuations and engine;
@@ -27,6 +28,21 @@ from streamsafe.server.asgi import Scope
 __all__ = ["GenerationTrace", "Tracing", "TracingUnavailable", "setup_otlp"]
 
 _NAME = "streamsafe.gateway"
+
+
+#: The access line's fields a request's span carries too (``streamsafe.<name>``): who asked, how
+#: it was served, and what it cost the engines (``asks``, ``asked``, ``asks_bound``).
+_REQUEST_FACTS = (
+    "tenant",
+    "outcome",
+    "joined",
+    "generation",
+    "attempts",
+    "asks",
+    "asked",
+    "asks_bound",
+    "engine",
+)
 
 
 class TracingUnavailable(RuntimeError):
@@ -90,7 +106,7 @@ class Tracing:
         status = fields.get("status")
         if status is not None:
             span.set_attribute("http.response.status_code", status)
-        for key in ("tenant", "outcome", "joined", "generation", "attempts", "engine"):
+        for key in _REQUEST_FACTS:
             value = fields.get(key)
             if value is not None:
                 span.set_attribute(f"streamsafe.{key}", value)

@@ -7,6 +7,7 @@ answered from that while the engine still refuses."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 import time
@@ -16,7 +17,7 @@ from typing import Any
 import httpx2
 import orjson
 import pytest
-from gateway_helpers import MODEL, fast_sim, make_stack
+from gateway_helpers import MODEL, fast_sim, make_stack, wait_for
 
 from streamsafe import Client, RetryPolicy, ServiceUnavailableError, StreamingConfig
 from streamsafe.engine_sim import Fault
@@ -226,10 +227,30 @@ def test_calls_that_wait_long_enough_are_probed_for_one_at_a_time() -> None:
 
 def test_one_call_never_admitted_asks_at_most_6_times_then_gets_the_refusal() -> None:
     sim = fast_sim(faults=(Fault.parse(REFUSE_ALL),))
-    with make_stack(sim, queue_timeout=8.0) as s:
-        r = httpx2.post(s.url + "/v1/chat/completions", json=_chat("alone"), timeout=30)
-        assert r.status_code == 503 and r.headers["x-should-retry"] == "false"
-        assert 2 <= s.sim.stats()["requests_received"] <= 6
+    lines: list[dict[str, Any]] = []
+
+    class Grab(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(dict(record.fields))  # type: ignore[attr-defined]
+
+    access = logging.getLogger("streamsafe.access")
+    level = access.level
+    access.setLevel(logging.INFO)
+    access.addHandler(grab := Grab())
+    try:
+        with make_stack(sim, queue_timeout=8.0) as s:
+            r = httpx2.post(s.url + "/v1/chat/completions", json=_chat("alone"), timeout=30)
+            assert r.status_code == 503 and r.headers["x-should-retry"] == "false"
+            received = s.sim.stats()["requests_received"]
+            assert 2 <= received <= 6
+            wait_for(lambda: any("asks" in x for x in lines), what="its access line")
+    finally:
+        access.removeHandler(grab)
+        access.setLevel(level)
+    # Its plan counted each request the engine saw: the first, then the waits for room.
+    (line,) = [x for x in lines if "asks" in x]
+    assert line["asks"] == received
+    assert line["asked"] == f"wait-for-room x{received - 1}".removesuffix(" x1")
 
 
 def test_the_streamsafe_client_does_not_turn_the_gateways_refusal_into_another_round() -> None:

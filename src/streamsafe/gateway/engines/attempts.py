@@ -20,8 +20,15 @@ from collections.abc import Callable, Mapping
 import httpx2
 
 from streamsafe.gateway.engines.answers import Refused, answer_response, unavailable
+from streamsafe.gateway.engines.attempt_plan import (
+    Again,
+    AttemptPlan,
+    Outcome,
+    Stop,
+    Verdict,
+    Where,
+)
 from streamsafe.gateway.engines.engines import Engines
-from streamsafe.gateway.engines.failover import Failover, FailoverStep, failover_step
 from streamsafe.gateway.engines.pool import Engine, Full, Pick, Unavailable
 from streamsafe.gateway.engines.refusal_gate import RefusalGate, RefusedCall
 from streamsafe.gateway.engines.sends import (
@@ -36,7 +43,7 @@ from streamsafe.gateway.engines.sends import (
 )
 from streamsafe.gateway.generations.generation import Generation
 from streamsafe.gateway.metrics import Counters
-from streamsafe.gateway.upstream.connection import Upstream, is_engine_death
+from streamsafe.gateway.upstream.connection import NotConnected, Upstream, is_engine_death
 from streamsafe.gateway.upstream.event_stream import EventStream
 from streamsafe.retry import REFUSAL_STATUSES, retry_after_seconds
 
@@ -64,8 +71,8 @@ class Attempts:
         "_tried",
         "_verdict",
         "answering_model",
-        "attempts",
         "model",
+        "plan",
         "refused_call",
     )
 
@@ -96,7 +103,9 @@ class Attempts:
         #: Why the latest attempt failed over (logged with the engine it moves to).
         self._failed_why = ""
         self._started = engines.clock()
-        self.attempts = 0
+        #: Every request this generation sends upstream, decided in one value: its bounds,
+        #: its history (see :mod:`.attempt_plan`).
+        self.plan = AttemptPlan(engines.bounds, self._started)
         #: Whether the current attempt's shed, or its admission, was told to its engine's
         #: gate already.
         self._shed_noted = self._admitted = False
@@ -121,8 +130,8 @@ class Attempts:
         ``OSError`` where no engine could be reached (``UpstreamClosed`` where one dropped the
         request before answering). ``on_engine`` is told each engine an attempt goes to."""
 
-        send = event_sender(path, headers, retry_connect)
-        return await self._failover(send, body, on_engine)
+        send = event_sender(path, headers)
+        return await self._failover(send, body, on_engine, retry_connect)
 
     async def open(
         self,
@@ -138,8 +147,8 @@ class Attempts:
         unread, or the answer to pass on. Raises the last transport error where no engine could
         be reached. ``on_engine`` is told each engine an attempt goes to."""
 
-        send = request_sender(method, path, headers, retry_connect)
-        opened = await self._failover(send, content or b"", on_engine)
+        send = request_sender(method, path, headers)
+        opened = await self._failover(send, content or b"", on_engine, retry_connect)
         return opened if isinstance(opened, httpx2.Response) else answer_response(opened)
 
     async def _failover(
@@ -147,13 +156,19 @@ class Attempts:
         send: Sender[H],
         content: bytes,
         on_engine: Callable[[Upstream], None] | None,
+        retry_connect: bool,
     ) -> H | Refused:
-        """Pick, send, and fail over until an engine answers 200 or the answer is final."""
+        """Pick, send, and ask again as the generation's plan says (a connection never made:
+        the same engine after a backoff; a failure before the first token: the same engine,
+        another, the larger model) until an engine answers 200 or the answer is final. The one
+        loop that sends a round's requests: nothing under it retries."""
+        # Long because it is that one loop: every request of a round goes through it, and each
+        # outcome is turned into the plan's verdict right where it is carried out.
         engines = self._engines
         model = self.answering_model or self.model
-        same_tries = 0
         last: Refused | Exception | None = None
         pick: Pick | Full | Unavailable | None = None
+        connecting_again = False
         self.release()  # a continuation weighs again on whichever engine it goes to
         while True:
             if pick is None:
@@ -170,32 +185,52 @@ class Attempts:
                     raise last
                 return last or self._unavailable(model, pick)
             engine = pick.engine
-            self._begin(engine)
             upstream = engines.upstreams[engine.index]
-            if on_engine is not None:
-                on_engine(upstream)
+            if not connecting_again:  # a connect retry repeats the attempt: not a new one
+                self._begin(engine)
+                upstream.requests += 1  # one request per attempt, however many connects
+                if on_engine is not None:
+                    on_engine(upstream)
+            self._plan(self.plan.asked(engine.spec.url, engines.clock()))
             body = content if pick.model == self.model else with_model(content, pick.model)
             sent = await self._send(engine, send, body)
             if isinstance(sent, Sent):
                 assert sent.handle is not None
                 return sent.handle
+            if isinstance(sent, NotConnected):
+                again = self.plan.after_not_connected(
+                    retryable=sent.retryable,
+                    budget_allows=engines.budget.allow_retry(),
+                    allowed=retry_connect,
+                )
+                connecting_again = isinstance(again, Again)
+                if isinstance(again, Again):
+                    n = self.plan.connect_retries + 1
+                    self._plan(again.plan)
+                    upstream.connect_retries_done += 1
+                    msg = "upstream %s: %s; retry %d in %.2f s"
+                    log.info(msg, upstream.base_url, sent.why, n, again.delay)
+                    await engines.sleep(again.delay)
+                    continue
+                sent = self._not_connected(engine, sent)
             last = sent
             self.release()  # this attempt holds nothing on the engine any more
-            step = self._step(sent, same_tries, model)
-            if step.action is Failover.PASS_THROUGH:
+            verdict = self._after(sent, model)
+            if isinstance(verdict, Stop):
                 if isinstance(sent, Exception):
                     raise sent
                 return sent
+            self._plan(verdict.plan)
             status = sent.status if isinstance(sent, Refused) else None
             self._failed_why = f"answered {status}" if status else type(sent).__name__
-            if step.action is Failover.SAME_ENGINE:
-                same_tries += 1
+            if verdict.where is Where.SAME_ENGINE:
                 if status in REFUSAL_STATUSES and self._counters is not None:
                     self._counters.engine_sheds += 1  # waited out, as the relay's waits are
-                await engines.sleep(step.delay)
+                await engines.sleep(verdict.delay)
                 if engine.breaker.allows(engines.clock()):
                     continue  # pick stays: the same engine once more
-            elif step.action is Failover.LARGER_MODEL:
+                self._plan(self.plan.elsewhere())
+            elif verdict.where is Where.LARGER_MODEL:
                 model = engines.pool.fallbacks[model]
             else:
                 self._tried.add(engine.index)
@@ -207,13 +242,18 @@ class Attempts:
         send: Sender[H],
         body: bytes,
     ) -> Sent[H] | Refused | Exception:
-        """One attempt on ``engine``: its open 200, or the refusal or transport error it ended
-        with, told to the engine's breaker and counted in the retry budget."""
+        """One request to ``engine``: its open 200, or the refusal or transport error it ended
+        with (``NotConnected`` where no connection was made), told to the engine's breaker,
+        counted in the retry budget and noted in the plan."""
         budget = self._engines.budget
         upstream = self._engines.upstreams[engine.index]
         try:
             sent = await send(upstream, body)
+        except NotConnected as exc:
+            self._plan(self.plan.ended(Outcome.NOT_CONNECTED))  # counted in the budget by it
+            return exc
         except (OSError, httpx2.HTTPError) as exc:
+            self._plan(self.plan.ended(Outcome.FAILED))
             self._fail(engine, type(exc).__name__)
             if not never_connected(exc):  # a refused connect was counted by its retries
                 budget.record_failure()
@@ -228,28 +268,46 @@ class Attempts:
         if status in REFUSAL_STATUSES:
             self.full(retry_after_seconds(refused.retry_after, time.time()), status)
         elif status >= 500:
+            self._plan(self.plan.ended(Outcome.FAILED))
             self._fail(engine, f"status {status}", dead=is_engine_death(refused.body))
         else:
+            self._plan(self.plan.ended(Outcome.ANSWERED))
             upstream.abandoned()  # a 4xx is the caller's: no verdict on the engine
         return refused
 
-    def _step(self, failed: Refused | Exception, same_tries: int, model: str) -> FailoverStep:
-        """What after an attempt that ended with ``failed`` (see :func:`failover_step`)."""
+    def _not_connected(self, engine: Engine, failed: NotConnected) -> Exception:
+        """No more connects to ``engine`` for this attempt: it counts as unreachable, and the
+        attempt as failed with the connect's own error (what the failover and the caller see)."""
+        self._engines.upstreams[engine.index].gave_up_connecting(failed.why)
+        cause = failed.cause
+        self._fail(engine, type(cause).__name__)
+        return cause
+
+    def _after(self, failed: Refused | Exception, model: str) -> Verdict:
+        """The plan's verdict on an attempt that ended with ``failed`` before its first token
+        (see :meth:`AttemptPlan.after_failure`)."""
         engines = self._engines
         refused = failed if isinstance(failed, Refused) else None
-        return failover_step(
+        return self.plan.after_failure(
             refused.status if refused is not None else None,
             refused.body if refused is not None else b"",
             retry_after=retry_after_seconds(refused.retry_after, time.time()) if refused else None,
-            sheds_answered=True,  # a shed waits at its engine's gate, or is the caller's answer
-            same_engine_tries=same_tries,
-            attempts=self.attempts,
-            max_attempts=engines.max_attempts,
             now=engines.clock(),
-            deadline=self._started + engines.failover_window,
             budget_allows=engines.budget.allow_retry(),
             larger_model=model in engines.pool.fallbacks and self.answering_model is None,
         )
+
+    def _plan(self, plan: AttemptPlan) -> None:
+        """The generation's plan is now ``plan`` (its record shows it: the access line)."""
+        self.plan = plan
+        gen = self._gen
+        if gen is not None:
+            gen.plan = plan
+
+    @property
+    def attempts(self) -> int:
+        """Attempts of the current round (its plan's: a continuation's round has its own)."""
+        return self.plan.attempts
 
     def _pick(self, model: str) -> Pick | Full | Unavailable:
         """The engine for the next attempt: one not tried yet by this generation where there is
@@ -289,7 +347,6 @@ class Attempts:
         self._verdict = False
         self._shed_noted = self._admitted = False
         self._hold(engine)
-        self.attempts += 1
         gen = self._gen
         if gen is not None:
             gen.attempts += 1
@@ -325,6 +382,7 @@ class Attempts:
             return
         if self.answering_model is None:
             self.answering_model = self._engines.pool.answering(self.model, engine)
+        self._plan(self.plan.ended(Outcome.SERVED))
         self._engines.upstreams[engine.index].succeeded()
         self.admitted()
 
@@ -355,6 +413,7 @@ class Attempts:
             return
         if shun:
             self._shunned.add(engine.index)
+        self._plan(self.plan.ended(Outcome.FAILED))
         if not self._verdict:
             self._fail(engine, why)
 
@@ -367,6 +426,7 @@ class Attempts:
         if engine is None or self._shed_noted:
             return  # told once per attempt (the failover and the relay both see a status)
         self._shed_noted = self._verdict = True
+        self._plan(self.plan.ended(Outcome.REFUSED))
         self._engines.upstreams[engine.index].abandoned()
         engine.said_full(self._engines.clock(), retry_after)
         self._engines.gates[engine.index].refused(self.refused_call, status, retry_after)
@@ -375,6 +435,7 @@ class Attempts:
         """The current engine said it died: held down until its ``/health`` answers."""
         engine = self._current
         if engine is not None:
+            self._plan(self.plan.ended(Outcome.FAILED))
             self._fail(engine, why, dead=True)
 
     def cut(self) -> None:
@@ -385,9 +446,21 @@ class Attempts:
             return
         if not self._verdict:
             self._fail(engine, "stream cut")
+        last = self.plan.history[-1].outcome if self.plan.history else None
+        if last is None or last is Outcome.SERVED:
+            self._plan(self.plan.ended(Outcome.FAILED))
         self._tried.add(engine.index)
         self._cut_from = engine
-        self.attempts = 0  # a continuation has its own attempts before its first token
+
+    def again(self, *, shed: bool) -> str | None:
+        """The attempt broke, or the engine shed it (``shed``): whether the generation may ask
+        again, as its plan says (a wait for room at the engine's gate where shed, else a
+        continuation); ``None`` where it may (the plan starts the round), else why not."""
+        verdict = self.plan.after_break(shed=shed)
+        if isinstance(verdict, Stop):
+            return verdict.reason
+        self._plan(verdict.plan)
+        return None
 
     def stranded(self) -> str | None:
         """Why no engine can take the next attempt of this generation, where none can (see

@@ -20,6 +20,7 @@ from typing import Any
 import httpx2
 
 from streamsafe.gateway.engines.answers import Refused, made_refusal
+from streamsafe.gateway.engines.attempt_plan import PlanBounds
 from streamsafe.gateway.engines.pool import Counts, Engine, EngineSpec, Pool
 from streamsafe.gateway.engines.refusal_gate import AskLedgers, RefusalGate
 from streamsafe.gateway.upstream.capacity import learn_kv_capacity
@@ -40,9 +41,11 @@ class Engines:
     """The engines behind one gateway (see the module).
 
     ``fallbacks`` maps a model to the one that answers when none of its engines can (and a
-    context-length 400 to the larger model); ``max_attempts`` (default 3) bounds the attempts of
-    one generation before its first token, ``failover_window`` (default 30 s, half the read
-    timeout of the Stainless clients) the time they may take; ``kind`` (default ``auto``: each
+    context-length 400 to the larger model); ``connect_retries``, ``connect_backoff``,
+    ``max_attempts``, ``failover_window``, ``queue_timeout``, ``continuations`` and
+    ``total_timeout`` are the bounds of each generation's asks, held in one value,
+    :attr:`bounds` (see :class:`~streamsafe.gateway.engines.attempt_plan.PlanBounds` for each
+    one's default and why); ``kind`` (default ``auto``: each
     engine is asked what it is at start) is every engine's upstream kind; ``probe_interval`` is
     the seconds between health probes of an engine held down, and its breaker's first cool-down;
     ``answer_refusals`` is ``--engine-refusals answer``.
@@ -63,6 +66,8 @@ class Engines:
         max_attempts: int = 3,
         failover_window: float = 30.0,
         queue_timeout: float = 20.0,
+        continuations: int = 5,
+        total_timeout: float | None = 600.0,
         probe_interval: float = 1.0,
         answer_refusals: bool = False,
         budget: RetryBudget | None = None,
@@ -96,17 +101,25 @@ class Engines:
             loads=self.loads,
             breakers=[u.breaker for u in self.upstreams],
         )
-        self.max_attempts = max_attempts
-        self.failover_window = failover_window
+        #: Every bound of one generation's asks (each generation's
+        #: :class:`~streamsafe.gateway.engines.attempt_plan.AttemptPlan` starts from it).
+        self.bounds = PlanBounds(
+            connect_retries=connect_retries,
+            connect_backoff=connect_backoff,
+            failover_attempts=max_attempts,
+            failover_window=failover_window,
+            continuations=continuations,
+            queue_timeout=queue_timeout,
+            total=total_timeout,
+        )
         self.clock = clock
         self.sleep = sleep
-        self.queue_timeout = queue_timeout
         #: An engine's shed (429, 503) is its caller's answer (``--engine-refusals answer``):
         #: not asked again of the same engine, even where it said when.
         self.answer_refusals = answer_refusals
         self._room: list[asyncio.Future[None]] = []
         #: Per engine, the calls it refused waiting together (one probe at a time).
-        self.gates = [RefusalGate() for _ in specs]
+        self.gates = [RefusalGate(self.bounds.refusals) for _ in specs]
         #: The refused asks of each call, shared by its identical copies.
         self.ledgers = AskLedgers()
         #: Attempts sent to another engine (or model) before a first token.
@@ -178,7 +191,7 @@ class Engines:
                 "fewer or shorter prompts"
             )
             return made_refusal(400, msg, "invalid_request_error")
-        if not await self.room_freed(started + self.queue_timeout):
+        if not await self.room_freed(started + self.bounds.queue_timeout):
             msg = f"every engine of {model!r} is full; retry later"
             return made_refusal(429, msg, "rate_limit_error", 1.0)
         return None

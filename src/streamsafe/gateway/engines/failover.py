@@ -75,6 +75,7 @@ def failover_step(
     larger_model: bool,
     sheds_answered: bool = False,
     max_same_engine_wait: float = 2.0,
+    same_engine_retries: int = 1,
 ) -> FailoverStep:
     """The next step for an attempt that failed before any token reached the log.
 
@@ -86,6 +87,8 @@ def failover_step(
     a shed (429, 503) is its caller's answer, never asked again of the same engine, even where
     it said when. ``max_same_engine_wait`` (default 2 s) is the longest
     ``Retry-After`` honoured on the same engine; a longer one sends the retry elsewhere.
+    ``same_engine_retries`` (default 1) bounds the retries on the same engine. The caller is
+    :class:`~streamsafe.gateway.engines.attempt_plan.AttemptPlan`, which keeps the counts.
     """
     if status is not None and 400 <= status < 500 and status != 429:
         too_long = status == 400 and larger_model and _says_context_too_long(body)
@@ -100,7 +103,7 @@ def failover_step(
     if remaining <= 0:
         return FailoverStep(Failover.PASS_THROUGH)
     says_when = status == 500 or (retry_after is not None and not sheds_answered)
-    if status in SAME_ENGINE_STATUSES and same_engine_tries == 0 and says_when:
+    if status in SAME_ENGINE_STATUSES and same_engine_tries < same_engine_retries and says_when:
         delay = 0.0 if retry_after is None else retry_after
         if delay <= max_same_engine_wait and delay < remaining:
             return FailoverStep(Failover.SAME_ENGINE, delay)

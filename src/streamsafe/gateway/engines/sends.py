@@ -43,14 +43,13 @@ class Sent(Generic[H]):
 Sender = Callable[[Upstream, bytes], Awaitable[Sent[H]]]
 
 
-def event_sender(path: str, headers: bytes, retry_connect: bool) -> Sender[EventStream]:
+def event_sender(path: str, headers: bytes) -> Sender[EventStream]:
     """POST a streaming completion on the hot stream reader and wait for its head: the open
-    exchange where it is a 200 (its body unread), else its refusal, read whole."""
+    exchange where it is a 200 (its body unread), else its refusal, read whole. One connect:
+    a refused one raises ``NotConnected``, for the generation's plan to decide."""
 
     async def send(upstream: Upstream, content: bytes) -> Sent[EventStream]:
-        conn = await upstream.open_events(
-            path, content, retry_connect=retry_connect, headers=headers
-        )
+        conn = await upstream.open_events(path, content, headers=headers, connect_once=True)
         try:
             await conn.head()
         except BaseException:
@@ -72,14 +71,14 @@ def event_sender(path: str, headers: bytes, retry_connect: bool) -> Sender[Event
 
 
 def request_sender(
-    method: str, path: str, headers: Mapping[str, str] | None, retry_connect: bool
+    method: str, path: str, headers: Mapping[str, str] | None
 ) -> Sender[httpx2.Response]:
     """Send a request through httpx2: the response where it is a 200 (its body unread), else
-    its refusal, read whole."""
+    its refusal, read whole. One connect, as :func:`event_sender`."""
 
     async def send(upstream: Upstream, body: bytes) -> Sent[httpx2.Response]:
         response = await upstream.open(
-            method, path, content=body, headers=headers, retry_connect=retry_connect
+            method, path, content=body, headers=headers, connect_once=True
         )
         if response.status_code == 200:
             return Sent(response)

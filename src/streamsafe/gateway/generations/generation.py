@@ -59,6 +59,26 @@ class State(enum.Enum):
     ABORTED = "aborted"
 
 
+class AskHistory(Protocol):
+    """What a generation's record shows of the requests sent upstream for it (the engines'
+    :class:`~streamsafe.gateway.engines.attempt_plan.AttemptPlan`, read through this so that
+    generations do not import the engines)."""
+
+    @property
+    def asks(self) -> int:
+        """Requests sent upstream so far."""
+        ...
+
+    @property
+    def most_asks(self) -> int:
+        """The most its bounds allow."""
+        ...
+
+    def summary(self) -> str:
+        """The kinds of ask after the first, in one short phrase."""
+        ...
+
+
 @dataclass(slots=True)
 class GenerationRequest:
     """What the registry needs to know about one incoming request."""
@@ -152,6 +172,7 @@ class Generation:
         "length",
         "log",
         "multiline",
+        "plan",
         "refused",
         "request",
         "response_id",
@@ -219,6 +240,10 @@ class Generation:
         self.continuations = 0
         #: Requests sent upstream for it (failovers included), for the access log.
         self.attempts = 0
+        #: Every request sent upstream for it, with the bounds they kept (an
+        #: :class:`~streamsafe.gateway.engines.attempt_plan.AttemptPlan`; ``None`` before any, or
+        #: where another replica ran it): the access line prints it.
+        self.plan: AskHistory | None = None
         #: The engine of its latest attempt, where a pool chose one (``None``: the one
         #: upstream).
         self.engine: str | None = None

@@ -189,7 +189,7 @@ class Relay:
         as it was (the engine aborted what it lost). The next attempt goes to another engine of
         the model where there is one. ``cut``: the generation broke elsewhere (its replica died)
         and is continued first."""
-        total = self.timeouts.total
+        total = attempts.plan.bounds.total
         repair = _Repair(None if total is None else asyncio.get_running_loop().time() + total)
         while True:
             if cut is not None:
@@ -228,7 +228,7 @@ class Relay:
                     return
             elif not await self._next_ask(gen, broken, attempts, partial):
                 return
-            self._count_continuation(gen, broken, repair)
+            self._count_continuation(gen, broken, attempts)
 
     async def _append_owed_end(
         self, gen: Generation, attempts: Attempts, partial: Partial | MessagesPartial
@@ -244,16 +244,17 @@ class Relay:
         attempts.succeeded()
         self._finish(gen, State.DONE)
 
-    def _count_continuation(self, gen: Generation, broken: BrokenAttempt, repair: _Repair) -> None:
-        """One more attempt continues the generation: counted against its continuations."""
-        repair.tries += 1
+    def _count_continuation(
+        self, gen: Generation, broken: BrokenAttempt, attempts: Attempts
+    ) -> None:
+        """One more attempt continues the generation (its plan counted it)."""
         gen.continuations += 1
         self.counters.continued += 1
         log.info(
             "%s: %s; asking upstream again (%d)",
             gen.id,
             broken.why,
-            repair.tries,
+            attempts.plan.continued,
             extra={"fields": {"event": "continuation", "generation": gen.id}},
         )
 
@@ -266,8 +267,9 @@ class Relay:
         shed: bool,
     ) -> bool:
         """Whether ``gen`` ends with ``broken`` (it is then ended): its refusal is the caller's
-        answer (``engine_refusals`` ``answer``), the total timeout passed, the continuations are
-        spent, or no engine can go on."""
+        answer (``engine_refusals`` ``answer``), the total timeout passed, its plan allows no
+        more (a shed's is told at the engine's gate, :meth:`_refusal_turn`), or no engine can
+        go on."""
         if shed and repair.shed_since is None:
             repair.shed_since = asyncio.get_running_loop().time()
         if shed and self.config.engine_refusals == "answer":
@@ -281,9 +283,10 @@ class Relay:
             # Every engine that could go on is down or silent: a clear error now, not a wait
             # for a timeout on an engine known gone (docs/design.md, Failover).
             broken.why = f"{broken.why}; {stranded}"
+        repair.spent = attempts.again(shed=shed)
         if (
             (broken.stalled is not None and broken.stalled.phase in ("total", "stall"))
-            or (repair.tries >= self.config.max_continuations and not shed)
+            or (repair.spent is not None and not shed)
             or self.engines.all_down()
             or stranded is not None
         ):
@@ -314,10 +317,13 @@ class Relay:
         loop = asyncio.get_running_loop()
         if repair.shed_since is None:
             repair.shed_since = loop.time()
-        deadline = repair.shed_since + self.config.queue_timeout
+        deadline = repair.shed_since + attempts.plan.bounds.queue_timeout
         if repair.total_deadline is not None:
             deadline = min(deadline, repair.total_deadline)
-        wait = await gate.turn(attempts.refused_call, deadline)
+        if refused is not None and repair.spent is not None:
+            wait: float | None = gate.retry_after()  # its plan allows no more asks
+        else:
+            wait = await gate.turn(attempts.refused_call, deadline)
         if wait is None and not self.engines.all_down():
             repair.refused = None
             return True
@@ -474,7 +480,8 @@ class _Repair:
     queue, and sheds cost no continuation), and the total deadline."""
 
     total_deadline: float | None
-    tries: int = 0
+    #: Why its plan allows no more asks, where it does not (a shed then gives up at the gate).
+    spent: str | None = None
     #: Loop time of the answer's last event before the latest break (``None``: none relayed
     #: yet): the next attempt must send its first event within ``stall_timeout`` of it.
     quiet_since: float | None = None

@@ -147,6 +147,12 @@ class Access:
         fields["generation"] = gen.id
         fields["joined"] = self.joined
         fields["attempts"] = gen.attempts
+        plan = gen.plan
+        if plan is not None:
+            # Every request sent upstream for it, by kind, and the most its plan allowed.
+            fields["asks"] = plan.asks
+            fields["asked"] = plan.summary() or None
+            fields["asks_bound"] = plan.most_asks
         fields["engine"] = gen.engine
         if self.stream:
             fields["ttft_ms"] = self.ttft_ms()

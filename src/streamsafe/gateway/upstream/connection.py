@@ -40,6 +40,7 @@ from streamsafe.retry import RetryBudget
 
 __all__ = [
     "MAX_ERROR_BODY",
+    "NotConnected",
     "Upstream",
     "is_engine_death",
     "read_bounded",
@@ -87,6 +88,21 @@ def upstream_ssl_context(ca_bundle: str | None = None) -> ssl.SSLContext:
         raise ValueError(
             f"upstream CA bundle {ca_bundle}: cannot read it ({exc.strerror or exc})"
         ) from None
+
+
+class NotConnected(Exception):
+    """No connection to the engine was made (``cause``: refused, unreachable, TLS, the connect
+    timed out), so it never saw the request: raised by a ``connect_once`` send, whose caller's
+    :class:`~streamsafe.gateway.engines.attempt_plan.AttemptPlan` decides whether to connect
+    again (the one loop that decides a generation's requests; see docs/design.md)."""
+
+    def __init__(self, cause: Exception, why: str) -> None:
+        super().__init__(why)
+        self.cause = cause
+        #: Why, as :func:`connect_failure` names it (logged, and the engine's ``down_why``).
+        self.why = why
+        #: False for a TLS failure: the certificate will not have changed.
+        self.retryable = not is_tls_failure(cause)
 
 
 class Upstream(EngineHealth):
@@ -253,17 +269,22 @@ class Upstream(EngineHealth):
         content: bytes | None = None,
         headers: Mapping[str, str] | None = None,
         retry_connect: bool = True,
+        connect_once: bool = False,
     ) -> httpx2.Response:
         """Send a request and return the response with its body unread (the caller reads it
-        and closes it). Retries a refused connection within the budget when ``retry_connect``."""
+        and closes it). Retries a refused connection within the budget when ``retry_connect``;
+        ``connect_once``: no retry here, a refused connection raises :class:`NotConnected`."""
         client = self.client
         request = client.build_request(method, path, content=content, headers=headers)
-        self.requests += 1
+        if not connect_once:  # a plan's sends are counted by their attempt, once
+            self.requests += 1
         attempt = 0
         while True:
             try:
                 response = await client.send(request, stream=True)
             except httpx2.ConnectError as exc:
+                if connect_once:
+                    raise self._not_connected(exc) from exc
                 if not await self._may_retry_connect(retry_connect, attempt, exc):
                     raise
                 attempt += 1
@@ -273,19 +294,28 @@ class Upstream(EngineHealth):
             return response
 
     async def open_events(
-        self, path: str, body: bytes, *, retry_connect: bool = True, headers: bytes = b""
+        self,
+        path: str,
+        body: bytes,
+        *,
+        retry_connect: bool = True,
+        headers: bytes = b"",
+        connect_once: bool = False,
     ) -> EventStream:
         """POST a streaming completion on the hot path
         (:mod:`streamsafe.gateway.upstream.event_stream`) and return the exchange once the request
         is written; connect retries as :meth:`open`. ``headers``: header lines of the request's own.
         Raises ``OSError`` when no connection could be made."""
         lines = _JSON_LINE + headers if headers else _JSON_LINE
-        self.requests += 1
+        if not connect_once:  # a plan's sends are counted by their attempt, once
+            self.requests += 1
         attempt = 0
         while True:
             try:
                 conn = await self._events.request(b"POST", path, body, lines)
             except OSError as exc:  # refused, unreachable, TLS, or the connect timed out
+                if connect_once:
+                    raise self._not_connected(exc) from exc
                 if not await self._may_retry_connect(retry_connect, attempt, exc):
                     raise
                 attempt += 1
@@ -316,6 +346,18 @@ class Upstream(EngineHealth):
         log.info("upstream %s: %s; retry %d in %.2f s", self.base_url, why, attempt + 1, delay)
         await asyncio.sleep(delay)
         return True
+
+    def _not_connected(self, exc: Exception) -> NotConnected:
+        """A connection could not be made (a ``connect_once`` send): counted against the retry
+        budget, as :meth:`_may_retry_connect` counts it."""
+        self.budget.record_failure()
+        return NotConnected(exc, connect_failure(exc))
+
+    def gave_up_connecting(self, why: str) -> None:
+        """No more connects for this request (its plan said so): the engine counts as
+        unreachable, for ``why``, as where :meth:`_may_retry_connect` gives up."""
+        self.failures += 1
+        self.unreachable(why)
 
     async def prompt_tokens(self, body: bytes) -> int | None:
         """The prompt tokens of ``body`` (a ``/tokenize`` request) as the engine counts them, or
