@@ -376,7 +376,7 @@ class Gateway:
         self._passing += 1
         try:
             await pass_through(
-                self.upstream.client,
+                self.upstream.pool,
                 scope,
                 receive,
                 send,

@@ -17,13 +17,12 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-import httpx2
-
 from streamsafe.gateway.engines.answers import Refused, made_refusal
 from streamsafe.gateway.engines.pool import Counts, Engine, EngineSpec, Pool
 from streamsafe.gateway.engines.refusal_gate import RefusalGate
 from streamsafe.gateway.upstream.capacity import learn_kv_capacity
 from streamsafe.gateway.upstream.connection import Upstream
+from streamsafe.gateway.upstream.errors import UpstreamError
 from streamsafe.retry import RetryBudget
 
 __all__ = ["Engines"]
@@ -225,9 +224,9 @@ class Engines:
             if upstream.kind_known and kind.name != "vllm":
                 return
             if kind.name == "vllm":
-                with contextlib.suppress(httpx2.HTTPError, TimeoutError):
+                with contextlib.suppress(UpstreamError, TimeoutError):
                     async with asyncio.timeout(_LEARN_TIMEOUT):
-                        found = await learn_kv_capacity(upstream.client)
+                        found = await learn_kv_capacity(upstream.pool)
                     if found is not None:
                         engine.learned_memory = found.tokens
                         log.info(

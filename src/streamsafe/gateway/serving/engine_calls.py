@@ -193,10 +193,10 @@ class EngineCalls:
         for index, upstream in enumerate(engines.upstreams):
             try:
                 response = await upstream.open("GET", f"/v1/responses/{response_id}")
-                await response.aclose()
-            except Exception:  # an engine that does not answer holds nothing we can reach
+                response.release()
+            except OSError:  # an engine that does not answer holds nothing we can reach
                 continue
-            if response.status_code != 404:
+            if response.status != 404:
                 return index
         return self._live()
 
@@ -218,7 +218,7 @@ class EngineCalls:
         load.memory += cost
         try:
             status = await pass_through(
-                upstream.client,
+                upstream.pool,
                 scope,
                 receive,
                 send,

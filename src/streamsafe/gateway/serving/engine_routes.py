@@ -4,12 +4,12 @@ pass-through, in a shape both OpenAI's and Llama Stack's clients read)."""
 
 from __future__ import annotations
 
-import httpx2
 import orjson
 
 from streamsafe.gateway.engines.engines import Engines
 from streamsafe.gateway.errors import BadRequest, error_body
 from streamsafe.gateway.upstream.connect_failure import connect_failure
+from streamsafe.gateway.upstream.errors import ConnectFailed, UpstreamError
 from streamsafe.server.asgi import Send, respond
 
 __all__ = ["answer_models", "answer_ready"]
@@ -50,16 +50,16 @@ async def answer_models(send: Send, engines: Engines) -> None:
     try:
         response = await engines.first.open("GET", "/v1/models")
         try:
-            body = await response.aread()
+            body = await response.read_body()
         finally:
-            await response.aclose()
-    except Exception as exc:
-        why = connect_failure(exc) if isinstance(exc, httpx2.ConnectError) else None
+            response.release()
+    except UpstreamError as exc:
+        why = connect_failure(exc) if isinstance(exc, ConnectFailed) else None
         msg = f"upstream unreachable: {why or type(exc).__name__}"
         raise BadRequest(503, msg) from None
-    if response.status_code == 200:
+    if response.status == 200:
         body = _both_model_lists(body)
-    await respond(send, response.status_code, body)
+    await respond(send, response.status, body)
 
 
 def _both_model_lists(body: bytes) -> bytes:

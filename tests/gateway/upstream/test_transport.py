@@ -8,9 +8,19 @@ import asyncio
 import gc
 import json
 import weakref
+from collections.abc import AsyncIterator
+
+import pytest
 
 from streamsafe.engine_sim import SimConfig, Simulator
-from streamsafe.gateway.upstream.event_stream import EventStreamPool
+from streamsafe.gateway.upstream.connect_failure import connect_failure
+from streamsafe.gateway.upstream.errors import (
+    ConnectFailed,
+    TLSFailed,
+    UpstreamError,
+    UpstreamTimeout,
+)
+from streamsafe.gateway.upstream.transport import ConnectionPool
 from streamsafe.server import ServerThread
 
 _JSON = {"content-type": "application/json"}
@@ -25,7 +35,7 @@ def _chat(max_tokens: int) -> bytes:
 
 def test_streams_reuse_one_kept_alive_connection_and_deliver_every_event() -> None:
     async def two_streams(url: str) -> None:
-        pool = EventStreamPool(url, _JSON)
+        pool = ConnectionPool(url, _JSON)
         conns = []
         for _ in range(2):
             conn = await pool.request(b"POST", "/v1/chat/completions", _chat(20))
@@ -78,7 +88,7 @@ def test_a_server_that_goes_quiet_is_not_a_finished_stream() -> None:
     async def run() -> None:
         seen: asyncio.Queue[str] = asyncio.Queue()
         server, url = await _stalling_server(3, seen)
-        pool = EventStreamPool(url)
+        pool = ConnectionPool(url)
         conn = await pool.request(b"POST", "/v1/chat/completions", b"{}")
         await conn.head()
         got: list[bytes] = []
@@ -105,7 +115,7 @@ def test_an_abandoned_stream_closes_its_connection() -> None:
     async def run() -> None:
         seen: asyncio.Queue[str] = asyncio.Queue()
         server, url = await _stalling_server(1, seen)
-        pool = EventStreamPool(url)
+        pool = ConnectionPool(url)
         conn = await pool.request(b"POST", "/v1/chat/completions", b"{}")
         await conn.head()
         end = conn.stream_events(list)
@@ -145,7 +155,7 @@ def test_the_events_of_one_read_reach_the_sink_in_one_call() -> None:
             writer.close()
 
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        pool = EventStreamPool(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        pool = ConnectionPool(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
         conn = await pool.request(b"POST", "/v1/chat/completions", b"{}")
         await conn.head()
         calls: list[list[bytes]] = []
@@ -160,3 +170,116 @@ def test_the_events_of_one_read_reach_the_sink_in_one_call() -> None:
         server.close()
 
     asyncio.run(run())
+
+
+async def _recording_server(
+    answer: bytes, heads: list[bytes], bodies: list[bytes]
+) -> tuple[asyncio.Server, str]:
+    """Answers every request with ``answer`` after reading it whole (a ``Content-Length`` body
+    or a chunked one), keeping each request's head and body."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                break
+            heads.append(head)
+            body = b""
+            lower = head.lower()
+            if b"transfer-encoding: chunked" in lower:
+                while (size := int((await reader.readline()).strip(), 16)) > 0:
+                    body += await reader.readexactly(size)
+                    await reader.readline()
+                await reader.readline()
+            elif b"content-length:" in lower:
+                length = int(lower.split(b"content-length:")[1].split(b"\r\n")[0])
+                body = await reader.readexactly(length)
+            bodies.append(body)
+            writer.write(answer)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+def test_any_method_a_streamed_body_and_headers_of_the_request_own_go_upstream() -> None:
+    heads: list[bytes] = []
+    bodies: list[bytes] = []
+
+    async def run() -> None:
+        answer = b"HTTP/1.1 201 Created\r\nx-engine: e1\r\ncontent-length: 4\r\n\r\nmade"
+        server, url = await _recording_server(answer, heads, bodies)
+        pool = ConnectionPool(url + "/base", {"authorization": "Bearer gateway"})
+
+        async def upload() -> AsyncIterator[bytes]:
+            for part in (b"--form\r\n", b"", b"file bytes", b"\r\n--form--\r\n"):
+                yield part
+
+        conn = await pool.open("PUT", b"/v1/files?purpose=x", upload(), [(b"X-Trace", b"7")])
+        await conn.head()
+        assert (conn.status, conn.header(b"x-engine")) == (201, b"e1")
+        assert await conn.read_body() == b"made"
+        conn.release()
+        answer_ = await pool.call("GET", "/v1/models", headers=[(b"Authorization", b"Bearer c")])
+        assert (answer_.status, answer_.body, answer_.header(b"x-engine")) == (201, b"made", b"e1")
+        pool.close()
+        server.close()
+
+    asyncio.run(asyncio.wait_for(run(), 20))
+    assert heads[0].startswith(b"PUT /base/v1/files?purpose=x HTTP/1.1\r\n")
+    assert b"transfer-encoding: chunked" in heads[0] and b"x-trace: 7" in heads[0]
+    assert b"authorization: Bearer gateway" in heads[0]
+    assert bodies[0] == b"--form\r\nfile bytes\r\n--form--\r\n"
+    # The request's own Authorization replaces the pool's; a GET without a body has no framing.
+    assert b"authorization: Bearer c" in heads[1] and b"Bearer gateway" not in heads[1]
+    assert b"content-length" not in heads[1] and b"transfer-encoding" not in heads[1]
+    assert len(heads) == 2  # over one kept-alive connection (the server loops on it)
+
+
+def test_a_head_answer_ends_at_its_head_and_its_connection_is_reused() -> None:
+    heads: list[bytes] = []
+
+    async def run() -> None:
+        answer = b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n"
+        server, url = await _recording_server(answer, heads, [])
+        pool = ConnectionPool(url)
+        first = await pool.call("HEAD", "/v1/models", within=5)
+        second = await pool.call("HEAD", "/v1/models", within=5)
+        assert (first.status, first.body, second.body) == (200, b"", b"")
+        pool.close()
+        server.close()
+
+    asyncio.run(asyncio.wait_for(run(), 20))
+    assert len(heads) == 2
+
+
+def test_a_call_with_no_answer_in_time_is_an_upstream_timeout_and_drops_its_connection() -> None:
+    async def run() -> None:
+        seen: asyncio.Queue[str] = asyncio.Queue()
+        server, url = await _stalling_server(0, seen)
+        pool = ConnectionPool(url)
+        with pytest.raises(UpstreamTimeout) as late:
+            await pool.call("POST", "/v1/chat/completions", b"{}", within=0.2)
+        assert isinstance(late.value, UpstreamError) and isinstance(late.value, TimeoutError)
+        assert await asyncio.wait_for(seen.get(), 5) == "closed"
+        assert not pool._idle
+        server.close()
+
+    asyncio.run(asyncio.wait_for(run(), 20))
+
+
+def test_a_refused_connection_is_a_connect_failure_with_its_cause() -> None:
+    async def run() -> None:
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        server.close()
+        await server.wait_closed()
+        pool = ConnectionPool(f"http://127.0.0.1:{port}")
+        with pytest.raises(ConnectFailed) as refused:
+            await pool.call("GET", "/health")
+        assert not isinstance(refused.value, TLSFailed)
+        assert connect_failure(refused.value) == "the connection was refused"
+
+    asyncio.run(asyncio.wait_for(run(), 20))
