@@ -1,5 +1,5 @@
 """The routes the gateway answers itself from its engines: ``/ready`` (whether some engine can
-take work now) and the model list (the pool's, or the first engine's for an upstream with no
+take work now) and the model list (the pool's, or a live engine's for an upstream with no
 pass-through, in a shape both OpenAI's and Llama Stack's clients read)."""
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ async def answer_ready(
 
 async def answer_models(send: Send, engines: Engines) -> None:
     """The model list: the pool's models, wherever they are served, where the engine specs
-    name them; else the first engine's own list (503 where it is unreachable)."""
+    name them; else a live engine's own list (see :meth:`Engines.live`; 503 where it is
+    unreachable)."""
     listed = engines.pool.models()
     if listed:
         data = [{"id": m, "object": "model", "owned_by": "streamsafe"} for m in listed]
@@ -48,7 +49,7 @@ async def answer_models(send: Send, engines: Engines) -> None:
         await respond(send, 200, _both_model_lists(body))
         return
     try:
-        response = await engines.first.open("GET", "/v1/models")
+        response = await engines.upstreams[engines.live()].open("GET", "/v1/models")
         try:
             body = await response.read_body()
         finally:

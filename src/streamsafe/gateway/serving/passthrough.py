@@ -25,7 +25,7 @@ from streamsafe.gateway.upstream.errors import ConnectFailed, UpstreamError
 from streamsafe.gateway.upstream.transport import ConnectionPool
 from streamsafe.server.asgi import Message, Receive, Scope, Send, respond
 
-__all__ = ["UpstreamBroke", "pass_through", "shared_route"]
+__all__ = ["ClientGone", "UpstreamBroke", "pass_through", "read_small_body", "shared_route"]
 
 log = logging.getLogger("streamsafe.gateway")
 
@@ -81,8 +81,8 @@ class UpstreamBroke(Exception):
     so it closes the client's connection instead of ending the body as if it were whole."""
 
 
-class _ClientGone(Exception):
-    pass
+class ClientGone(Exception):
+    """The client left before its request body was whole."""
 
 
 async def pass_through(
@@ -115,7 +115,7 @@ async def pass_through(
     elif declared is not None and declared <= _BUFFER_LIMIT:
         try:
             content = await _read_all(receive)
-        except _ClientGone:
+        except ClientGone:
             return 0
         body_done.set()
     else:
@@ -186,7 +186,7 @@ async def _relay(pool: ConnectionPool, request: _Request, send: Send) -> int:
     try:
         response = await pool.open(request.method, request.target, request.body, request.headers)
         await response.head()
-    except _ClientGone:
+    except ClientGone:
         return 0
     except UpstreamError as exc:
         why = connect_failure(exc) if isinstance(exc, ConnectFailed) else None
@@ -216,6 +216,16 @@ async def _relay(pool: ConnectionPool, request: _Request, send: Send) -> int:
         response.release()
 
 
+async def read_small_body(scope: Scope, receive: Receive) -> bytes | None:
+    """The request's body where :func:`pass_through` would read it whole before sending it
+    (its ``Content-Length`` at most 1 MiB), else ``None`` (it is streamed). Raises
+    :class:`ClientGone` where the client leaves first."""
+    declared = _content_length(scope)
+    if declared is None or declared > _BUFFER_LIMIT:
+        return None
+    return await _read_all(receive)
+
+
 def _content_length(scope: Scope) -> int | None:
     for key, value in scope["headers"]:
         if key == b"content-length":
@@ -233,7 +243,7 @@ async def _read_all(receive: Receive) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise _ClientGone
+            raise ClientGone
         chunk = message.get("body", b"")
         if chunk:
             parts.append(chunk)
@@ -249,7 +259,7 @@ async def _stream_body(
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise _ClientGone
+            raise ClientGone
         chunk = message.get("body", b"")
         if chunk:
             yield chunk
