@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from streamsafe.engine_sim import SimConfig, Simulator
+from streamsafe.gateway.upstream import transport
 from streamsafe.gateway.upstream.connect_failure import connect_failure
 from streamsafe.gateway.upstream.errors import (
     ConnectFailed,
@@ -22,6 +23,7 @@ from streamsafe.gateway.upstream.errors import (
 )
 from streamsafe.gateway.upstream.transport import ConnectionPool
 from streamsafe.server import ServerThread
+from waiting import wait_until_async
 
 _JSON = {"content-type": "application/json"}
 
@@ -283,3 +285,33 @@ def test_a_refused_connection_is_a_connect_failure_with_its_cause() -> None:
         assert connect_failure(refused.value) == "the connection was refused"
 
     asyncio.run(asyncio.wait_for(run(), 20))
+
+
+def test_a_connection_whose_answer_was_left_unread_past_the_high_water_reads_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Past the read high water the socket stops being read; an answer that came whole in that
+    # read, released unread, leaves it so, and the next exchange on it must read again.
+    monkeypatch.setattr(transport, "_READ_HIGH_WATER", 1024)
+    heads: list[bytes] = []
+    large = b"x" * 4096  # one loopback write, one read: past the high water and complete
+
+    async def run() -> None:
+        answer = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(large), large)
+        server, url = await _recording_server(answer, heads, [])
+        pool = ConnectionPool(url)
+        conn = await pool.open("GET", "/big")
+        await conn.head()
+        await wait_until_async(lambda: conn._complete, 10, "the whole answer read")
+        assert conn._paused
+        conn.release()
+        again = await pool.open("GET", "/big")
+        assert again is conn
+        await again.head()
+        assert await asyncio.wait_for(again.read_body(), 10) == large
+        again.release()
+        pool.close()
+        server.close()
+
+    asyncio.run(asyncio.wait_for(run(), 20))
+    assert len(heads) == 2

@@ -117,6 +117,9 @@ class Exchange(asyncio.Protocol):
         self._complete = self._keep_alive = self._release_on_complete = self._interim = False
         self._head_only = head_only
         self._broken = None
+        if self._paused:  # the last answer's body was left unread past the high water
+            self._paused = False
+            self._transport.resume_reading()
         self._head = self._loop.create_future()
         self._end = self._loop.create_future()
         self._transport.write(request)
