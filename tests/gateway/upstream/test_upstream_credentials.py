@@ -99,7 +99,7 @@ def test_the_password_goes_upstream_as_basic_authorization_on_both_paths() -> No
             stream = await upstream.open_events("/v1/chat/completions", b"{}")
             await stream.head()
             stream.close()
-            await upstream.call("GET", "/health")
+            await upstream.pool.call("GET", "/health")
         finally:
             await upstream.close()
             server.close()

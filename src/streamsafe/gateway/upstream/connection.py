@@ -26,7 +26,7 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 from typing import Any
 
 import orjson
@@ -37,12 +37,7 @@ from streamsafe.gateway.upstream.errors import ConnectFailed, UpstreamError
 from streamsafe.gateway.upstream.health import EngineHealth
 from streamsafe.gateway.upstream.kinds import KINDS, UpstreamKind, describe_kind
 from streamsafe.gateway.upstream.probe import ProbeResult, describe_probes, probe_kind
-from streamsafe.gateway.upstream.transport import (
-    Answer,
-    ConnectionPool,
-    Exchange,
-    header_lines,
-)
+from streamsafe.gateway.upstream.transport import ConnectionPool, Exchange, header_lines
 from streamsafe.retry import RetryBudget
 
 __all__ = [
@@ -156,21 +151,6 @@ class Upstream(EngineHealth):
             max_idle=max_keepalive,
         )
         self._kind_check: asyncio.Task[Any] | None = None
-
-    async def call(
-        self,
-        method: str,
-        path: str,
-        *,
-        within: float | None = None,
-        limit: int | None = None,
-        body: bytes = b"",
-        headers: Mapping[str, str] | None = None,
-    ) -> Answer:
-        """One request to the engine, its answer read whole (see
-        :meth:`ConnectionPool.call`); no connect retries (health, the probe, a tokenizer's count
-        ask once)."""
-        return await self.pool.call(method, path, body, _pairs(headers), within=within, limit=limit)
 
     async def start(self) -> None:
         """For an ``auto`` kind, ask the upstream what it is:
@@ -345,7 +325,3 @@ class Upstream(EngineHealth):
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             return None
         return count
-
-
-def _pairs(headers: Mapping[str, str] | None) -> list[tuple[bytes, bytes]]:
-    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
