@@ -3,18 +3,25 @@ streamsafe gateway, and nothing at all."""
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx2
 
 from conftest import LlamaStackTier
 from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.upstream.probe import probe_kind
+from streamsafe.gateway.upstream.transport import ConnectionPool
 from streamsafe.server import ServerThread, bind_socket
 
 
 async def _probe(url: str) -> str | None:
-    async with httpx2.AsyncClient(base_url=url, trust_env=False, timeout=5) as client:
-        return await probe_kind(client)
+    pool = ConnectionPool(url)
+    try:
+        async with asyncio.timeout(30):
+            return await probe_kind(pool)
+    finally:
+        pool.close()
 
 
 async def test_probe_tells_llama_stack_from_vllm(tier: LlamaStackTier) -> None:

@@ -61,7 +61,7 @@ from streamsafe.gateway.serving.drain import let_finish
 from streamsafe.gateway.serving.engine_calls import EngineCalls
 from streamsafe.gateway.serving.engine_routes import answer_models, answer_ready
 from streamsafe.gateway.serving.messages_errors import MESSAGES_PATHS, anthropic_errors
-from streamsafe.gateway.serving.passthrough import pass_through, shared_route
+from streamsafe.gateway.serving.passthrough import shared_route
 from streamsafe.gateway.serving.paths import canonical_path
 from streamsafe.gateway.serving.requests import tenant_id
 from streamsafe.gateway.tracing import Tracing
@@ -99,7 +99,7 @@ class Gateway:
         self._api_keys = ApiKeys(config)
         # One upstream is a pool of one engine: the same picks, failover, breaker and reader.
         self.engines = _engines(config, config.engines or (config.upstream,))
-        #: The first engine: the routes the gateway passes through, and the model list, go to it.
+        #: The first engine: its kind is the gateway's (see Engines.first).
         self.upstream = self.engines.first
         self.admission = Admission(
             max_inflight=config.max_inflight,
@@ -359,8 +359,9 @@ class Gateway:
         self, scope: Scope, receive: Receive, send: Send, access: Access, method: str, path: str
     ) -> None:
         """Every other route, and GET on the completion paths (Llama Stack lists and reads
-        stored completions there), goes to the upstream unchanged; except a Responses stream
-        asked again that the gateway holds (see responses.py)."""
+        stored completions there), goes to an engine unchanged (of the model its body names,
+        else a live one); except a Responses stream asked again that the gateway holds (see
+        responses.py)."""
         access.tenant = tenant = self._api_keys.tenant(scope)
         if await self._completions.answer_held_response(
             scope, receive, send, access, tenant, method, path
@@ -375,18 +376,7 @@ class Gateway:
             raise BadRequest(403, _NOT_PASSED)
         if self.draining:
             raise shutting_down()
-        self.registry.counters.passed_through += 1
-        self._passing += 1
-        try:
-            await pass_through(
-                self.upstream.client,
-                scope,
-                receive,
-                send,
-                keep_authorization=self.config.forward_authorization,
-            )
-        finally:
-            self._passing -= 1
+        await self._passing_through(self._calls.serve_passed_through(scope, receive, send))
 
     # -- shutdown ----------------------------------------------------------------------------------
 

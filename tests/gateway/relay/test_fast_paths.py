@@ -1,15 +1,15 @@
-"""The relay's fast paths: the asyncio upstream backend, the wake scheme, the nowait log."""
+"""The relay's fast paths: the upstream connection pool, the wake scheme, the nowait log."""
 
 from __future__ import annotations
 
 import asyncio
 
-import httpx2
 import pytest
 
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.upstream.connection import Upstream
+from streamsafe.gateway.upstream.errors import ConnectFailed, UpstreamClosed, UpstreamError
 from streamsafe.sse import encode_events
 
 
@@ -47,8 +47,8 @@ async def test_upstream_does_not_reuse_a_keepalive_connection_the_engine_closed(
     try:
         for _ in range(3):
             response = await upstream.open("GET", "/x")
-            assert await response.aread() == b"ok"
-            await response.aclose()
+            assert await response.read_body() == b"ok"
+            response.release()
             await hung_up.wait()
             hung_up.clear()
         assert connections == 3
@@ -72,17 +72,17 @@ async def test_upstream_body_larger_than_the_read_buffer_arrives_whole_when_read
     try:
         response = await upstream.open("POST", "/x", content=b"{}")
         parts = []
-        async for chunk in response.aiter_raw():
+        async for chunk in response.body_chunks():
             parts.append(chunk)
             await asyncio.sleep(0)
-        await response.aclose()
+        response.release()
         assert b"".join(parts) == payload
     finally:
         await upstream.close()
         server.close()
 
 
-async def test_upstream_connection_cut_mid_body_is_an_httpx_error() -> None:
+async def test_upstream_connection_cut_mid_body_is_an_upstream_error() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
@@ -93,10 +93,11 @@ async def test_upstream_connection_cut_mid_body_is_an_httpx_error() -> None:
     upstream = Upstream(url)
     try:
         response = await upstream.open("GET", "/x")
-        with pytest.raises(httpx2.HTTPError):
-            async for _ in response.aiter_raw():
+        with pytest.raises(UpstreamError) as cut:
+            async for _ in response.body_chunks():
                 pass
-        await response.aclose()
+        assert isinstance(cut.value, UpstreamClosed)
+        response.release()
     finally:
         await upstream.close()
         server.close()
@@ -108,7 +109,7 @@ async def test_refused_upstream_connection_is_a_connect_error() -> None:
     await server.wait_closed()
     upstream = Upstream(url, connect_retries=0)
     try:
-        with pytest.raises(httpx2.ConnectError):
+        with pytest.raises(ConnectFailed):
             await upstream.open("GET", "/x")
     finally:
         await upstream.close()

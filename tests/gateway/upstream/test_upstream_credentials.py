@@ -99,8 +99,7 @@ def test_the_password_goes_upstream_as_basic_authorization_on_both_paths() -> No
             stream = await upstream.open_events("/v1/chat/completions", b"{}")
             await stream.head()
             stream.close()
-            response = await upstream.client.get("/health")
-            await response.aread()
+            await upstream.pool.call("GET", "/health")
         finally:
             await upstream.close()
             server.close()
@@ -115,7 +114,7 @@ def test_the_password_goes_upstream_as_basic_authorization_on_both_paths() -> No
 
 def test_an_api_key_wins_over_the_url_credentials() -> None:
     upstream = Upstream("http://u:p@127.0.0.1:9", api_key="k")
-    assert upstream.client.headers["authorization"] == "Bearer k"
+    assert upstream.headers["authorization"] == "Bearer k"
 
 
 @pytest.mark.parametrize(

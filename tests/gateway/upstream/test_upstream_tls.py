@@ -25,6 +25,9 @@ from gateway_helpers import chat_body
 
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.upstream.connect_failure import connect_failure, is_tls_failure
+from streamsafe.gateway.upstream.connection import upstream_ssl_context
+from streamsafe.gateway.upstream.errors import TLSFailed
+from streamsafe.gateway.upstream.transport import ConnectionPool
 from streamsafe.server import ServerThread
 
 NAME_MISMATCH = "TLS: the upstream's certificate does not name the host asked for"
@@ -123,6 +126,22 @@ def test_a_self_signed_certificate_is_said_to_be_untrusted(tls_port: int) -> Non
     exc = asyncio.run(asyncio.wait_for(_handshake_failure(tls_port, None), 10))
     said = connect_failure(exc)
     assert said.startswith(UNTRUSTED) and "self-signed" in said and "--upstream-ca-bundle" in said
+
+
+@pytest.mark.parametrize("bundle", [True, False], ids=["ca-bundle", "system-cas"])
+def test_the_upstream_pool_raises_a_tls_failure_that_names_its_cause(
+    certificate: tuple[pathlib.Path, pathlib.Path], tls_port: int, bundle: bool
+) -> None:
+    async def call() -> BaseException:
+        context = upstream_ssl_context(str(certificate[0]) if bundle else None)
+        pool = ConnectionPool(f"https://127.0.0.1:{tls_port}", ssl_context=context)
+        with pytest.raises(TLSFailed) as failed:
+            await pool.call("GET", "/health")
+        return failed.value
+
+    exc = asyncio.run(asyncio.wait_for(call(), 10))
+    assert is_tls_failure(exc)
+    assert connect_failure(exc).startswith(NAME_MISMATCH if bundle else UNTRUSTED)
 
 
 def test_a_refused_connection_is_still_called_refused() -> None:

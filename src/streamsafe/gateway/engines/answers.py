@@ -1,16 +1,14 @@
 """What the gateway passes on in place of an engine's answer: an engine's refusal read whole
-(:class:`Refused`), one the gateway makes itself (:func:`made_refusal`), and either as an httpx2
-response (:func:`answer_response`)."""
+(:class:`Refused`), one the gateway makes itself (:func:`made_refusal`), and either as a response
+read whole (:func:`answer_response`)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
-
-import httpx2
 
 from streamsafe.gateway.engines.pool import Unavailable
 from streamsafe.gateway.errors import error_body
+from streamsafe.gateway.upstream.transport import Answer
 
 __all__ = ["Refused", "answer_response", "made_refusal", "unavailable"]
 
@@ -25,23 +23,13 @@ class Refused:
     retry_after: str | None = None
 
 
-class _Answer(httpx2.AsyncByteStream):
-    """The body of an answer the gateway passes on after reading it."""
-
-    def __init__(self, body: bytes) -> None:
-        self._body = body
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        yield self._body
-
-
-def answer_response(refused: Refused) -> httpx2.Response:
+def answer_response(refused: Refused) -> Answer:
     """A response the gateway passes on in place of an upstream one (its body already read, or
     made up here)."""
-    headers = {"content-type": "application/json"}
+    headers = [(b"content-type", b"application/json")]
     if refused.retry_after is not None:
-        headers["retry-after"] = refused.retry_after
-    return httpx2.Response(refused.status, headers=headers, stream=_Answer(refused.body))
+        headers.append((b"retry-after", refused.retry_after.encode("latin-1")))
+    return Answer(refused.status, headers, refused.body)
 
 
 def made_refusal(status: int, message: str, kind: str, retry_after: float | None = None) -> Refused:

@@ -17,8 +17,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-import httpx2
-
 from streamsafe.gateway.engines.answers import Refused, answer_response, unavailable
 from streamsafe.gateway.engines.attempt_plan import (
     Again,
@@ -44,7 +42,7 @@ from streamsafe.gateway.engines.sends import (
 from streamsafe.gateway.generations.generation import Generation
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.upstream.connection import NotConnected, Upstream, is_engine_death
-from streamsafe.gateway.upstream.event_stream import EventStream
+from streamsafe.gateway.upstream.transport import Exchange, Response
 from streamsafe.retry import REFUSAL_STATUSES, retry_after_seconds
 
 __all__ = ["Attempts"]
@@ -124,7 +122,7 @@ class Attempts:
         *,
         retry_connect: bool = True,
         on_engine: Callable[[Upstream], None] | None = None,
-    ) -> EventStream | Refused:
+    ) -> Exchange | Refused:
         """POST a streaming completion on the hot stream reader: the exchange with its 200 head
         read (its body unread, for the caller to release), or the refusal to pass on. Raises
         ``OSError`` where no engine could be reached (``UpstreamClosed`` where one dropped the
@@ -142,14 +140,14 @@ class Attempts:
         headers: Mapping[str, str] | None = None,
         retry_connect: bool = True,
         on_engine: Callable[[Upstream], None] | None = None,
-    ) -> httpx2.Response:
+    ) -> Response:
         """Send a request (a non-streamed completion): a 200 response from some engine, its body
         unread, or the answer to pass on. Raises the last transport error where no engine could
         be reached. ``on_engine`` is told each engine an attempt goes to."""
 
         send = request_sender(method, path, headers)
         opened = await self._failover(send, content or b"", on_engine, retry_connect)
-        return opened if isinstance(opened, httpx2.Response) else answer_response(opened)
+        return opened if isinstance(opened, Exchange) else answer_response(opened)
 
     async def _failover(
         self,
@@ -252,7 +250,7 @@ class Attempts:
         except NotConnected as exc:
             self._plan(self.plan.ended(Outcome.NOT_CONNECTED))  # counted in the budget by it
             return exc
-        except (OSError, httpx2.HTTPError) as exc:
+        except OSError as exc:  # streamsafe.gateway.upstream.errors
             self._plan(self.plan.ended(Outcome.FAILED))
             self._fail(engine, type(exc).__name__)
             if not never_connected(exc):  # a refused connect was counted by its retries

@@ -17,14 +17,13 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-import httpx2
-
 from streamsafe.gateway.engines.answers import Refused, made_refusal
 from streamsafe.gateway.engines.attempt_plan import PlanBounds
 from streamsafe.gateway.engines.pool import Counts, Engine, EngineSpec, Pool
 from streamsafe.gateway.engines.refusal_gate import AskLedgers, RefusalGate
 from streamsafe.gateway.upstream.capacity import learn_kv_capacity
 from streamsafe.gateway.upstream.connection import Upstream
+from streamsafe.gateway.upstream.errors import UpstreamError
 from streamsafe.retry import RetryBudget
 
 __all__ = ["Engines"]
@@ -130,8 +129,24 @@ class Engines:
 
     @property
     def first(self) -> Upstream:
-        """The first engine: routes the gateway passes through go to it."""
+        """The first engine: whose kind the gateway serves as (every engine is given one
+        ``--upstream-kind``), and where operator routes go."""
         return self.upstreams[0]
+
+    def live(self, model: str | None = None) -> int:
+        """The engine a call with no admission goes to (pass-through, an engine route): of
+        those that serve ``model`` (any, where ``None``), the first whose breaker lets traffic
+        through, else the first not known down, else the first. In pool order, so that while
+        it is up one engine takes every call that names no model (an upstream's stored state,
+        its files or agents, stays in one place)."""
+        now = self.clock()
+        pool = self.pool.engines
+        serving = [e for e in pool if model is None or e.spec.serves(model)] or pool
+        for usable in (lambda e: e.breaker.allows(now), lambda e: not e.breaker.down(now)):
+            for engine in serving:
+                if usable(engine):
+                    return engine.index
+        return serving[0].index
 
     def all_down(self) -> bool:
         """True while every engine is known down (:meth:`EngineBreaker.down`): new work fails
@@ -241,9 +256,9 @@ class Engines:
             if upstream.kind_known and kind.name != "vllm":
                 return
             if kind.name == "vllm":
-                with contextlib.suppress(httpx2.HTTPError, TimeoutError):
+                with contextlib.suppress(UpstreamError, TimeoutError):
                     async with asyncio.timeout(_LEARN_TIMEOUT):
-                        found = await learn_kv_capacity(upstream.client)
+                        found = await learn_kv_capacity(upstream.pool)
                     if found is not None:
                         engine.learned_memory = found.tokens
                         log.info(

@@ -1,5 +1,6 @@
 """What one attempt sends to one engine, and what it got back: a :class:`Sender` per transport
-(the hot stream reader's, :func:`event_sender`; httpx2's for anything else, :func:`request_sender`),
+(the hot stream reader's, :func:`event_sender`; a plain exchange for anything else,
+:func:`request_sender`; both on the engine's one connection pool),
 and the request body's model, read and rewritten (a fallback model answers under its own name).
 """
 
@@ -9,12 +10,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-import httpx2
 import orjson
 
 from streamsafe.gateway.engines.answers import Refused
-from streamsafe.gateway.upstream.connection import MAX_ERROR_BODY, Upstream, read_bounded
-from streamsafe.gateway.upstream.event_stream import EventStream, UpstreamClosed
+from streamsafe.gateway.upstream.connection import MAX_ERROR_BODY, Upstream
+from streamsafe.gateway.upstream.errors import ConnectFailed
+from streamsafe.gateway.upstream.transport import Exchange
 
 __all__ = [
     "H",
@@ -27,7 +28,7 @@ __all__ = [
     "with_model",
 ]
 
-#: What a sender hands back open: the hot stream's exchange, or an httpx2 response.
+#: What a sender hands back open: the exchange, its head read and its body not.
 H = TypeVar("H")
 
 
@@ -43,12 +44,12 @@ class Sent(Generic[H]):
 Sender = Callable[[Upstream, bytes], Awaitable[Sent[H]]]
 
 
-def event_sender(path: str, headers: bytes) -> Sender[EventStream]:
+def event_sender(path: str, headers: bytes) -> Sender[Exchange]:
     """POST a streaming completion on the hot stream reader and wait for its head: the open
     exchange where it is a 200 (its body unread), else its refusal, read whole. One connect:
     a refused one raises ``NotConnected``, for the generation's plan to decide."""
 
-    async def send(upstream: Upstream, content: bytes) -> Sent[EventStream]:
+    async def send(upstream: Upstream, content: bytes) -> Sent[Exchange]:
         conn = await upstream.open_events(path, content, headers=headers, connect_once=True)
         try:
             await conn.head()
@@ -59,7 +60,7 @@ def event_sender(path: str, headers: bytes) -> Sender[EventStream]:
         if conn.status == 200:
             return Sent(conn)
         try:
-            answer = await conn.read_body(MAX_ERROR_BODY)
+            answer = await conn.read_body(MAX_ERROR_BODY, broken_ok=True)
         finally:
             conn.release()
         ra = conn.header(b"retry-after")
@@ -70,24 +71,22 @@ def event_sender(path: str, headers: bytes) -> Sender[EventStream]:
     return send
 
 
-def request_sender(
-    method: str, path: str, headers: Mapping[str, str] | None
-) -> Sender[httpx2.Response]:
-    """Send a request through httpx2: the response where it is a 200 (its body unread), else
-    its refusal, read whole. One connect, as :func:`event_sender`."""
+def request_sender(method: str, path: str, headers: Mapping[str, str] | None) -> Sender[Exchange]:
+    """Send any other request: the exchange where it is a 200 (its body unread), else its
+    refusal, read whole. One connect, as :func:`event_sender`."""
+    pairs = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
 
-    async def send(upstream: Upstream, body: bytes) -> Sent[httpx2.Response]:
-        response = await upstream.open(
-            method, path, content=body, headers=headers, connect_once=True
-        )
-        if response.status_code == 200:
-            return Sent(response)
+    async def send(upstream: Upstream, body: bytes) -> Sent[Exchange]:
+        conn = await upstream.open(method, path, content=body, headers=pairs, connect_once=True)
+        if conn.status == 200:
+            return Sent(conn)
         try:
-            answer = await read_bounded(response)
+            answer = await conn.read_body(MAX_ERROR_BODY, broken_ok=True)
         finally:
-            await response.aclose()
+            conn.release()
+        ra = conn.header(b"retry-after")
         return Sent(
-            None, Refused(response.status_code, answer, response.headers.get("retry-after"))
+            None, Refused(conn.status, answer, None if ra is None else ra.decode("latin-1"))
         )
 
     return send
@@ -95,11 +94,8 @@ def request_sender(
 
 def never_connected(exc: Exception) -> bool:
     """True for a connection that was never made (refused, unreachable): the engine never saw
-    the request. A connection dropped before the answer (``UpstreamClosed``, a read error) is
-    not."""
-    if isinstance(exc, httpx2.HTTPError):
-        return isinstance(exc, httpx2.ConnectError)
-    return not isinstance(exc, UpstreamClosed)
+    the request. A connection dropped before the answer (``UpstreamClosed``) is not."""
+    return isinstance(exc, ConnectFailed)
 
 
 def model_of(body: bytes) -> str:

@@ -19,8 +19,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx2
-
 from streamsafe.gateway.admission.admission import Admission, Shed
 from streamsafe.gateway.admission.fair_queue import Waiter
 from streamsafe.gateway.admission.shedding import Shedding
@@ -42,6 +40,8 @@ from streamsafe.gateway.relay.messages_continuation import (
 )
 from streamsafe.gateway.relay.stream_reader import StreamReader
 from streamsafe.gateway.tracing import Tracing
+from streamsafe.gateway.upstream.errors import UpstreamError
+from streamsafe.gateway.upstream.transport import Answer, Exchange, Response
 from streamsafe.gateway.upstream.wire import Wire
 from streamsafe.retry import REFUSAL_STATUSES
 
@@ -439,18 +439,18 @@ class Relay:
         continuing = gen.continuations > 0 and gen.length > 0
         ask = gen.continuation
         path, body = (gen.request.path, gen.request.body) if ask is None else (ask.path, ask.body)
-        response: httpx2.Response | None = None
+        response: Response | None = None
         try:
             async with watch:
                 if gen.stream:
                     return await self._streams.attempt(gen, path, body, watch, continuing, attempts)
                 opened = await self._streams.open(gen, path, body, watch, continuing, attempts)
-                if not isinstance(opened, httpx2.Response):
+                if not isinstance(opened, Exchange | Answer):
                     return opened
                 response = opened
                 attempts.admitted()  # a plain refusal comes as a status: a 200 took it
                 gen.wake()  # upstream accepted the request
-                body = await response.aread()
+                body = await response.read_body()
                 attempts.served()
                 gen.length = await gen.log.append((body,))
                 attempts.succeeded()
@@ -464,13 +464,13 @@ class Relay:
                 attempts.failed(str(exc), shun=exc.phase in ("first_token", "stall"))
             status = 503 if exc.phase == "engine_down" else 504
             return BrokenAttempt(str(exc), status, stalled=exc)
-        except httpx2.HTTPError as exc:
+        except UpstreamError as exc:
             why = f"upstream connection failed: {type(exc).__name__}"
             attempts.failed(why)
             return BrokenAttempt(why, 502)
         finally:
             if response is not None:
-                await response.aclose()
+                response.release()
 
 
 @dataclass(slots=True)

@@ -3,7 +3,7 @@
 Whatever the number of engines, the attempt goes through the generation's
 :class:`~streamsafe.gateway.engines.attempts.Attempts` (the failover before the first token) and
 its response is parsed in the connection's read callback
-(:mod:`streamsafe.gateway.upstream.event_stream`), where each read's events are checked, appended
+(:mod:`streamsafe.gateway.upstream.transport`), where each read's events are checked, appended
 and the subscribers woken by a :class:`~streamsafe.gateway.relay.stream_sink.StreamSink`, with no
 task switch; the reader task only waits for the end.
 
@@ -18,8 +18,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-import httpx2
-
 from streamsafe.gateway.engines.answers import Refused
 from streamsafe.gateway.engines.attempts import Attempts
 from streamsafe.gateway.generations.generation import Generation, State
@@ -27,9 +25,10 @@ from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.attempt_watch import AttemptWatch
 from streamsafe.gateway.relay.endings import BrokenAttempt, Endings, Finish, dropped
 from streamsafe.gateway.relay.stream_sink import StreamSink
-from streamsafe.gateway.upstream.connection import read_bounded
-from streamsafe.gateway.upstream.event_stream import UpstreamClosed
+from streamsafe.gateway.upstream.connection import MAX_ERROR_BODY
+from streamsafe.gateway.upstream.errors import ConnectFailed, UpstreamClosed, UpstreamError
 from streamsafe.gateway.upstream.kinds import ends_answer
+from streamsafe.gateway.upstream.transport import Response
 from streamsafe.sse import DONE
 
 __all__ = ["StreamReader"]
@@ -101,7 +100,7 @@ class StreamReader:
         watch: AttemptWatch,
         continuing: bool,
         attempts: Attempts,
-    ) -> httpx2.Response | BrokenAttempt | None:
+    ) -> Response | BrokenAttempt | None:
         """Send a non-streamed request ``body`` to ``path`` through ``attempts``: the accepted
         response, its body unread, for the caller to close; else how the attempt ended (see
         :meth:`attempt`). Its engine's health is asked while it is quiet, as a stream's is (a
@@ -116,19 +115,20 @@ class StreamReader:
                 retry_connect=not req.no_upstream_retry,
                 on_engine=watch.engine,
             )
-        except httpx2.ConnectError as exc:
+        except ConnectFailed as exc:
             return await self._endings.unreachable(gen, exc)
-        except httpx2.HTTPError as exc:
+        except UpstreamError as exc:
             return dropped(attempts, type(exc).__name__)
-        status = response.status_code
+        status = response.status
         if status == 200:
             return response
         gen.upstream_status = status
         try:
-            error = await read_bounded(response)
+            error = await response.read_body(MAX_ERROR_BODY, broken_ok=True)
         finally:
-            await response.aclose()
-        retry_after = response.headers.get("retry-after")
+            response.release()
+        ra = response.header(b"retry-after")
+        retry_after = None if ra is None else ra.decode("latin-1")
         return await self._endings.refused(gen, status, error, retry_after, continuing, attempts)
 
     def _sink(

@@ -1,5 +1,5 @@
 """What the relay does with each network read of an upstream stream, in the connection's read
-callback (see :mod:`streamsafe.gateway.upstream.event_stream`): check the payloads, append them to
+callback (see :mod:`streamsafe.gateway.upstream.transport`): check the payloads, append them to
 the generation's log and publish them (written at once to the subscribers that keep up, see
 :mod:`streamsafe.gateway.generations.fanout`), with no task switch per chunk.
 """

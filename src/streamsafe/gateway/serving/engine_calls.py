@@ -30,7 +30,7 @@ from streamsafe.gateway.engines.pool import Full, Unavailable
 from streamsafe.gateway.errors import BadRequest
 from streamsafe.gateway.serving.access import Access
 from streamsafe.gateway.serving.api_keys import ANONYMOUS, STATE_FIELDS, ApiKeys
-from streamsafe.gateway.serving.passthrough import pass_through
+from streamsafe.gateway.serving.passthrough import ClientGone, pass_through, read_small_body
 from streamsafe.gateway.serving.requests import read_request_body
 from streamsafe.gateway.upstream.kinds import Wire, cost_view
 from streamsafe.gateway.upstream.routes import Cost, Route
@@ -121,6 +121,27 @@ class EngineCalls:
         index = await self._holder(scope["path"]) if route.tenant_state else self._live()
         await self._send(index, 0, scope, receive, send, None, b"")
 
+    async def serve_passed_through(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass a request through unchanged (an upstream with pass-through: Llama Stack's many
+        APIs) to an engine of the model its JSON body names, else to a live engine (see
+        :meth:`Engines.live`). No admission, and the engine's breaker hears nothing of it (its
+        answer is the caller's, whatever the route)."""
+        try:
+            body = await read_small_body(scope, receive)
+        except ClientGone:
+            return
+        given = _json_object(body).get("model") if body is not None else None
+        engines = self._engines
+        upstream = engines.upstreams[engines.live(given if isinstance(given, str) else None)]
+        await pass_through(
+            upstream.pool,
+            scope,
+            receive,
+            send,
+            keep_authorization=self._config.forward_authorization,
+            body=body,
+        )
+
     async def serve_operator(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pass an operator's request (its admin key checked) to the first engine: the
         operator names another engine by calling it directly."""
@@ -172,16 +193,8 @@ class EngineCalls:
             return pick.engine.index
 
     def _live(self) -> int:
-        """A live engine: the first whose breaker lets traffic through, else the first not
-        known down, else the first."""
-        engines = self._engines
-        now = engines.clock()
-        pool = engines.pool.engines
-        for usable in (lambda e: e.breaker.allows(now), lambda e: not e.breaker.down(now)):
-            for engine in pool:
-                if usable(engine):
-                    return engine.index
-        return 0
+        """A live engine (see :meth:`Engines.live`)."""
+        return self._engines.live()
 
     async def _holder(self, path: str) -> int:
         """The engine that holds the stored response ``path`` names (asked in turn, where the
@@ -193,10 +206,10 @@ class EngineCalls:
         for index, upstream in enumerate(engines.upstreams):
             try:
                 response = await upstream.open("GET", f"/v1/responses/{response_id}")
-                await response.aclose()
-            except Exception:  # an engine that does not answer holds nothing we can reach
+                response.release()
+            except OSError:  # an engine that does not answer holds nothing we can reach
                 continue
-            if response.status_code != 404:
+            if response.status != 404:
                 return index
         return self._live()
 
@@ -218,7 +231,7 @@ class EngineCalls:
         load.memory += cost
         try:
             status = await pass_through(
-                upstream.client,
+                upstream.pool,
                 scope,
                 receive,
                 send,

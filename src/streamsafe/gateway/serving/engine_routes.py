@@ -1,15 +1,15 @@
 """The routes the gateway answers itself from its engines: ``/ready`` (whether some engine can
-take work now) and the model list (the pool's, or the first engine's for an upstream with no
+take work now) and the model list (the pool's, or a live engine's for an upstream with no
 pass-through, in a shape both OpenAI's and Llama Stack's clients read)."""
 
 from __future__ import annotations
 
-import httpx2
 import orjson
 
 from streamsafe.gateway.engines.engines import Engines
 from streamsafe.gateway.errors import BadRequest, error_body
 from streamsafe.gateway.upstream.connect_failure import connect_failure
+from streamsafe.gateway.upstream.errors import ConnectFailed, UpstreamError
 from streamsafe.server.asgi import Send, respond
 
 __all__ = ["answer_models", "answer_ready"]
@@ -40,7 +40,8 @@ async def answer_ready(
 
 async def answer_models(send: Send, engines: Engines) -> None:
     """The model list: the pool's models, wherever they are served, where the engine specs
-    name them; else the first engine's own list (503 where it is unreachable)."""
+    name them; else a live engine's own list (see :meth:`Engines.live`; 503 where it is
+    unreachable)."""
     listed = engines.pool.models()
     if listed:
         data = [{"id": m, "object": "model", "owned_by": "streamsafe"} for m in listed]
@@ -48,18 +49,18 @@ async def answer_models(send: Send, engines: Engines) -> None:
         await respond(send, 200, _both_model_lists(body))
         return
     try:
-        response = await engines.first.open("GET", "/v1/models")
+        response = await engines.upstreams[engines.live()].open("GET", "/v1/models")
         try:
-            body = await response.aread()
+            body = await response.read_body()
         finally:
-            await response.aclose()
-    except Exception as exc:
-        why = connect_failure(exc) if isinstance(exc, httpx2.ConnectError) else None
+            response.release()
+    except UpstreamError as exc:
+        why = connect_failure(exc) if isinstance(exc, ConnectFailed) else None
         msg = f"upstream unreachable: {why or type(exc).__name__}"
         raise BadRequest(503, msg) from None
-    if response.status_code == 200:
+    if response.status == 200:
         body = _both_model_lists(body)
-    await respond(send, response.status_code, body)
+    await respond(send, response.status, body)
 
 
 def _both_model_lists(body: bytes) -> bytes:

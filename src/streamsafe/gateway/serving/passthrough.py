@@ -17,14 +17,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-
-import httpx2
+from dataclasses import dataclass
 
 from streamsafe.gateway.errors import error_body
 from streamsafe.gateway.upstream.connect_failure import connect_failure
+from streamsafe.gateway.upstream.errors import ConnectFailed, UpstreamError
+from streamsafe.gateway.upstream.transport import ConnectionPool
 from streamsafe.server.asgi import Message, Receive, Scope, Send, respond
 
-__all__ = ["UpstreamBroke", "pass_through", "shared_route"]
+__all__ = ["ClientGone", "UpstreamBroke", "pass_through", "read_small_body", "shared_route"]
 
 log = logging.getLogger("streamsafe.gateway")
 
@@ -80,12 +81,12 @@ class UpstreamBroke(Exception):
     so it closes the client's connection instead of ending the body as if it were whole."""
 
 
-class _ClientGone(Exception):
-    pass
+class ClientGone(Exception):
+    """The client left before its request body was whole."""
 
 
 async def pass_through(
-    client: httpx2.AsyncClient,
+    pool: ConnectionPool,
     scope: Scope,
     receive: Receive,
     send: Send,
@@ -94,9 +95,10 @@ async def pass_through(
     body: bytes | None = None,
     head: bytes = b"",
 ) -> int:
-    """Forward the request in ``scope`` through ``client`` (whose base URL is the upstream) and
-    relay the response; return the status sent to the client (0 if the client left first, -1
-    if the upstream never answered: the client got a 502).
+    """Forward the request in ``scope`` through ``pool`` (the upstream's connections; a
+    connection that cannot be made is not asked again, as a streamed body cannot be sent
+    twice) and relay the response; return the status sent to the client (0 if the client left
+    first, -1 if the upstream never answered: the client got a 502).
     ``keep_authorization``: the caller's ``Authorization`` goes upstream too (for an upstream
     that authenticates its own users; see ``GatewayConfig.forward_authorization``). ``body``:
     the whole body, read already; else ``head``: the start of the body, read already (the rest
@@ -113,13 +115,13 @@ async def pass_through(
     elif declared is not None and declared <= _BUFFER_LIMIT:
         try:
             content = await _read_all(receive)
-        except _ClientGone:
+        except ClientGone:
             return 0
         body_done.set()
     else:
         content = _stream_body(receive, body_done)
-    request = client.build_request(scope["method"], url, headers=headers, content=content)
-    relay = asyncio.get_running_loop().create_task(_relay(client, request, send))
+    request = _Request(scope["method"], url, headers, content)
+    relay = asyncio.get_running_loop().create_task(_relay(pool, request, send))
     try:
         await _wait_for(relay, body_done)
         if not relay.done():
@@ -143,12 +145,12 @@ async def pass_through(
             await relay
 
 
-def _forwarded(scope: Scope, keep_authorization: bool) -> tuple[str, list[tuple[bytes, bytes]]]:
+def _forwarded(scope: Scope, keep_authorization: bool) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     """The upstream URL (path and query as the client sent them) and the request's headers
     less the hop-by-hop ones (``Authorization`` too, unless ``keep_authorization``)."""
     path = scope.get("raw_path") or scope["path"].encode()
     query = scope.get("query_string") or b""
-    url = (path + b"?" + query if query else path).decode("latin-1")
+    url = path + b"?" + query if query else path
     headers = [
         (k, v)
         for k, v in scope["headers"]
@@ -168,37 +170,60 @@ async def _wait_for(relay: asyncio.Task[int], body_done: asyncio.Event) -> None:
         done_waiter.cancel()
 
 
-async def _relay(client: httpx2.AsyncClient, request: httpx2.Request, send: Send) -> int:
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """What goes upstream: the method, the target (path and query, as the client sent them),
+    the headers passed on, and the body (whole, or streamed as it comes)."""
+
+    method: str
+    target: bytes
+    headers: list[tuple[bytes, bytes]]
+    body: bytes | AsyncIterator[bytes]
+
+
+async def _relay(pool: ConnectionPool, request: _Request, send: Send) -> int:
+    response = None
     try:
-        response = await client.send(request, stream=True)
-    except _ClientGone:
+        response = await pool.open(request.method, request.target, request.body, request.headers)
+        await response.head()
+    except ClientGone:
         return 0
-    except httpx2.HTTPError as exc:
-        why = connect_failure(exc) if isinstance(exc, httpx2.ConnectError) else None
+    except UpstreamError as exc:
+        why = connect_failure(exc) if isinstance(exc, ConnectFailed) else None
         msg = f"upstream unreachable: {why or type(exc).__name__}"
+        if response is not None:
+            response.release()
         await respond(send, 502, error_body(msg, "upstream_error", 502))
         return -1
     try:
-        headers = [
-            (k.lower(), v) for k, v in response.headers.raw if k.lower() not in _RESPONSE_DROP
-        ]
+        headers = [(k, v) for k, v in response.headers if k not in _RESPONSE_DROP]
         start: Message = {
             "type": "http.response.start",
-            "status": response.status_code,
+            "status": response.status,
             "headers": headers,
         }
         await send(start)
         try:
-            async for chunk in response.aiter_raw():
-                if chunk:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except httpx2.HTTPError as exc:
-            log.info("pass-through %s broke mid-body: %s", request.url.path, type(exc).__name__)
+            async for chunk in response.body_chunks():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except UpstreamError as exc:
+            path = request.target.partition(b"?")[0].decode("latin-1")
+            log.info("pass-through %s broke mid-body: %s", path, type(exc).__name__)
             raise UpstreamBroke(f"upstream response broke: {type(exc).__name__}") from exc
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        return response.status_code
+        return response.status
     finally:
-        await response.aclose()
+        response.release()
+
+
+async def read_small_body(scope: Scope, receive: Receive) -> bytes | None:
+    """The request's body where :func:`pass_through` would read it whole before sending it
+    (its ``Content-Length`` at most 1 MiB), else ``None`` (it is streamed). Raises
+    :class:`ClientGone` where the client leaves first."""
+    declared = _content_length(scope)
+    if declared is None or declared > _BUFFER_LIMIT:
+        return None
+    return await _read_all(receive)
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -218,7 +243,7 @@ async def _read_all(receive: Receive) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise _ClientGone
+            raise ClientGone
         chunk = message.get("body", b"")
         if chunk:
             parts.append(chunk)
@@ -234,7 +259,7 @@ async def _stream_body(
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise _ClientGone
+            raise ClientGone
         chunk = message.get("body", b"")
         if chunk:
             yield chunk

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import httpx2
+from streamsafe.gateway.upstream.transport import ConnectionPool
 
 __all__ = ["KVCapacity", "kv_capacity", "learn_kv_capacity"]
 
@@ -70,16 +70,9 @@ def _positive(text: str | None) -> int | None:
     return value if value > 0 else None
 
 
-async def learn_kv_capacity(client: httpx2.AsyncClient) -> KVCapacity | None:
-    """Ask the engine behind ``client`` (its base URL set) for ``/metrics`` and read its KV
-    capacity; ``None`` where it does not answer 200 with one. Bounded by the client's
-    timeouts; raises ``httpx2.HTTPError`` where the request fails."""
-    async with client.stream("GET", "/metrics") as response:
-        if response.status_code != 200:
-            return None
-        page = bytearray()
-        async for piece in response.aiter_bytes():
-            page += piece
-            if len(page) > _MAX_METRICS:
-                break
-    return kv_capacity(bytes(page))
+async def learn_kv_capacity(pool: ConnectionPool) -> KVCapacity | None:
+    """Ask the engine behind ``pool`` for ``/metrics`` and read its KV capacity; ``None`` where
+    it does not answer 200 with one. Not bounded in time (the caller bounds it); raises
+    :class:`~streamsafe.gateway.upstream.errors.UpstreamError` where the request fails."""
+    response = await pool.call("GET", "/metrics", limit=_MAX_METRICS)
+    return kv_capacity(response.body) if response.status == 200 else None

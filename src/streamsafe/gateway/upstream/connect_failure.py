@@ -1,13 +1,14 @@
 """Why no connection to an upstream was made, in words an operator can act on.
 
-A connection that was never made reaches the gateway as an ``OSError`` (the hot stream's own
-connections) or an ``httpx2.ConnectError`` (the pooled client's), the real cause somewhere in
-its chain. A refused connection and a TLS failure look alike there, yet call for different
-fixes: an engine to start, or a certificate to trust or a name to use. OGX serves TLS by default
-with a self-signed certificate that names ``localhost`` only, so ``https://127.0.0.1`` fails
-verification twice over. :func:`connect_failure` names the cause, for the log line, the engine's
-"down" line and the caller's error message alike; :func:`is_tls_failure` says whether asking
-again can help (a certificate does not change in 50 ms).
+A connection that was never made reaches the gateway as a
+:class:`~streamsafe.gateway.upstream.errors.ConnectFailed` (a ``TLSFailed`` where the handshake
+failed), the real cause somewhere in its chain. A refused connection and a TLS failure look
+alike there, yet call for different fixes: an engine to start, or a certificate to trust or a
+name to use. OGX serves TLS by default with a self-signed certificate that names ``localhost``
+only, so ``https://127.0.0.1`` fails verification twice over. :func:`connect_failure` names the
+cause, for the log line, the engine's "down" line and the caller's error message alike;
+:func:`is_tls_failure` says whether asking again can help (a certificate does not change in
+50 ms).
 """
 
 from __future__ import annotations

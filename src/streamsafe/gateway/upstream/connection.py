@@ -1,7 +1,10 @@
-"""The one connection to the engine: a pooled HTTP client, connect retries, and health.
+"""The one connection to the engine: its pooled HTTP client
+(:class:`~streamsafe.gateway.upstream.transport.ConnectionPool`, every call to the engine goes
+through it), connect retries, and health.
 
 Retries here are only those that cannot duplicate work: the connection was never made
-(``ConnectError``: refused, unreachable), so the engine never saw the request. They are spent from
+(:class:`~streamsafe.gateway.upstream.errors.ConnectFailed`: refused, unreachable), so the engine
+never saw the request. They are spent from
 a :class:`~streamsafe.retry.RetryBudget` shared by all requests, so a dead upstream is not hit
 three times per request. Nothing is retried once a response started.
 
@@ -23,19 +26,18 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 from typing import Any
 
-import httpx2
 import orjson
 
 from streamsafe._url_userinfo import basic_authorization, split_userinfo
-from streamsafe.gateway.upstream.asyncio_backend import pooled_transport
 from streamsafe.gateway.upstream.connect_failure import connect_failure, is_tls_failure
-from streamsafe.gateway.upstream.event_stream import EventStream, EventStreamPool, header_lines
+from streamsafe.gateway.upstream.errors import ConnectFailed, UpstreamError
 from streamsafe.gateway.upstream.health import EngineHealth
 from streamsafe.gateway.upstream.kinds import KINDS, UpstreamKind, describe_kind
 from streamsafe.gateway.upstream.probe import ProbeResult, describe_probes, probe_kind
+from streamsafe.gateway.upstream.transport import ConnectionPool, Exchange, header_lines
 from streamsafe.retry import RetryBudget
 
 __all__ = [
@@ -43,7 +45,6 @@ __all__ = [
     "NotConnected",
     "Upstream",
     "is_engine_death",
-    "read_bounded",
     "upstream_ssl_context",
 ]
 
@@ -59,6 +60,7 @@ _ENGINE_DEATH_MARKERS = (
 #: Largest upstream error body kept and passed on.
 MAX_ERROR_BODY = 64 * 1024
 _JSON_LINE = header_lines({"content-type": "application/json"})
+_JSON_PAIR = ((b"content-type", b"application/json"),)
 
 #: Seconds the gateway's start waits for an ``auto`` upstream's kind before serving anyway.
 _START_PROBE_WAIT = 1.0
@@ -106,7 +108,7 @@ class NotConnected(Exception):
 
 
 class Upstream(EngineHealth):
-    """Pooled ``httpx2.AsyncClient`` to ``base_url`` plus the breaker and the retry budget.
+    """The engine at ``base_url``: its connection pool, its breaker and health, the retry budget.
 
     Credentials in ``base_url`` (``http://user:password@host``), or ``userinfo`` given apart,
     go upstream as Basic authorization (``api_key``, where given, wins); :attr:`base_url`, the
@@ -135,7 +137,7 @@ class Upstream(EngineHealth):
         userinfo = userinfo or in_url
         self.base_url = base_url.rstrip("/")
         #: How an ``https`` upstream is verified: the CAs in ``ca_bundle`` (a PEM file), or the
-        #: system's. One context for every connection, the hot stream's and the client's.
+        #: system's. One context for every connection.
         self._ssl = upstream_ssl_context(ca_bundle)
         #: What the upstream is; vLLM's table until an ``auto`` probe says otherwise.
         self.kind: UpstreamKind = KINDS["vllm"] if kind == "auto" else KINDS[kind]  # type: ignore[index]
@@ -149,44 +151,29 @@ class Upstream(EngineHealth):
         self.connect_retries_done = 0
         #: Requests sent (per engine series in ``/metrics``).
         self.requests = 0
-        self._headers = {"accept-encoding": "identity"}
+        #: Headers on every request to the engine (a request's own of the same name win).
+        self.headers = {"accept-encoding": "identity"}
         if api_key:
-            self._headers["authorization"] = f"Bearer {api_key}"
+            self.headers["authorization"] = f"Bearer {api_key}"
         elif userinfo:
-            self._headers["authorization"] = basic_authorization(userinfo)
-        self._timeout = httpx2.Timeout(connect=connect_timeout, read=None, write=30.0, pool=None)
-        # Idle connections are let go before uvicorn's (and so vLLM's) 5 s keep-alive: one sent
-        # just as the engine closed it was lost, and a health check on it heard nothing.
-        self._limits = httpx2.Limits(
-            max_connections=None, max_keepalive_connections=max_keepalive, keepalive_expiry=4.0
-        )
-        self._client: httpx2.AsyncClient | None = None
-        self._events = EventStreamPool(
-            self.base_url, self._headers, connect_timeout=connect_timeout, ssl_context=self._ssl
+            self.headers["authorization"] = basic_authorization(userinfo)
+        self._connect_timeout = connect_timeout
+        #: Every request to the engine goes through it (see its module).
+        self.pool = ConnectionPool(
+            self.base_url,
+            self.headers,
+            connect_timeout=connect_timeout,
+            ssl_context=self._ssl,
+            max_idle=max_keepalive,
         )
         self._kind_check: asyncio.Task[Any] | None = None
 
-    @property
-    def client(self) -> httpx2.AsyncClient:
-        """The pooled client, created on first use (normally at lifespan startup)."""
-        if self._client is None:
-            transport = pooled_transport(self.base_url, self._limits, self._ssl)
-            self._client = httpx2.AsyncClient(
-                base_url=self.base_url,
-                timeout=self._timeout,
-                headers=self._headers,
-                trust_env=False,
-                transport=transport,
-            )
-        return self._client
-
     async def start(self) -> None:
-        """Create the connection pool and, for an ``auto`` kind, ask the upstream what it is:
+        """For an ``auto`` kind, ask the upstream what it is:
         waited for up to :data:`_START_PROBE_WAIT`, then left to finish in the background (an
         engine that answers nothing must not keep the gateway from serving ``/ready``; a
         completion waits for the probe, :meth:`resolve_kind`). A Llama Stack kind that was set
         is checked in the background (see :meth:`_check_kind`)."""
-        _ = self.client
         if not self.kind_known:
             probe = asyncio.get_running_loop().create_task(self.resolve_kind())
             self._kind_check = probe
@@ -200,9 +187,9 @@ class Upstream(EngineHealth):
         has, and passes the ones it has straight through (issue 21)."""
         found: dict[str, ProbeResult] = {}
         name = None
-        with contextlib.suppress(TimeoutError, httpx2.HTTPError):
-            async with asyncio.timeout(self._timeout.connect or 5.0):
-                name = await probe_kind(self.client, found=found)
+        with contextlib.suppress(TimeoutError, UpstreamError):
+            async with asyncio.timeout(self._connect_timeout or 5.0):
+                name = await probe_kind(self.pool, found=found)
         if name is not None and name != self.kind.name:
             log.warning(
                 "upstream %s was set as %s but answers as %s (probed: %s): the routes the "
@@ -228,8 +215,8 @@ class Upstream(EngineHealth):
             name = None
             found: dict[str, ProbeResult] = {}
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._timeout.connect or 5.0):
-                    name = await probe_kind(self.client, found=found)
+                async with asyncio.timeout(self._connect_timeout or 5.0):
+                    name = await probe_kind(self.pool, found=found)
             if name is None:
                 log.warning(
                     "upstream %s did not answer as vLLM, OGX/Llama Stack or an OpenAI server "
@@ -256,42 +243,34 @@ class Upstream(EngineHealth):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
-        self._events.close()
+        self.pool.close()
 
     async def open(
         self,
         method: str,
-        path: str,
+        path: str | bytes,
         *,
-        content: bytes | None = None,
-        headers: Mapping[str, str] | None = None,
+        content: bytes | AsyncIterable[bytes] = b"",
+        headers: Iterable[tuple[bytes, bytes]] = (),
         retry_connect: bool = True,
         connect_once: bool = False,
-    ) -> httpx2.Response:
-        """Send a request and return the response with its body unread (the caller reads it
-        and closes it). Retries a refused connection within the budget when ``retry_connect``;
-        ``connect_once``: no retry here, a refused connection raises :class:`NotConnected`."""
-        client = self.client
-        request = client.build_request(method, path, content=content, headers=headers)
-        if not connect_once:  # a plan's sends are counted by their attempt, once
-            self.requests += 1
-        attempt = 0
-        while True:
-            try:
-                response = await client.send(request, stream=True)
-            except httpx2.ConnectError as exc:
-                if connect_once:
-                    raise self._not_connected(exc) from exc
-                if not await self._may_retry_connect(retry_connect, attempt, exc):
-                    raise
-                attempt += 1
-                continue
-            self.budget.record_success()
-            self.alive_at = asyncio.get_running_loop().time()
-            return response
+    ) -> Exchange:
+        """Send a request and return the exchange once its head came (the caller reads the
+        body and releases it). Retries a refused connection within the budget when
+        ``retry_connect`` (never a streamed ``content``: it cannot be sent twice);
+        ``connect_once``: no retry here, a connection not made raises :class:`NotConnected`
+        (the generation's plan decides)."""
+        retry_connect = retry_connect and isinstance(content, bytes)
+        conn = await self._connected(
+            lambda: self.pool.open(method, path, content, headers), retry_connect, connect_once
+        )
+        try:
+            await conn.head()
+        except BaseException:
+            conn.release()
+            raise
+        self.alive_at = conn.read_at
+        return conn
 
     async def open_events(
         self,
@@ -301,19 +280,32 @@ class Upstream(EngineHealth):
         retry_connect: bool = True,
         headers: bytes = b"",
         connect_once: bool = False,
-    ) -> EventStream:
+    ) -> Exchange:
         """POST a streaming completion on the hot path
-        (:mod:`streamsafe.gateway.upstream.event_stream`) and return the exchange once the request
+        (:mod:`streamsafe.gateway.upstream.transport`) and return the exchange once the request
         is written; connect retries as :meth:`open`. ``headers``: header lines of the request's own.
-        Raises ``OSError`` when no connection could be made."""
+        Raises :class:`ConnectFailed` when no connection could be made."""
         lines = _JSON_LINE + headers if headers else _JSON_LINE
+        return await self._connected(
+            lambda: self.pool.request(b"POST", path, body, lines), retry_connect, connect_once
+        )
+
+    async def _connected(
+        self,
+        send: Callable[[], Awaitable[Exchange]],
+        retry_connect: bool,
+        connect_once: bool = False,
+    ) -> Exchange:
+        """``send`` a request, again while no connection could be made and
+        :meth:`_may_retry_connect` allows: the one connect-retry loop (``connect_once``: none,
+        :class:`NotConnected` instead, for a generation's plan to decide)."""
         if not connect_once:  # a plan's sends are counted by their attempt, once
             self.requests += 1
         attempt = 0
         while True:
             try:
-                conn = await self._events.request(b"POST", path, body, lines)
-            except OSError as exc:  # refused, unreachable, TLS, or the connect timed out
+                conn = await send()
+            except ConnectFailed as exc:  # refused, unreachable, TLS, or the connect timed out
                 if connect_once:
                     raise self._not_connected(exc) from exc
                 if not await self._may_retry_connect(retry_connect, attempt, exc):
@@ -367,29 +359,13 @@ class Upstream(EngineHealth):
         if path is None:
             return None
         try:
-            response = await self.client.post(
-                path,
-                content=body,
-                headers={"content-type": "application/json"},
-                timeout=_TOKENIZE_TIMEOUT,
+            response = await self.pool.call(
+                "POST", path, body, _JSON_PAIR, within=_TOKENIZE_TIMEOUT
             )
-            answer = orjson.loads(response.content) if response.status_code == 200 else None
-        except (httpx2.HTTPError, orjson.JSONDecodeError):
+            answer = orjson.loads(response.body) if response.status == 200 else None
+        except (UpstreamError, orjson.JSONDecodeError):
             return None
         count = answer.get("count") if isinstance(answer, dict) else None
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             return None
         return count
-
-
-async def read_bounded(response: httpx2.Response) -> bytes:
-    """An upstream error body, at most 64 KiB of it (a misbehaving engine cannot make the gateway
-    hold more)."""
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in response.aiter_raw():
-        parts.append(chunk)
-        size += len(chunk)
-        if size >= MAX_ERROR_BODY:
-            break
-    return b"".join(parts)[:MAX_ERROR_BODY]

@@ -19,11 +19,11 @@ import math
 import time
 from collections.abc import Callable
 
-import httpx2
-
 from streamsafe.gateway.upstream.breaker import EngineBreaker
 from streamsafe.gateway.upstream.connect_failure import connect_failure, is_tls_failure
+from streamsafe.gateway.upstream.errors import UpstreamError
 from streamsafe.gateway.upstream.kinds import UpstreamKind
+from streamsafe.gateway.upstream.transport import ConnectionPool
 
 __all__ = ["QUIET_HEALTH_TIMEOUT", "EngineHealth"]
 
@@ -32,15 +32,18 @@ log = logging.getLogger("streamsafe.gateway")
 #: Seconds ``/health`` gets to answer when a stream from the engine went quiet: longer than the
 #: probe's own bound, since a busy engine answers slowly and a wrong verdict ends its streams.
 QUIET_HEALTH_TIMEOUT = 10.0
+#: Bytes of a ``/health`` answer read, at most (only its status counts).
+_HEALTH_BODY = 4096
 
 
 class EngineHealth:
-    """The health of the engine at ``base_url`` (see the module). ``client`` and ``kind`` are the
-    connection's (the subclass provides them); ``probe_interval`` is the seconds between probes
+    """The health of the engine at ``base_url`` (see the module). ``pool`` and ``kind`` are the
+    connection's (the subclass sets them); ``probe_interval`` is the seconds between probes
     of an engine held down, and its breaker's first cool-down."""
 
     base_url: str
     kind: UpstreamKind
+    pool: ConnectionPool
 
     def __init__(
         self,
@@ -65,11 +68,6 @@ class EngineHealth:
         self._health_check_running: asyncio.Future[int | None] | None = None
         self._probe: asyncio.Task[None] | None = None
         self._health_check: asyncio.Task[None] | None = None
-
-    @property
-    def client(self) -> httpx2.AsyncClient:
-        """The connection's pooled client (the subclass's)."""
-        raise NotImplementedError
 
     def health_tasks(self) -> tuple[asyncio.Task[None] | None, ...]:
         """The background probes, for the connection to stop when it closes."""
@@ -166,16 +164,18 @@ class EngineHealth:
         ``None`` if it did not answer ``within`` so many seconds (default: the probe interval, and
         at least a second). A TLS failure is kept as the reason the engine is down."""
         try:
-            response = await self.client.get(
+            response = await self.pool.call(
+                "GET",
                 self.kind.health_path,
-                timeout=within if within is not None else max(1.0, self.probe_interval),
+                within=within if within is not None else max(1.0, self.probe_interval),
+                limit=_HEALTH_BODY,
             )
-        except httpx2.HTTPError as exc:
+        except UpstreamError as exc:
             self._health_tls = connect_failure(exc) if is_tls_failure(exc) else None
             return None
-        if _healthy_status(response.status_code):
+        if _healthy_status(response.status):
             self.alive_at = asyncio.get_running_loop().time()
-        return response.status_code
+        return response.status
 
     def _judge(self, status: int | None) -> None:
         if status is None:

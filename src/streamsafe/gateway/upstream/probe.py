@@ -14,10 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-import httpx2
 import orjson
 
 from streamsafe.gateway.upstream.connect_failure import connect_failure
+from streamsafe.gateway.upstream.errors import ConnectFailed, UpstreamError
+from streamsafe.gateway.upstream.transport import ConnectionPool
 
 __all__ = [
     "KIND_NAMES",
@@ -53,6 +54,9 @@ class ProbeResult:
         """The path is served (by some method): it answered, and not 404."""
         return self.status is not None and self.status != 404
 
+
+#: Bytes of each probe's answer kept (enough for a model list's first names).
+_PROBE_BODY = 4096
 
 #: Every path :func:`probe_kind` may ask, each with a ``GET`` (no work is ever started):
 #: :func:`next_probe` says which, in order.
@@ -163,23 +167,22 @@ def _model_ids(result: ProbeResult | None, most: int = 5) -> list[str]:
 
 
 async def probe_kind(
-    client: httpx2.AsyncClient,
-    base_url: str = "",
+    pool: ConnectionPool,
     *,
     found: dict[str, ProbeResult] | None = None,
 ) -> KindName | None:
-    """Ask the upstream the paths :func:`next_probe` names (``base_url`` + path) with
-    ``client``, and return :func:`detect_kind`'s answer. ``found``, where given, is filled with
-    what each path answered (for :func:`describe_probes`). Each probe is bounded by the client's
-    timeouts; one that gets no answer counts as ``None``."""
+    """Ask the upstream behind ``pool`` the paths :func:`next_probe` names, and return
+    :func:`detect_kind`'s answer. ``found``, where given, is filled with what each path answered
+    (for :func:`describe_probes`). The caller bounds it in time (``asyncio.timeout``); a path
+    that gets no answer counts as ``None``."""
     probes: dict[str, ProbeResult] = {} if found is None else found
     while (path := next_probe(probes)) is not None:
         try:
-            response = await client.get(base_url + path)
-        except httpx2.ConnectError as exc:  # a TLS failure named as one
+            response = await pool.call("GET", path, limit=_PROBE_BODY)
+        except ConnectFailed as exc:  # a TLS failure named as one
             probes[path] = ProbeResult(None, reason=connect_failure(exc)[:200])
-        except httpx2.HTTPError as exc:
+        except UpstreamError as exc:
             probes[path] = ProbeResult(None, reason=f"{type(exc).__name__}: {exc}"[:200])
         else:
-            probes[path] = ProbeResult(response.status_code, response.content[:4096])
+            probes[path] = ProbeResult(response.status, response.body)
     return detect_kind(probes)

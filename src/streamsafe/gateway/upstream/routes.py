@@ -204,7 +204,7 @@ ROUTES: tuple[Route, ...] = (
     Route("/ready", _GET, Handling.GATEWAY, note="some engine takes work"),
     Route("/metrics", _GET, Handling.GATEWAY, note="the gateway's; admin key where set"),
     Route("/stats", _GET, Handling.GATEWAY, note="admin key where set"),
-    Route("/v1/models", _GET, Handling.GATEWAY, note="the pool's, or the first engine's"),
+    Route("/v1/models", _GET, Handling.GATEWAY, note="the pool's, or a live engine's"),
     Route("/v1/openai/v1/models", _GET, Handling.GATEWAY, note="Llama Stack 0.2's alias"),
     # -- the Anthropic Messages API (docs/gateway.md, Messages) -------------------------------
     Route("/v1/messages", _POST, Handling.SERVED, True, Cost.GENERATION),
