@@ -1,8 +1,10 @@
 """The Lua scripts of the Redis store, and the conversions of what goes to Redis and comes back.
 
 Each script is one round trip that compares before it writes, so a replica never drops, extends
-or appends to what another one owns. :class:`Scripts` registers them on one client and calls
-them with named arguments instead of ``KEYS``/``ARGV`` lists.
+or appends to what another one owns. Every key a script names is in one hash slot (their names'
+hash tags, :mod:`~streamsafe.gateway.replicas.redis_keys`), as a Redis Cluster requires.
+:class:`Scripts` registers them on one client and calls them with named arguments instead of
+``KEYS``/``ARGV`` lists.
 """
 
 from __future__ import annotations
@@ -10,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
+from redis.asyncio.cluster import ClusterPipeline
+
+from streamsafe.gateway.replicas.redis_client import RedisClient
 
 __all__ = [
     "APPEND",
@@ -133,33 +138,43 @@ def entry_offset(entry_id: bytes | str) -> int:
 
 
 class Scripts:
-    """The scripts above, registered on ``redis`` (each call one round trip, or one command of
-    the pipeline given as ``client``)."""
+    """The scripts above, registered on ``redis`` (each call one round trip: ``EVALSHA``, the
+    script loaded where a node does not know it), or queued on a pipeline (``EVAL`` with the
+    script's text: a pipeline on a cluster goes to several nodes, and one that never ran the
+    script, a replica promoted meanwhile, would refuse its hash)."""
 
-    def __init__(self, redis: aioredis.Redis) -> None:
+    def __init__(self, redis: RedisClient) -> None:
         self._release = redis.register_script(RELEASE)
         self._expire = redis.register_script(EXPIRE)
         self._append = redis.register_script(APPEND)
         self._set_state = redis.register_script(SET_STATE)
         self._claim = redis.register_script(CLAIM)
-        self._fleet = redis.register_script(FLEET)
 
     async def claim(self, key: str, marker: str, gen_id: str, ttl_ms: int, epoch: str) -> Any:
         """:data:`CLAIM`: ``[1]``, ``[0, owner]`` or ``[-1, epoch now]``."""
         return await self._claim(keys=[key, marker], args=[gen_id, ttl_ms, epoch])
 
-    async def fleet(self, marker: str, epoch: str, check: bytes, ttl: float) -> Any:
-        """:data:`FLEET`: ``[epoch, check]`` of the marker, written where there was none."""
-        return await self._fleet(keys=[marker], args=[epoch, check, ms(ttl)])
+    @staticmethod
+    def fleet_in(
+        pipe: Pipeline | ClusterPipeline, marker: str, epoch: str, check: bytes, ttl: float
+    ) -> None:
+        """Queue :data:`FLEET` on ``pipe``: its result, ``[epoch, check]`` of the marker
+        (written where there was none), comes with the pipeline's."""
+        pipe.eval(FLEET, 1, marker, epoch, check, ms(ttl))
 
     async def release(self, key: str, value: str) -> int:
         """Delete ``key`` if it holds ``value``; 1 if it did."""
         return int(await self._release(keys=[key], args=[value]))
 
-    async def expire(self, key: str, value: str, ttl: float, client: Any = None) -> Any:
-        """Let ``key`` lapse ``ttl`` seconds from now if it holds ``value``; 1 if it did (the
-        pipeline itself where ``client`` is one: its result comes with the others)."""
-        return await self._expire(keys=[key], args=[value, ms(ttl)], client=client)
+    async def expire(self, key: str, value: str, ttl: float) -> int:
+        """Let ``key`` lapse ``ttl`` seconds from now if it holds ``value``; 1 if it did."""
+        return int(await self._expire(keys=[key], args=[value, ms(ttl)]))
+
+    @staticmethod
+    def expire_in(pipe: Pipeline | ClusterPipeline, key: str, value: str, ttl: float) -> None:
+        """Queue :data:`EXPIRE` on ``pipe`` (its result, 1 where ``key`` held ``value``, comes
+        with the pipeline's)."""
+        pipe.eval(EXPIRE, 1, key, value, ms(ttl))
 
     async def append(
         self,
