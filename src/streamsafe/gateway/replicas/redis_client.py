@@ -26,6 +26,17 @@ from redis.asyncio.connection import (
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    ClusterError,
+    MovedError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streamsafe._redis_url import RedisTarget
 
@@ -54,15 +65,86 @@ class CancelSafeRedis(aioredis.Redis):
 
 class CancelSafeRedisCluster(RedisCluster):
     """``redis.asyncio.cluster.RedisCluster`` whose commands never swallow their task's
-    cancellation (as :class:`CancelSafeRedis`)."""
+    cancellation (as :class:`CancelSafeRedis`), and that follows a redirection while a slot
+    moves on one connection (:meth:`_execute_command`)."""
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         task = asyncio.current_task()
         before = task.cancelling() if task is not None else 0
+        if self._initialize:
+            # redis-py 8.1 learns the layout under a lock, but commands sent while it first
+            # does so failed (connection lost, 14 of 20 concurrent reads): they wait for it here.
+            await self.initialize()
         result = await super().execute_command(*args, **options)
         if task is not None and task.cancelling() > before:
             raise asyncio.CancelledError
         return result
+
+    async def _execute_command(self, target_node: ClusterNode, *args: Any, **kwargs: Any) -> Any:
+        """One command on the node that holds its slot, following redirections while the slot
+        moves (redis-py's own loop, with its ways that broke under concurrent commands left
+        out). An ``ASK`` (the key moved to the node importing the slot) sends ``ASKING`` and
+        the command together on one connection: redis-py sent them on two pooled connections,
+        so the command went without it (and bounced back as ``MOVED`` until it gave up) while
+        another command got the stale ``ASKING``, which makes the importing node answer for a
+        key it does not hold yet (a lease found free, a log found empty). A ``MOVED`` updates
+        that slot's node and never closes every connection; ``TRYAGAIN`` (a command's keys
+        split between the two nodes mid-move) is asked again shortly; a lost node is
+        learned anew at the next command, as redis-py does."""
+        asking = False
+        for _ in range(self.RedisClusterRequestTTL):
+            try:
+                if asking:
+                    return await _asked(target_node, *args, **kwargs)
+                return await target_node.execute_command(*args, **kwargs)
+            except MovedError as e:  # before AskError, which it is a kind of
+                await self.nodes_manager.move_slot(e)
+                target_node = self.nodes_manager.get_node_from_slot(e.slot_id)
+                asking = False
+            except AskError as e:
+                found = self.get_node(host=e.host, port=e.port)
+                if found is None:  # a node it does not know: learn the layout anew
+                    self._initialize = True
+                    raise
+                target_node, asking = found, True
+            except TryAgainError:
+                await asyncio.sleep(_TRY_AGAIN_S)
+            except (RedisConnectionError, RedisTimeoutError):
+                target_node.update_active_connections_for_reconnect()
+                await target_node.disconnect_free_connections()
+                self.nodes_manager.move_node_to_end_of_cached_nodes(target_node.name)
+                self._initialize = True
+                raise
+            except (ClusterDownError, SlotNotCoveredError):
+                self._initialize = True  # a failover under way: learn the layout anew
+                raise
+        raise ClusterError("TTL exhausted.")
+
+
+async def _asked(node: ClusterNode, *args: Any, **kwargs: Any) -> Any:
+    """``ASKING`` and the command, pipelined on one connection of ``node``."""
+    connection = node.acquire_connection()
+    try:
+        await node.disconnect_if_needed(connection)
+        await connection.send_packed_command(connection.pack_commands([("ASKING",), args]))
+        try:
+            await connection.read_response()
+        except ResponseError:
+            await node.parse_response(connection, args[0], **kwargs)  # read, and dropped
+            raise
+        return await node.parse_response(connection, args[0], **kwargs)
+    except ResponseError:
+        raise  # a reply, read whole: the connection is fine
+    except BaseException:
+        await connection.disconnect()  # its replies may be half read
+        raise
+    finally:
+        node.release(connection)
+
+
+#: Seconds between two tries of a command whose keys are split between two nodes while their
+#: slot moves (16 tries in all, as redis-py makes).
+_TRY_AGAIN_S = 0.02
 
 
 #: What :func:`connect` returns: the two share the commands the store uses (a cluster routes
@@ -83,8 +165,13 @@ def connect(target: RedisTarget, **options: Any) -> RedisClient:
         # No retry after a failed command (the retry count also bounds the reconnections):
         # a node that is away fails at once, as one Redis does, and the replicas' failure
         # policy decides what then; the client learns the layout anew at the next command.
-        # Redirections (MOVED, ASK, TRYAGAIN while a slot migrates) are followed regardless.
-        return CancelSafeRedisCluster(startup_nodes=nodes, retry=Retry(NoBackoff(), 0), **merged)
+        # Redirections (MOVED, ASK, TRYAGAIN while a slot migrates) are followed regardless;
+        # a MOVED updates where that slot is, and never closes every connection to learn the
+        # whole layout again (reinitialize_steps=0): redis-py did so at every fifth, and the
+        # commands in flight meanwhile, the blocked reads among them, failed.
+        return CancelSafeRedisCluster(
+            startup_nodes=nodes, retry=Retry(NoBackoff(), 0), reinitialize_steps=0, **merged
+        )
     if not target.sentinels:
         # A pool of our own, as redis-py's from_url makes one: the client's constructor would
         # add its own retries (10, backing off), and a Redis that is away must fail at once

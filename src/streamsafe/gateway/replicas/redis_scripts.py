@@ -22,6 +22,8 @@ __all__ = [
     "CLAIM",
     "EXPIRE",
     "FLEET",
+    "HEARTBEAT",
+    "PUT_RECORD",
     "RELEASE",
     "SET_STATE",
     "Scripts",
@@ -107,6 +109,23 @@ if state ~= '' and redis.call('EXISTS', KEYS[4]) == 1 then
 end
 return n
 """
+# KEYS[1] meta hash; ARGV[1] ttl in ms, ARGV[2..] field, value pairs. Writes the record with its
+# lifetime in one step (a script, not a MULTI: redis-py's cluster transactions took an ASK, a
+# slot on the move, for a MOVED, and failed).
+PUT_RECORD = """
+if #ARGV > 1 then redis.call('HSET', KEYS[1], unpack(ARGV, 2)) end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+"""
+# KEYS[1] the heartbeats (a sorted set); ARGV[1] replica id, ARGV[2] now in ms, ARGV[3] ttl in
+# ms. Scores this replica's heartbeat with when it lapses, drops the lapsed ones, lets the set
+# lapse with the last replica; returns how many replicas are alive.
+HEARTBEAT = """
+local now = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return redis.call('ZCARD', KEYS[1])
+"""
 # KEYS[1] state stream, KEYS[2] meta hash; ARGV[1] state, ARGV[2..] field, value pairs for the
 # meta hash. Records the state and announces it on the state stream; returns the stream length.
 SET_STATE = """
@@ -149,6 +168,8 @@ class Scripts:
         self._append = redis.register_script(APPEND)
         self._set_state = redis.register_script(SET_STATE)
         self._claim = redis.register_script(CLAIM)
+        self._put_record = redis.register_script(PUT_RECORD)
+        self._heartbeat = redis.register_script(HEARTBEAT)
 
     async def claim(self, key: str, marker: str, gen_id: str, ttl_ms: int, epoch: str) -> Any:
         """:data:`CLAIM`: ``[1]``, ``[0, owner]`` or ``[-1, epoch now]``."""
@@ -161,6 +182,19 @@ class Scripts:
         """Queue :data:`FLEET` on ``pipe``: its result, ``[epoch, check]`` of the marker
         (written where there was none), comes with the pipeline's."""
         pipe.eval(FLEET, 1, marker, epoch, check, ms(ttl))
+
+    async def put_record(
+        self, meta_key: str, fields: Mapping[str, bytes | str | int], ttl: float
+    ) -> None:
+        """:data:`PUT_RECORD`: ``fields`` into the hash ``meta_key``, lapsing after ``ttl``."""
+        args: list[bytes | str | int] = [ms(ttl)]
+        for name, value in fields.items():
+            args += [name, value]
+        await self._put_record(keys=[meta_key], args=args)
+
+    async def heartbeat(self, key: str, replica_id: str, now_ms: int, ttl: float) -> int:
+        """:data:`HEARTBEAT`: how many replicas are alive."""
+        return int(await self._heartbeat(keys=[key], args=[replica_id, now_ms, ms(ttl)]))
 
     async def release(self, key: str, value: str) -> int:
         """Delete ``key`` if it holds ``value``; 1 if it did."""

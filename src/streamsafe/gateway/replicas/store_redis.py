@@ -270,11 +270,7 @@ class RedisStore:
     ) -> None:
         """Record what another replica needs to attach to or take over ``gen_id`` (request,
         fingerprint, state); the record lapses after ``ttl`` unless extended."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            mapping: dict[Any, Any] = dict(fields)
-            pipe.hset(self.meta_key(gen_id), mapping=mapping)
-            pipe.pexpire(self.meta_key(gen_id), ms(ttl))
-            await pipe.execute()
+        await self._scripts.put_record(self.meta_key(gen_id), fields, ttl)
 
     async def generation(self, gen_id: str) -> dict[str, bytes] | None:
         """The metadata of ``gen_id``, or ``None`` if Redis no longer holds it."""
@@ -352,16 +348,10 @@ class RedisStore:
 
     async def heartbeat(self, ttl: float) -> int:
         """Say this replica is alive for ``ttl`` seconds; return how many replicas are (one
-        pipeline on a sorted set scored by when each heartbeat lapses)."""
+        script on a sorted set scored by when each heartbeat lapses, gone with the last
+        replica)."""
         now = int(time.time() * 1000)
-        key = self.keys.heartbeat_key()
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.zadd(key, {self.replica_id: now + ms(ttl)})
-            pipe.zremrangebyscore(key, "-inf", now)
-            pipe.pexpire(key, ms(ttl))  # gone with the last replica
-            pipe.zcard(key)
-            results = await pipe.execute()
-        return int(results[-1])
+        return await self._scripts.heartbeat(self.keys.heartbeat_key(), self.replica_id, now, ttl)
 
     # -- the unkeyed-retry index ----------------------------------------------------------------
 
