@@ -436,12 +436,18 @@ class RedisClusterServers:
             return False
         return all(layout == layouts[0] for layout in layouts)
 
+    def layout(self) -> list[tuple[int, int, RedisServer]]:
+        """Who holds which slots now: ``(first, last, node)`` ranges."""
+        with self._client(self.nodes[0]) as client:
+            ranges = client.execute_command("CLUSTER", "SLOTS")
+        by_port = {n.port: n for n in self.nodes}
+        return [(first, last, by_port[primary[1]]) for first, last, primary, *_ in ranges]
+
     def node_of(self, slot: int) -> RedisServer:
         """The node that holds ``slot`` now."""
-        with self._client(self.nodes[0]) as client:
-            for first, last, primary, *_ in client.execute_command("CLUSTER", "SLOTS"):
-                if first <= slot <= last:
-                    return next(n for n in self.nodes if n.port == primary[1])
+        for first, last, node in self.layout():
+            if first <= slot <= last:
+                return node
         raise LookupError(f"slot {slot} is not covered")
 
     def migrate(

@@ -169,8 +169,15 @@ def connect(target: RedisTarget, **options: Any) -> RedisClient:
         # a MOVED updates where that slot is, and never closes every connection to learn the
         # whole layout again (reinitialize_steps=0): redis-py did so at every fifth, and the
         # commands in flight meanwhile, the blocked reads among them, failed.
+        # No cap on a node's connections, as one Redis's pool has none: redis-py's 100 refused
+        # the 101st command in flight to a node (MaxConnectionsError), a hundred streams'
+        # appends at once.
         return CancelSafeRedisCluster(
-            startup_nodes=nodes, retry=Retry(NoBackoff(), 0), reinitialize_steps=0, **merged
+            startup_nodes=nodes,
+            retry=Retry(NoBackoff(), 0),
+            reinitialize_steps=0,
+            max_connections=2**31,
+            **merged,
         )
     if not target.sentinels:
         # A pool of our own, as redis-py's from_url makes one: the client's constructor would
