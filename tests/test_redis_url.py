@@ -56,6 +56,17 @@ def test_a_sentinel_url_names_the_sentinels_the_service_and_the_database() -> No
     assert parse_redis_url("rediss+sentinel://s1/m").tls
 
 
+def test_a_cluster_url_names_the_nodes_to_start_from_and_no_database() -> None:
+    target = parse_redis_url("redis+cluster://:pw@n1:7000,n2,[::1]:7002/0")
+    assert target.cluster == (("n1", 7000), ("n2", 6379), ("::1", 7002))
+    assert dict(target.options) == {"password": "pw"}  # no db: a cluster has database 0 only
+    assert target.name == "redis+cluster://n1:7000,n2,[::1]:7002/0"
+    assert not target.sentinels and target.service is None and not target.tls
+    tls = parse_redis_url("rediss+cluster://n1:7000", ca_certs="/ca.pem")
+    assert tls.tls and tls.options["ssl_ca_certs"] == "/ca.pem"
+    assert not parse_redis_url("redis://cache").cluster
+
+
 @pytest.mark.parametrize(
     ("url", "says"),
     [
@@ -75,7 +86,10 @@ def test_a_sentinel_url_names_the_sentinels_the_service_and_the_database() -> No
         ("redis+sentinel://s1:26379,/m", "no host"),
         ("redis://::1:6379", "an IPv6 address goes in brackets"),
         ("redis://cache#x", "a fragment"),
-        ("redis+cluster://a:7000,b:7001", "Redis Cluster is not supported"),
+        ("redis+cluster://a:7000/1", "a Redis Cluster has one database, 0"),
+        ("redis+cluster://a:7000?db=2", "a Redis Cluster has one database, 0"),
+        ("redis+cluster://a:7000,", "no host"),
+        ("redis+cluster://a:7000?ssl_certfile=/c.pem", "ssl_certfile wants TLS"),
     ],
 )
 def test_a_url_that_cannot_be_used_is_refused_with_why(url: str, says: str) -> None:
@@ -103,7 +117,9 @@ def _quoted(secret: str) -> str:
 
 
 @given(
-    scheme=st.sampled_from(["redis", "rediss", "redis+sentinel", "rediss+sentinel"]),
+    scheme=st.sampled_from(
+        ["redis", "rediss", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster"]
+    ),
     hosts=st.lists(st.tuples(_HOST, st.integers(1, 65535)), min_size=1, max_size=3),
     password=_SECRET,
     db=st.integers(0, 15),
@@ -111,26 +127,33 @@ def _quoted(secret: str) -> str:
 def test_any_url_round_trips_and_its_password_is_never_shown(
     scheme: str, hosts: list[tuple[str, int]], password: str, db: int
 ) -> None:
-    sentinel = "sentinel" in scheme
-    hosts = hosts if sentinel else hosts[:1]
+    sentinel, cluster = "sentinel" in scheme, "cluster" in scheme
+    hosts = hosts if sentinel or cluster else hosts[:1]
+    db = 0 if cluster else db
     authority = ",".join(f"{h}:{p}" for h, p in hosts)
     path = f"/svc/{db}" if sentinel else f"/{db}"
     url = f"{scheme}://:{_quoted(password)}@{authority}{path}"
     target = parse_redis_url(url)
     assert target.options["password"] == password
-    assert target.options["db"] == db
+    assert target.options.get("db", 0) == db
     assert password not in target.name and _quoted(password) not in target.name
     if sentinel:
         assert target.sentinels == tuple(hosts) and target.service == "svc"
+    elif cluster:
+        assert target.cluster == tuple(hosts) and "db" not in target.options
     else:
         assert (target.options["host"], target.options["port"]) == hosts[0]
     assert target.tls == scheme.startswith("rediss")
 
 
-@given(junk=st.text(max_size=40), password=_SECRET)
-def test_a_refusal_never_repeats_the_password(junk: str, password: str) -> None:
+@given(
+    scheme=st.sampled_from(["redis", "redis+sentinel", "rediss+cluster"]),
+    junk=st.text(max_size=40),
+    password=_SECRET,
+)
+def test_a_refusal_never_repeats_the_password(scheme: str, junk: str, password: str) -> None:
     assume("Zq9!" not in junk)
-    url = f"redis://:{_quoted(password)}@{junk}"
+    url = f"{scheme}://:{_quoted(password)}@{junk}"
     try:
         parse_redis_url(url)
     except ValueError as exc:
@@ -140,8 +163,9 @@ def test_a_refusal_never_repeats_the_password(junk: str, password: str) -> None:
 def test_the_gateway_config_and_the_command_line_refuse_a_bad_url_in_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    with pytest.raises(ValueError, match="Redis Cluster is not supported"):
-        GatewayConfig(upstream="http://e", redis_url="redis+cluster://:pw@a:7000")
+    with pytest.raises(ValueError, match="a Redis Cluster has one database, 0") as caught:
+        GatewayConfig(upstream="http://e", redis_url="redis+cluster://:pw@a:7000/3")
+    assert "pw" not in str(caught.value)
     argv = ["serve", "--upstream", "http://127.0.0.1:1", "--redis", "redis://:hunter2@cache:0"]
     assert main(argv) == 2
     out = capsys.readouterr()

@@ -12,10 +12,10 @@ The forms (the userinfo, ``[user][:password]@``, is the data nodes' AUTH; any fo
 - ``unix:///path/to.sock[?db=N]``: a local socket;
 - ``redis+sentinel://host:port[,host:port...]/service[/db]`` (``rediss+sentinel://``: TLS to
   the sentinels and the primary): the primary Redis Sentinel names for ``service``, found again
-  after a failover (port 26379 by default).
-
-``redis+cluster://`` is refused: the replicas' one blocking read follows the streams of every
-generation at once, which Redis Cluster refuses across hash slots (docs/design.md, Replicas).
+  after a failover (port 26379 by default);
+- ``redis+cluster://host:port[,host:port...][/0]`` (``rediss+cluster://``: TLS to every node): a
+  Redis Cluster, whose layout the client learns from the first of these nodes that answers (port
+  6379 by default; a cluster has one database, 0).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ __all__ = ["RedisTarget", "parse_redis_url"]
 
 _DIRECT = {"redis": False, "rediss": True}
 _SENTINEL = {"redis+sentinel": False, "rediss+sentinel": True}
-_CLUSTER = ("redis+cluster", "rediss+cluster")
+_CLUSTER = {"redis+cluster": False, "rediss+cluster": True}
 _TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 _CERT_REQS = ("none", "optional", "required")
 _BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
@@ -52,6 +52,9 @@ class RedisTarget:
     sentinels: tuple[tuple[str, int], ...] = ()
     #: The service (``master`` name) the sentinels watch; ``None`` without sentinels.
     service: str | None = None
+    #: The nodes a Redis Cluster client starts from (empty: not a cluster; ``options`` then
+    #: hold everything but where the nodes are).
+    cluster: tuple[tuple[str, int], ...] = ()
 
     @property
     def tls(self) -> bool:
@@ -76,13 +79,7 @@ def _parse(url: str, name: str, ca_certs: str | None) -> RedisTarget:
     scheme = scheme.lower()
     if not sep:
         raise ValueError("not a URL; expected redis://host:port/db (or rediss://, unix://, "
-                         "redis+sentinel://)")  # fmt: skip
-    if scheme in _CLUSTER:
-        raise ValueError(
-            "Redis Cluster is not supported: the replicas follow every generation's streams "
-            "with one blocking read, which a cluster refuses across hash slots; use one Redis "
-            "or a Sentinel group (redis+sentinel://)"
-        )
+                         "redis+sentinel://, redis+cluster://)")  # fmt: skip
     rest, _, fragment = rest.partition("#")
     if fragment:
         raise ValueError("a fragment (#...) means nothing here")
@@ -91,6 +88,7 @@ def _parse(url: str, name: str, ca_certs: str | None) -> RedisTarget:
     options: dict[str, Any] = _credentials(userinfo)
     options.update(_query(query))
     sentinels: tuple[tuple[str, int], ...] = ()
+    cluster: tuple[tuple[str, int], ...] = ()
     service = None
     if scheme == "unix":
         if authority or not slash or not path.strip("/"):
@@ -111,9 +109,15 @@ def _parse(url: str, name: str, ca_certs: str | None) -> RedisTarget:
         service = unquote(service)
         if db:
             options["db"] = _db(db, options.get("db"))
+    elif scheme in _CLUSTER:
+        tls = _CLUSTER[scheme]
+        cluster = tuple(_address(part, 6379) for part in authority.split(","))
+        if (path and _db(path, None) != 0) or options.get("db", 0) != 0:
+            raise ValueError("a Redis Cluster has one database, 0")
+        options.pop("db", None)
     else:
-        raise ValueError(f"unknown scheme {scheme!r}; expected redis, rediss, unix or "
-                         "redis+sentinel")  # fmt: skip
+        raise ValueError(f"unknown scheme {scheme!r}; expected redis, rediss, unix, "
+                         "redis+sentinel or redis+cluster")  # fmt: skip
     if tls:
         options["ssl"] = True
         if ca_certs is not None and "ssl_ca_certs" not in options:
@@ -123,7 +127,7 @@ def _parse(url: str, name: str, ca_certs: str | None) -> RedisTarget:
         if given or ca_certs is not None:
             what = ", ".join(given) or "--redis-ca-certs"
             raise ValueError(f"{what} wants TLS: a rediss:// URL")
-    return RedisTarget(name, MappingProxyType(options), sentinels, service)
+    return RedisTarget(name, MappingProxyType(options), sentinels, service, cluster)
 
 
 def _credentials(userinfo: str | None) -> dict[str, Any]:

@@ -17,12 +17,14 @@ import pytest
 
 from streamsafe.gateway.generations.finding import claim_key
 from streamsafe.gateway.replicas.store_redis import RedisStore
+from streamsafe_bench.processes import RedisClusterServers as RedisClusterProcesses
 from streamsafe_bench.processes import RedisServer as RedisProcess
 from streamsafe_bench.processes import ServerProcess as Process
 
 __all__ = [
     "MODEL",
     "Process",
+    "RedisClusterProcesses",
     "RedisProcess",
     "chat_body",
     "claim_name",
@@ -67,18 +69,25 @@ def whole_text(got: list[tuple[int, bytes]]) -> str:
     return "".join(parts)
 
 
-def key_names(secret: str | None = None) -> RedisStore:
-    """A store that names the keys of a gateway's Redis (default prefix, ``secret``): its
-    ``*_key`` functions, so that the schema is the store's, never the tests'. It never
-    connects."""
+def key_names(secret: str | None = None, cluster: bool = False) -> RedisStore:
+    """A store that names the keys of a gateway's Redis (default prefix, ``secret``; on a Redis
+    Cluster where ``cluster``): its ``*_key`` functions, so that the schema is the store's,
+    never the tests'. It never connects."""
+    if cluster:
+        return RedisStore("redis+cluster://127.0.0.1:1", secret=secret)
     return RedisStore("redis://127.0.0.1:1/0", secret=secret)
 
 
-def claim_name(idempotency_key: str, secret: str | None = None, tenant: str = "anonymous") -> str:
-    """The Redis key of the claim a gateway (default prefix, ``secret``) holds for a request
-    with this Idempotency-Key, as the store names it."""
+def claim_name(
+    idempotency_key: str,
+    secret: str | None = None,
+    tenant: str = "anonymous",
+    cluster: bool = False,
+) -> str:
+    """The Redis key of the claim a gateway (default prefix, ``secret``, on a cluster where
+    ``cluster``) holds for a request with this Idempotency-Key, as the store names it."""
     req: Any = SimpleNamespace(tenant=tenant, idempotency_key=idempotency_key)
-    return key_names(secret).claim_key(claim_key(req) or "")
+    return key_names(secret, cluster).claim_key(claim_key(req) or "")
 
 
 def redis_binary() -> str:

@@ -4,7 +4,8 @@ Every server under test runs in its own process (as in production), so its CPU t
 are its own and it shares no GIL with the load or the bench. CPU and memory are read from
 ``/proc`` for the whole process tree (nginx's master and worker, a proxy's helpers), so a peer
 that forks is charged for all of it. :class:`ServerProcess` (``streamsafe serve`` or
-``simulate``) and :class:`RedisServer` are processes a benchmark or a test may kill.
+``simulate``), :class:`RedisServer` and the nodes of :class:`RedisClusterServers` are processes
+a benchmark or a test may kill.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = [
+    "RedisClusterServers",
     "RedisServer",
     "ServerProcess",
     "cpu_seconds",
@@ -348,3 +351,143 @@ class RedisServer:
         """Kill and start again on the same port (an empty Redis)."""
         self.kill()
         self.start()
+
+
+#: Hash slots of a Redis Cluster.
+_SLOTS = 16384
+
+
+def _cluster_port() -> int:
+    """A free loopback port whose cluster bus port (10000 above it) is free too, both below the
+    kernel's ephemeral range."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 22500)
+        with socket.socket() as sock, socket.socket() as bus:
+            try:
+                sock.bind(("127.0.0.1", port))
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port pair for a Redis Cluster node")
+
+
+class RedisClusterServers:
+    """A Redis Cluster of ``primaries`` :class:`RedisServer` primaries (no replicas) on loopback,
+    the slots split in equal ranges; a node killed and started again comes back with its slots
+    (its ``nodes.conf`` stays) and no data."""
+
+    #: Seconds the nodes get to agree on the cluster once started.
+    SETTLE_TIMEOUT = 20.0
+
+    def __init__(self, binary: str | None = None, primaries: int = 3) -> None:
+        args: tuple[str, ...] = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+        args += ("--cluster-node-timeout", "2000")  # (also what a failover waits for)
+        self.nodes = [RedisServer(binary, _cluster_port(), args) for _ in range(primaries)]
+
+    @property
+    def url(self) -> str:
+        """Its ``redis+cluster://`` URL, naming every node."""
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+
+    def _client(self, node: RedisServer) -> Any:
+        import redis
+
+        return redis.Redis(port=node.port, socket_timeout=5, decode_responses=True)
+
+    def start(self) -> RedisClusterServers:
+        """Start the nodes, give each its range of slots, join them, and wait until every node
+        says the cluster is ok and knows every other."""
+        for node in self.nodes:
+            node.start()
+        count = len(self.nodes)
+        for i, node in enumerate(self.nodes):
+            with self._client(node) as client:
+                first, last = i * _SLOTS // count, (i + 1) * _SLOTS // count - 1
+                client.execute_command("CLUSTER", "ADDSLOTSRANGE", first, last)
+                if i:
+                    client.execute_command("CLUSTER", "MEET", "127.0.0.1", self.nodes[0].port)
+        deadline = time.monotonic() + self.SETTLE_TIMEOUT
+        while not self.settled():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster did not settle in {self.SETTLE_TIMEOUT} s")
+            time.sleep(0.02)
+        return self
+
+    def settled(self) -> bool:
+        """Whether every node says the cluster is ok, knows every node, and agrees with the
+        others on who holds which slot."""
+        import redis
+
+        layouts = []
+        try:
+            for node in self.nodes:
+                with self._client(node) as client:
+                    info = client.execute_command("CLUSTER", "INFO")
+                    if "cluster_state:ok" not in str(info):
+                        return False
+                    known = client.execute_command("CLUSTER", "NODES")
+                    if str(known).count("master") < len(self.nodes):
+                        return False
+                    slots = client.execute_command("CLUSTER", "SLOTS")
+                    layouts.append(sorted((s[0], s[1], s[2][1]) for s in slots))
+        except (redis.RedisError, OSError):
+            return False
+        return all(layout == layouts[0] for layout in layouts)
+
+    def layout(self) -> list[tuple[int, int, RedisServer]]:
+        """Who holds which slots now: ``(first, last, node)`` ranges."""
+        with self._client(self.nodes[0]) as client:
+            ranges = client.execute_command("CLUSTER", "SLOTS")
+        by_port = {n.port: n for n in self.nodes}
+        return [(first, last, by_port[primary[1]]) for first, last, primary, *_ in ranges]
+
+    def node_of(self, slot: int) -> RedisServer:
+        """The node that holds ``slot`` now."""
+        for first, last, node in self.layout():
+            if first <= slot <= last:
+                return node
+        raise LookupError(f"slot {slot} is not covered")
+
+    def migrate(
+        self,
+        slot: int,
+        to: RedisServer,
+        batch: int = 10,
+        midway: Callable[[], None] | None = None,
+    ) -> int:
+        """Move ``slot`` and its keys to node ``to`` as ``redis-cli --cluster reshard`` does
+        (the target importing, the source migrating, the keys moved ``batch`` at a time with
+        ``MIGRATE``, then the slot given to the target on every node); how many keys moved.
+        ``midway()`` is called once after the first batch moved: as long as it runs, the slot's
+        keys are split between the two nodes (a slot of many keys, or a slow link)."""
+        source = self.node_of(slot)
+        if source is to:
+            return 0
+        moved = 0
+        with self._client(to) as target, self._client(source) as origin:
+            target_id = target.execute_command("CLUSTER", "MYID")
+            source_id = origin.execute_command("CLUSTER", "MYID")
+            target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+            origin.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+            while keys := origin.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch):
+                origin.execute_command(
+                    "MIGRATE", "127.0.0.1", to.port, "", 0, 5000, "REPLACE", "KEYS", *keys
+                )
+                moved += len(keys)
+                if midway is not None:
+                    midway()
+                    midway = None
+            target.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+            origin.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+            for node in self.nodes:
+                if node is not to and node is not source:
+                    with self._client(node) as other:
+                        other.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        return moved
+
+    def stop(self) -> None:
+        """Stop every node and remove their folders."""
+        for node in self.nodes:
+            node.stop()

@@ -389,9 +389,10 @@ def add_replicas(group: Options) -> None:
         default=None,
         metavar="URL",
         help="URL of the Redis shared by gateway replicas (default: this process only): "
-        "redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://... (TLS), unix:///PATH.sock[?db=N], or "
+        "redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://... (TLS), unix:///PATH.sock[?db=N], "
         "redis+sentinel://HOST:PORT[,HOST:PORT]/SERVICE[/DB] (the primary a Sentinel group names, "
-        "found again after a failover)",
+        "found again after a failover), or redis+cluster://HOST:PORT[,HOST:PORT] (a Redis "
+        "Cluster; rediss+cluster:// over TLS)",
     )
     group.add_argument(
         "--redis-ca-certs",

@@ -209,9 +209,10 @@ class GatewayConfig:
     #: first plus two failovers, as the Stainless clients' own retries).
     failover_attempts: int = 3
     #: URL of the Redis shared by several gateway replicas (``redis://``, ``rediss://``,
-    #: ``unix://``, ``redis+sentinel://``: :mod:`streamsafe._redis_url`); ``None`` (default)
-    #: keeps everything in this process. With it, a retry or a resume that lands on any replica
-    #: finds the generation another one runs (see docs/design.md, Replicas).
+    #: ``unix://``, ``redis+sentinel://``, ``redis+cluster://``: :mod:`streamsafe._redis_url`);
+    #: ``None`` (default) keeps everything in this process. With it, a retry or a resume that
+    #: lands on any replica finds the generation another one runs (see docs/design.md,
+    #: Replicas).
     redis_url: str | None = None
     #: CA certificates (PEM) a ``rediss://`` URL's server is verified against where the URL
     #: names none (``?ssl_ca_certs=``); ``None`` (default): the system's.

@@ -1,6 +1,7 @@
 """The gateway's Redis client honours the cancellation of the task awaiting a command, even where
 redis-py lets a command return after the task was cancelled (seen under load on the relay's log
-appends: a replica shutting down waited for an answer to end instead of handing it over)."""
+appends: a replica shutting down waited for an answer to end instead of handing it over); and
+the cluster client a ``redis+cluster://`` URL makes, built without connecting."""
 
 from __future__ import annotations
 
@@ -10,8 +11,14 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.connection import SSLConnection
 
-from streamsafe.gateway.replicas.redis_client import CancelSafeRedis
+from streamsafe._redis_url import parse_redis_url
+from streamsafe.gateway.replicas.redis_client import (
+    CancelSafeRedis,
+    CancelSafeRedisCluster,
+    connect,
+)
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -63,3 +70,22 @@ def test_a_command_that_completes_returns_its_result(monkeypatch: pytest.MonkeyP
         return await CancelSafeRedis.from_url("redis://127.0.0.1:1/0").set("k", "v")
 
     assert asyncio.run(run()) == b"OK"  # what the command answered, untouched
+
+
+def test_a_cluster_url_makes_a_cluster_client_with_the_urls_tls_and_credentials() -> None:
+    url = "rediss+cluster://:pw@127.0.0.1:7000,127.0.0.1:7001?ssl_ca_certs=/ca.pem"
+    client = connect(parse_redis_url(url), socket_timeout=1.0)  # connects at its first command
+    assert isinstance(client, CancelSafeRedisCluster)
+    nodes = client.nodes_manager
+    assert sorted(nodes.startup_nodes) == ["127.0.0.1:7000", "127.0.0.1:7001"]
+    options = nodes.connection_kwargs
+    assert options["connection_class"] is SSLConnection
+    assert (options["ssl_ca_certs"], options["password"], options["socket_timeout"]) == (
+        "/ca.pem",
+        "pw",
+        1.0,
+    )
+    # A command that fails is not sent again (the failure policy decides), and a node takes
+    # as many commands in flight as come.
+    assert client.retry.get_retries() == 0
+    assert all(node.max_connections == 2**31 for node in nodes.startup_nodes.values())

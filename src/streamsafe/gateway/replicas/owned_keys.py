@@ -123,6 +123,13 @@ class OwnedKeys:
             # (a retry starts over), and nothing would release the claim.
             await store.redis.set(store.claim_key(gen.key), gen.id, nx=True, px=int(ttl * 1000))
         await store.index_fingerprint(gen.tenant, gen.fingerprint, gen.id, ttl)
+        if gen.live and not log_.detached:
+            # Its relay appends to Redis itself, and learning the log's length here would race
+            # with those appends (a length read before an append and answered after it left
+            # the writer one entry behind: its next append found the log moved). If Redis
+            # lost the log, that next append says so and detaches it; the write-back that
+            # follows writes it whole.
+            return True
         await log_.remote.sync()
         # The relay goes on appending to the copy meanwhile: write until Redis has it all,
         # then (with no await in between) let appends go to Redis again.

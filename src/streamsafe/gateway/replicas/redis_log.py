@@ -18,11 +18,11 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from streamsafe.gateway.generations.store import LeaseLost, MemoryEventLog
 from streamsafe.gateway.replicas.record_seal import RecordSeal, Unsealable
+from streamsafe.gateway.replicas.redis_client import RedisClient
 from streamsafe.gateway.replicas.redis_scripts import Scripts, entry_offset, ms
 from streamsafe.sse import DONE
 
@@ -79,7 +79,7 @@ class RedisEventLog:
 
     def __init__(
         self,
-        redis: aioredis.Redis,
+        redis: RedisClient,
         scripts: Scripts,
         key: str,
         lease_key: str,

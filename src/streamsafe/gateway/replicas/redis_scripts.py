@@ -1,8 +1,10 @@
 """The Lua scripts of the Redis store, and the conversions of what goes to Redis and comes back.
 
 Each script is one round trip that compares before it writes, so a replica never drops, extends
-or appends to what another one owns. :class:`Scripts` registers them on one client and calls
-them with named arguments instead of ``KEYS``/``ARGV`` lists.
+or appends to what another one owns. Every key a script names is in one hash slot (their names'
+hash tags, :mod:`~streamsafe.gateway.replicas.redis_keys`), as a Redis Cluster requires.
+:class:`Scripts` registers them on one client and calls them with named arguments instead of
+``KEYS``/``ARGV`` lists.
 """
 
 from __future__ import annotations
@@ -10,13 +12,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
+from redis.asyncio.cluster import ClusterPipeline
+
+from streamsafe.gateway.replicas.redis_client import RedisClient
 
 __all__ = [
     "APPEND",
     "CLAIM",
     "EXPIRE",
     "FLEET",
+    "HEARTBEAT",
+    "PUT_RECORD",
     "RELEASE",
     "SET_STATE",
     "Scripts",
@@ -102,6 +109,23 @@ if state ~= '' and redis.call('EXISTS', KEYS[4]) == 1 then
 end
 return n
 """
+# KEYS[1] meta hash; ARGV[1] ttl in ms, ARGV[2..] field, value pairs. Writes the record with its
+# lifetime in one step (a script, not a MULTI: redis-py's cluster transactions took an ASK, a
+# slot on the move, for a MOVED, and failed).
+PUT_RECORD = """
+if #ARGV > 1 then redis.call('HSET', KEYS[1], unpack(ARGV, 2)) end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+"""
+# KEYS[1] the heartbeats (a sorted set); ARGV[1] replica id, ARGV[2] now in ms, ARGV[3] ttl in
+# ms. Scores this replica's heartbeat with when it lapses, drops the lapsed ones, lets the set
+# lapse with the last replica; returns how many replicas are alive.
+HEARTBEAT = """
+local now = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return redis.call('ZCARD', KEYS[1])
+"""
 # KEYS[1] state stream, KEYS[2] meta hash; ARGV[1] state, ARGV[2..] field, value pairs for the
 # meta hash. Records the state and announces it on the state stream; returns the stream length.
 SET_STATE = """
@@ -133,33 +157,58 @@ def entry_offset(entry_id: bytes | str) -> int:
 
 
 class Scripts:
-    """The scripts above, registered on ``redis`` (each call one round trip, or one command of
-    the pipeline given as ``client``)."""
+    """The scripts above, registered on ``redis`` (each call one round trip: ``EVALSHA``, the
+    script loaded where a node does not know it), or queued on a pipeline (``EVAL`` with the
+    script's text: a pipeline on a cluster goes to several nodes, and one that never ran the
+    script, a replica promoted meanwhile, would refuse its hash)."""
 
-    def __init__(self, redis: aioredis.Redis) -> None:
+    def __init__(self, redis: RedisClient) -> None:
         self._release = redis.register_script(RELEASE)
         self._expire = redis.register_script(EXPIRE)
         self._append = redis.register_script(APPEND)
         self._set_state = redis.register_script(SET_STATE)
         self._claim = redis.register_script(CLAIM)
-        self._fleet = redis.register_script(FLEET)
+        self._put_record = redis.register_script(PUT_RECORD)
+        self._heartbeat = redis.register_script(HEARTBEAT)
 
     async def claim(self, key: str, marker: str, gen_id: str, ttl_ms: int, epoch: str) -> Any:
         """:data:`CLAIM`: ``[1]``, ``[0, owner]`` or ``[-1, epoch now]``."""
         return await self._claim(keys=[key, marker], args=[gen_id, ttl_ms, epoch])
 
-    async def fleet(self, marker: str, epoch: str, check: bytes, ttl: float) -> Any:
-        """:data:`FLEET`: ``[epoch, check]`` of the marker, written where there was none."""
-        return await self._fleet(keys=[marker], args=[epoch, check, ms(ttl)])
+    @staticmethod
+    def fleet_in(
+        pipe: Pipeline | ClusterPipeline, marker: str, epoch: str, check: bytes, ttl: float
+    ) -> None:
+        """Queue :data:`FLEET` on ``pipe``: its result, ``[epoch, check]`` of the marker
+        (written where there was none), comes with the pipeline's."""
+        pipe.eval(FLEET, 1, marker, epoch, check, ms(ttl))
+
+    async def put_record(
+        self, meta_key: str, fields: Mapping[str, bytes | str | int], ttl: float
+    ) -> None:
+        """:data:`PUT_RECORD`: ``fields`` into the hash ``meta_key``, lapsing after ``ttl``."""
+        args: list[bytes | str | int] = [ms(ttl)]
+        for name, value in fields.items():
+            args += [name, value]
+        await self._put_record(keys=[meta_key], args=args)
+
+    async def heartbeat(self, key: str, replica_id: str, now_ms: int, ttl: float) -> int:
+        """:data:`HEARTBEAT`: how many replicas are alive."""
+        return int(await self._heartbeat(keys=[key], args=[replica_id, now_ms, ms(ttl)]))
 
     async def release(self, key: str, value: str) -> int:
         """Delete ``key`` if it holds ``value``; 1 if it did."""
         return int(await self._release(keys=[key], args=[value]))
 
-    async def expire(self, key: str, value: str, ttl: float, client: Any = None) -> Any:
-        """Let ``key`` lapse ``ttl`` seconds from now if it holds ``value``; 1 if it did (the
-        pipeline itself where ``client`` is one: its result comes with the others)."""
-        return await self._expire(keys=[key], args=[value, ms(ttl)], client=client)
+    async def expire(self, key: str, value: str, ttl: float) -> int:
+        """Let ``key`` lapse ``ttl`` seconds from now if it holds ``value``; 1 if it did."""
+        return int(await self._expire(keys=[key], args=[value, ms(ttl)]))
+
+    @staticmethod
+    def expire_in(pipe: Pipeline | ClusterPipeline, key: str, value: str, ttl: float) -> None:
+        """Queue :data:`EXPIRE` on ``pipe`` (its result, 1 where ``key`` held ``value``, comes
+        with the pipeline's)."""
+        pipe.eval(EXPIRE, 1, key, value, ms(ttl))
 
     async def append(
         self,

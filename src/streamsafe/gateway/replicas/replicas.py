@@ -413,8 +413,8 @@ class Replicas:
         replica's secret cannot open says it cannot read the others' records: ``/ready``
         answers 503 (:attr:`trouble`) until it can."""
         store = self.store
-        epoch, _ = await store.fleet_marker()
-        known, store.epoch = store.epoch, epoch
+        epochs = await store.fleet_marker()
+        known, store.epochs = store.epochs, epochs
         if store.reads_fleet:
             if self._unreadable is not None:
                 log.info("this replica reads the fleet's records again")
@@ -422,9 +422,10 @@ class Replicas:
         elif self._unreadable is None:
             self._unreadable = _UNREADABLE
             log.error("%s", self._unreadable, extra={"fields": {"event": "redis_secret_mismatch"}})
-        if known is None or epoch == known:
+        if known is None or epochs == known:
             return False
-        self.failed(StateLost(f"redis lost the fleet's state (its marker is new: {epoch})"))
+        new = ", ".join(sorted({e for e, k in zip(epochs, known, strict=True) if e != k}))
+        self.failed(StateLost(f"redis lost the fleet's state (its marker is new: {new})"))
         return True
 
     async def _keep_owned(self) -> None:

@@ -1,37 +1,40 @@
 """Generations in Redis, shared by every gateway replica: the
 :class:`~streamsafe.gateway.generations.store.Store` interface on redis-py's asyncio client.
 
-Keys (every key of one generation carries the hash tag ``{gen_id}``, so they share a cluster
-slot and one Lua script may touch them together):
+Keys (named by :class:`~streamsafe.gateway.replicas.redis_keys.KeyLayout`; each carries a hash
+tag, ``{t}`` below, that puts it in the slot of the keys a script touches with it, so the store
+runs on a Redis Cluster too):
 
-- ``<prefix>k:<hash of the key>``: a claim (``SET NX PX``), released and expired by
+- ``<prefix>{t}k:<hash of the key>``: a claim (``SET NX PX``), released and expired by
   compare-and-delete / compare-and-expire scripts, so a replica never drops a key another one
   owns. No caller-chosen string is part of a key name: an idempotency key is named by its
   HMAC-SHA256 under a key derived from ``--redis-secret``, or its SHA-256 without one
   (:func:`~streamsafe.gateway.replicas.record_seal.key_name`);
-- ``<prefix>{gen}:log``: the event log, a Redis Stream whose entry ids are ``0-1, 0-2, ...``:
+- ``<prefix>{t}<gen>:log``: the event log, a Redis Stream whose entry ids are ``0-1, 0-2, ...``:
   entry ``0-(n+1)`` holds the payload with SSE id ``n``, so the id a client resumes from is the
   log offset and reading from it is one ``XRANGE``. Appends are fenced by the writer's lease,
   and each entry is sealed with the replicas' secret where they share one
   (:mod:`~streamsafe.gateway.replicas.redis_log`);
-- ``<prefix>{gen}:state``: the generation's state changes, a second stream (``0-1, 0-2, ...``)
-  next to a hash ``<prefix>{gen}:meta`` holding the latest state and what a takeover needs;
-- ``<prefix>{gen}:lease``: which replica runs the generation, renewed by that replica;
-- ``<prefix>fp:<hash of the tenant and the fingerprint>``: the newest live generation with that
-  body, for unkeyed retries (the fingerprint, an unkeyed hash of the body, is hashed again with
-  the secret's key where there is one: a guess of a prompt cannot be tested against it);
-- ``<prefix>fleet``: the fleet's marker, a hash of an ``epoch`` (random, written by the first
-  replica that finds none) and a ``check`` sealed with the replicas' secret (empty without one).
-  A claim and a look-up by body check the epoch in the same round trip: a Redis that lost the
-  marker (flushed, restarted empty) lost every claim with it, and a key found free then may be
-  one a replica still holds (:class:`StateLost`). Every replica renews its lifetime, so it lapses
-  ``orphan_ttl`` after the last one, as every other key does.
+- ``<prefix>{t}<gen>:state``: the generation's state changes, a second stream (``0-1, 0-2,
+  ...``) next to a hash ``<prefix>{t}<gen>:meta`` holding the latest state and what a takeover
+  needs;
+- ``<prefix>{t}<gen>:lease``: which replica runs the generation, renewed by that replica;
+- ``<prefix>{t}fp:<hash of the tenant and the fingerprint>``: the newest live generation with
+  that body, for unkeyed retries (the fingerprint, an unkeyed hash of the body, is hashed again
+  with the secret's key where there is one: a guess of a prompt cannot be tested against it);
+- ``<prefix>{t}fleet``: the fleet's marker, one copy per bucket (one on one Redis), a hash of an
+  ``epoch`` (random, written by the first replica that finds none) and a ``check`` sealed with
+  the replicas' secret (empty without one). A claim and a look-up by body check their bucket's
+  epoch in the same round trip: a Redis that lost the marker (flushed, restarted empty, a
+  cluster node that came back empty) lost every claim with it, and a key found free then may be
+  one a replica still holds (:class:`StateLost`). Every replica renews its lifetime, so it
+  lapses ``orphan_ttl`` after the last one, as every other key does.
 
 A replica that has subscribers of a generation another replica writes waits for it with
-:meth:`RedisStore.wait`: one ``XREAD BLOCK`` loop per store
-(:class:`~streamsafe.gateway.replicas.redis_tail.RedisTail`) follows every such log and state stream
-at once, so followers cost no connection each. The scripts are in
-:mod:`~streamsafe.gateway.replicas.redis_scripts`.
+:meth:`RedisStore.wait`: one ``XREAD BLOCK`` loop per bucket
+(:class:`~streamsafe.gateway.replicas.redis_tail.RedisTail`) follows every such log and state
+stream of that bucket at once, so followers cost no connection each (one Redis: one loop). The
+scripts are in :mod:`~streamsafe.gateway.replicas.redis_scripts`.
 """
 
 from __future__ import annotations
@@ -42,12 +45,13 @@ from collections.abc import Iterable, Mapping
 from functools import partial
 from typing import Any
 
-import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from streamsafe._redis_url import parse_redis_url
-from streamsafe.gateway.replicas.record_seal import RecordSeal, Unreadable, key_name
-from streamsafe.gateway.replicas.redis_client import connect
+from streamsafe.gateway.replicas.record_seal import RecordSeal, Unreadable
+from streamsafe.gateway.replicas.redis_client import RedisClient, connect
+from streamsafe.gateway.replicas.redis_keys import CLUSTER_BUCKETS, KeyLayout
 from streamsafe.gateway.replicas.redis_log import RedisEventLog, ReplicatedLog
 from streamsafe.gateway.replicas.redis_scripts import Scripts, ms, text
 from streamsafe.gateway.replicas.redis_tail import RedisTail
@@ -72,9 +76,12 @@ _CHECK = b"streamsafe fleet check"
 
 class RedisStore:
     """:class:`~streamsafe.gateway.generations.store.Store` in Redis (see the module). ``url`` is a
-    ``redis://``, ``rediss://``, ``unix://`` or ``redis+sentinel://`` URL
+    ``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://`` or ``redis+cluster://`` URL
     (:mod:`streamsafe._redis_url`; a bad one raises ``ValueError``); ``ca_certs``: the CA file
-    a ``rediss://`` URL that names none is verified against.
+    a ``rediss://`` URL that names none is verified against. ``buckets``: how many hash tags the
+    keys are spread over (default: one on one Redis,
+    :data:`~streamsafe.gateway.replicas.redis_keys.CLUSTER_BUCKETS` on a cluster; every replica
+    of a fleet must use the same).
 
     Every method is one round trip (a command, a script or a pipeline). Redis errors
     (:class:`redis.exceptions.RedisError`, connection errors included) propagate: what to do when
@@ -92,6 +99,7 @@ class RedisStore:
         socket_timeout: float = 1.0,
         secret: str | None = None,
         ca_certs: str | None = None,
+        buckets: int | None = None,
     ) -> None:
         self.url = url
         self.target = target = parse_redis_url(url, ca_certs=ca_certs)
@@ -101,16 +109,20 @@ class RedisStore:
         #: :mod:`streamsafe.gateway.replicas.record_seal`).
         self.seal = RecordSeal(secret) if secret else None
         self.prefix = prefix
+        if buckets is None:
+            buckets = CLUSTER_BUCKETS if target.cluster else 1
+        #: The key names, spread over hash tags (:mod:`~streamsafe.gateway.replicas.redis_keys`).
+        self.keys = KeyLayout(prefix, self.seal, buckets)
         #: Unique per store object: the lease value of generations this replica runs.
         self.replica_id = os.urandom(6).hex()
-        self.redis: aioredis.Redis = connect(
+        self.redis: RedisClient = connect(
             target, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
         )
         self._scripts = Scripts(self.redis)
-        self._tail = RedisTail(self.redis, partial(connect, target), self.nudge_key())
-        #: The fleet epoch this replica knows (``None`` until it first read the marker, and
-        #: after it found it gone).
-        self.epoch: str | None = None
+        self._tail = RedisTail(self.redis, partial(connect, target), self.nudge_key)
+        #: The fleet epoch this replica knows, one per bucket (``None`` until it first read the
+        #: marker, and after it found one gone).
+        self.epochs: tuple[str, ...] | None = None
         #: Seconds the fleet's marker outlives its last renewal (the replicas' ``orphan_ttl``).
         self.marker_ttl = 3600.0
         #: Whether this replica reads the fleet's records, as the marker's check last said
@@ -122,42 +134,38 @@ class RedisStore:
 
     def claim_key(self, key: str) -> str:
         """Redis key of the claim of idempotency key ``key`` (named by a hash of it)."""
-        return f"{self.prefix}k:{key_name(key, self.seal)}"
+        return self.keys.claim_key(key)
 
     def log_key(self, gen_id: str) -> str:
         """Redis key of a generation's event log."""
-        return f"{self.prefix}{{{gen_id}}}:log"
+        return self.keys.log_key(gen_id)
 
     def state_key(self, gen_id: str) -> str:
         """Redis key of a generation's state stream."""
-        return f"{self.prefix}{{{gen_id}}}:state"
+        return self.keys.state_key(gen_id)
 
     def meta_key(self, gen_id: str) -> str:
         """Redis key of a generation's metadata hash."""
-        return f"{self.prefix}{{{gen_id}}}:meta"
+        return self.keys.meta_key(gen_id)
 
     def lease_key(self, gen_id: str) -> str:
         """Redis key of a generation's lease."""
-        return f"{self.prefix}{{{gen_id}}}:lease"
+        return self.keys.lease_key(gen_id)
 
     def presence_key(self, gen_id: str) -> str:
         """Redis key of the replicas that have subscribers of a generation (a sorted set
         scored by when each presence lapses)."""
-        return f"{self.prefix}{{{gen_id}}}:subs"
+        return self.keys.presence_key(gen_id)
 
-    def fleet_key(self) -> str:
-        """Redis key of the fleet's marker."""
-        return f"{self.prefix}fleet"
-
-    def nudge_key(self) -> str:
-        """Redis key of this replica's nudge stream (what wakes its blocked read, see
-        :class:`~streamsafe.gateway.replicas.redis_tail.RedisTail`)."""
-        return f"{self.prefix}nudge:{self.replica_id}"
+    def nudge_key(self, bucket: int = 0) -> str:
+        """Redis key of this replica's nudge stream in ``bucket`` (what wakes its blocked read
+        of that bucket, see :class:`~streamsafe.gateway.replicas.redis_tail.RedisTail`)."""
+        return self.keys.nudge_key(self.replica_id, bucket)
 
     def fingerprint_key(self, tenant: str, fingerprint: bytes) -> str:
         """Redis key of the unkeyed-retry index entry of ``(tenant, fingerprint)`` (named by a
         hash of both)."""
-        return f"{self.prefix}fp:{key_name(f'{tenant}:{fingerprint.hex()}', self.seal)}"
+        return self.keys.fingerprint_key(tenant, fingerprint)
 
     # -- claims (Store) -------------------------------------------------------------------------
 
@@ -165,11 +173,13 @@ class RedisStore:
         """``SET key gen_id NX [PX ttl]``; the current owner if the key was taken. Raises
         :class:`StateLost` (and claims nothing) where the fleet's marker is not the one this
         replica knew: Redis lost the claims."""
-        epoch = self.epoch or await self._known_epoch()
+        name = self.claim_key(key)
+        bucket = self.keys.bucket_of(name)
+        epoch = (self.epochs or await self._known_epochs())[bucket]
         px = 0 if ttl is None else ms(ttl)
-        got = await self._scripts.claim(self.claim_key(key), self.fleet_key(), gen_id, px, epoch)
+        got = await self._scripts.claim(name, self.keys.fleet_key(bucket), gen_id, px, epoch)
         if got[0] == -1:
-            self._lost(epoch, got[1])
+            self._lost(bucket, epoch, got[1])
         return None if got[0] == 1 else text(got[1])
 
     async def owner(self, key: str) -> str | None:
@@ -245,7 +255,7 @@ class RedisStore:
             return []
         async with self.redis.pipeline(transaction=False) as pipe:
             for gen_id in ids:
-                await self._scripts.expire(self.lease_key(gen_id), self.replica_id, ttl, pipe)
+                self._scripts.expire_in(pipe, self.lease_key(gen_id), self.replica_id, ttl)
             results = await pipe.execute()
         return [gen_id for gen_id, ok in zip(ids, results, strict=True) if not ok]
 
@@ -260,11 +270,7 @@ class RedisStore:
     ) -> None:
         """Record what another replica needs to attach to or take over ``gen_id`` (request,
         fingerprint, state); the record lapses after ``ttl`` unless extended."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            mapping: dict[Any, Any] = dict(fields)
-            pipe.hset(self.meta_key(gen_id), mapping=mapping)
-            pipe.pexpire(self.meta_key(gen_id), ms(ttl))
-            await pipe.execute()
+        await self._scripts.put_record(self.meta_key(gen_id), fields, ttl)
 
     async def generation(self, gen_id: str) -> dict[str, bytes] | None:
         """The metadata of ``gen_id``, or ``None`` if Redis no longer holds it."""
@@ -303,7 +309,7 @@ class RedisStore:
                 pipe.pexpire(self.meta_key(gen_id), px)
                 for name in (claim, fingerprint):
                     if name is not None:
-                        await self._scripts.expire(name, gen_id, ttl, pipe)
+                        self._scripts.expire_in(pipe, name, gen_id, ttl)
             await pipe.execute()
 
     async def expire_generation(self, gen_id: str, ttl: float) -> None:
@@ -342,16 +348,10 @@ class RedisStore:
 
     async def heartbeat(self, ttl: float) -> int:
         """Say this replica is alive for ``ttl`` seconds; return how many replicas are (one
-        pipeline on a sorted set scored by when each heartbeat lapses)."""
+        script on a sorted set scored by when each heartbeat lapses, gone with the last
+        replica)."""
         now = int(time.time() * 1000)
-        key = f"{self.prefix}replicas"
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.zadd(key, {self.replica_id: now + ms(ttl)})
-            pipe.zremrangebyscore(key, "-inf", now)
-            pipe.pexpire(key, ms(ttl))  # gone with the last replica
-            pipe.zcard(key)
-            results = await pipe.execute()
-        return int(results[-1])
+        return await self._scripts.heartbeat(self.keys.heartbeat_key(), self.replica_id, now, ttl)
 
     # -- the unkeyed-retry index ----------------------------------------------------------------
 
@@ -365,13 +365,15 @@ class RedisStore:
         """The newest generation with this body for ``tenant``, if any. Raises
         :class:`StateLost` where the fleet's marker is not the one this replica knew (the index
         was lost with it: none found says nothing)."""
-        epoch = self.epoch or await self._known_epoch()
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.get(self.fingerprint_key(tenant, fingerprint))
-            pipe.hget(self.fleet_key(), "epoch")
+        name = self.fingerprint_key(tenant, fingerprint)
+        bucket = self.keys.bucket_of(name)
+        epoch = (self.epochs or await self._known_epochs())[bucket]
+        async with self.redis.pipeline(transaction=False) as pipe:  # one slot: one node
+            pipe.get(name)
+            pipe.hget(self.keys.fleet_key(bucket), "epoch")
             found, now = await pipe.execute()
         if text(now) != epoch:
-            self._lost(epoch, now)
+            self._lost(bucket, epoch, now)
         return text(found)
 
     async def unindex_fingerprint(self, tenant: str, fingerprint: bytes, gen_id: str) -> None:
@@ -391,7 +393,7 @@ class RedisStore:
         than ``state_changes`` state changes; ``False`` if ``max_wait`` seconds passed first.
         Spurious wake-ups are allowed (the caller re-reads)."""
         entries = ((self.log_key(gen_id), length), (self.state_key(gen_id), state_changes))
-        return await self._tail.wait(entries, max_wait)
+        return await self._tail.wait(self.keys.gen_bucket(gen_id), entries, max_wait)
 
     # -- the fleet's marker ---------------------------------------------------------------------
 
@@ -410,24 +412,31 @@ class RedisStore:
         except Unreadable:
             return False
 
-    async def fleet_marker(self) -> tuple[str, bytes]:
-        """The fleet's marker, ``(epoch, check)``, written with a new epoch and this replica's
-        check where Redis holds none; its lifetime renewed (``marker_ttl``)."""
-        epoch, check = await self._scripts.fleet(
-            self.fleet_key(), os.urandom(8).hex(), self.fleet_check(), self.marker_ttl
-        )
-        self.reads_fleet = self.opens(check or b"")
-        return text(epoch) or "", check or b""
+    async def fleet_marker(self) -> tuple[str, ...]:
+        """The fleet's epoch in every bucket (one pipeline), its marker written with a new
+        epoch and this replica's check where Redis holds none; its lifetime renewed
+        (``marker_ttl``). Whether this replica reads the fleet's records is what every bucket's
+        check says (:attr:`reads_fleet`)."""
+        epoch = os.urandom(8).hex()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key in self.keys.fleet_keys():
+                self._scripts.fleet_in(pipe, key, epoch, self.fleet_check(), self.marker_ttl)
+            markers = await pipe.execute()
+        self.reads_fleet = all(self.opens(check or b"") for _, check in markers)
+        return tuple(text(epoch) or "" for epoch, _ in markers)
 
-    async def _known_epoch(self) -> str:
-        """The fleet's epoch, read (or written) for a replica that knows none yet."""
-        self.epoch, _ = await self.fleet_marker()
-        return self.epoch
+    async def _known_epochs(self) -> tuple[str, ...]:
+        """The fleet's epochs, read (or written) for a replica that knows none yet."""
+        self.epochs = await self.fleet_marker()
+        return self.epochs
 
-    def _lost(self, known: str, now: Any) -> None:
-        self.epoch = None  # the next claim reads (or writes) the marker anew
+    def _lost(self, bucket: int, known: str, now: Any) -> None:
+        self.epochs = None  # the next claim reads (or writes) the marker anew
         found = text(now) or "none"
-        msg = f"redis lost the fleet's state (fleet marker {found}, this replica knew {known})"
+        where = f" in bucket {bucket}" if self.keys.buckets > 1 else ""
+        msg = (
+            f"redis lost the fleet's state (fleet marker{where} {found}, this replica knew {known})"
+        )
         raise StateLost(msg)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -441,22 +450,34 @@ class RedisStore:
 
     async def run_id(self) -> str | None:
         """The Redis server's run id (``INFO server``), new at every start: a change says Redis
-        restarted (and may have come back empty); ``None`` if unknown."""
-        try:
-            info = await self.redis.info("server")
-        except REDIS_ERRORS:
+        restarted (and may have come back empty); ``None`` if unknown. On a cluster, the run
+        ids of its primaries together: a primary that restarted, or a replica promoted in a
+        failover, changes it."""
+        values = await self._info("server", "run_id")
+        if values is None:
             return None
-        value = info.get("run_id")
-        return str(value) if value is not None else None
+        return ",".join(sorted(str(v) for v in values))
 
     async def used_memory(self) -> int | None:
-        """Bytes Redis uses (``INFO memory``), for fleet-level figures; ``None`` if unknown."""
+        """Bytes Redis uses (``INFO memory``; a cluster's primaries together), for fleet-level
+        figures; ``None`` if unknown."""
+        values = await self._info("memory", "used_memory")
+        return None if values is None else sum(int(v) for v in values)
+
+    async def _info(self, section: str, field: str) -> list[Any] | None:
+        """``field`` of ``INFO section`` of every data node (one, or a cluster's primaries);
+        ``None`` where one did not answer or say it."""
         try:
-            info = await self.redis.info("memory")
+            if isinstance(self.redis, RedisCluster):
+                nodes = RedisCluster.PRIMARIES
+                found: Any = await self.redis.info(section, target_nodes=nodes)
+                infos = list(found.values())
+            else:
+                infos = [await self.redis.info(section)]
         except REDIS_ERRORS:
             return None
-        value = info.get("used_memory")
-        return int(value) if value is not None else None
+        values = [info.get(field) for info in infos]
+        return None if not values or None in values else values
 
     async def close(self) -> None:
         """Stop following and close the connections."""
