@@ -422,7 +422,7 @@ async def test_a_renewal_in_flight_never_gives_an_ended_generation_its_running_l
     store.keep_generations = slow_renewal  # type: ignore[method-assign]
     renewal = asyncio.create_task(replicas._keep_owned())
     await entered.wait()
-    gen.state = State.DONE
+    gen.end(State.DONE)
     ending = asyncio.create_task(replicas.finished(gen))
     await asyncio.sleep(0)  # the end runs up to the renewal's hold
     go_on.set()
@@ -449,7 +449,7 @@ async def test_a_generation_that_ends_while_the_write_back_runs_has_its_end_reco
     async def then_the_first_ends(gen: Generation) -> None:
         await one(gen)
         if gen is gens[0] and gen.live:  # written back, Redis still counts as away: it ends
-            gen.state = State.DONE
+            gen.end(State.DONE)
             await replicas.finished(gen)
 
     replicas._write_back_one = then_the_first_ends  # type: ignore[method-assign]
@@ -597,7 +597,7 @@ async def test_a_mirror_whose_log_it_cannot_open_ends_with_a_503_never_sealed_by
     async def never(_: Generation) -> None:
         raise AssertionError("taken over")
 
-    follower.follow(mirror, lambda _, state: ended.append(state), never)
+    follower.follow(mirror, lambda gen: ended.append(gen.state), never)
     # An entry sealed with another secret, under the owner's lease.
     odd = make_store(secret="another-secret").log("gen-1", lease_holder=owner_store.replica_id)
     await odd.sync()

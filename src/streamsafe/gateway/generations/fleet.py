@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from streamsafe.gateway.errors import FleetUnsafe
-from streamsafe.gateway.generations.generation import Generation, State
+from streamsafe.gateway.generations.generation import Generation
 from streamsafe.gateway.generations.store import EventLog, Store
 
 __all__ = ["Fleet", "OnEnd", "OnTakeover", "Reach", "ReplicaCounters"]
 
-#: Told that a mirrored generation ended (state as recorded by its owner).
-OnEnd = Callable[[Generation, State], None]
+#: Told that a mirrored generation ended (moved to the end its owner recorded).
+OnEnd = Callable[[Generation], None]
 #: Told that this replica took a generation over; starts running it.
 OnTakeover = Callable[[Generation], Awaitable[None]]
 

@@ -98,10 +98,8 @@ class Mirrors:
         log_.on_detach = self._failed
         gen = Generation(gen_id, request, log_, key or stored_key, created_at)
         note_first_event(gen, await log_.pull())
-        gen.length = log_.length
-        ended = _apply(gen, record, log_)
-        if ended is not None:
-            gen.state = ended
+        gen.appended(log_.length)
+        _apply(gen, record, log_)
         if gen.length:
             gen.upstream_status = 200
         return gen
@@ -153,7 +151,7 @@ class Mirrors:
                 if new:
                     if log_.length == len(new):  # its first events: a response's id is there
                         note_first_event(gen, new)
-                    gen.length = log_.length
+                    gen.appended(log_.length)
                     gen.upstream_status = 200
                     if any(b"\n" in p for p in new):
                         gen.multiline = True
@@ -168,14 +166,14 @@ class Mirrors:
                         now = self._clock()
                         missing_since = missing_since or now
                         if now - missing_since > max(WRITE_BACK_WAIT, 2 * self.lease):
-                            on_end(gen, _lost(gen, log_))
+                            _lost(gen, log_)
+                            on_end(gen)
                             return
                         await asyncio.sleep(self.lease / 4)
                         continue
                     missing_since = None
-                    ended = _apply(gen, record, log_)
-                    if ended is not None:
-                        on_end(gen, ended)
+                    if _apply(gen, record, log_):
+                        on_end(gen)
                         return
                 if await store.wait(gen.id, log_.length, states, self.lease / 2):
                     delay = 0.05
@@ -192,7 +190,8 @@ class Mirrors:
                 # a refusal that says so, never take it over, never pass sealed bytes on.
                 why = f"{exc}; every gateway replica needs the same --redis-secret"
                 log.error("%s", why, extra={"fields": {"event": "redis_record_unreadable"}})
-                on_end(gen, _unreadable(gen, log_, why))
+                _unreadable(gen, log_, why)
+                on_end(gen)
                 return
 
     async def _took_over(
@@ -208,7 +207,8 @@ class Mirrors:
         if not orphaned or not await store.take_lease(gen.id, self.lease):
             return False
         await log_.take_over(store.replica_id)
-        gen.length = log_.length
+        gen.appended(log_.length)
+        gen.taken_over()
         log.warning("%s: owner replica gone; taking the generation over", gen.id)
         self.forget(gen)
         await on_takeover(gen)
@@ -219,47 +219,51 @@ def _ends(new: list[bytes]) -> bool:
     return bool(new) and new[-1] == DONE
 
 
-def _apply(gen: Generation, record: dict[str, bytes], log_: ReplicatedLog) -> State | None:
-    """Bring a mirror's state up to its record; the final state once it has ended."""
+def _apply(gen: Generation, record: dict[str, bytes], log_: ReplicatedLog) -> bool:
+    """Bring a mirror's state up to its record; True where that ended it (its subscribers are
+    woken by whoever is told)."""
     state = State(record.get("state", b"queued").decode())
     if state is State.RUNNING and gen.state is State.QUEUED:
-        gen.state = State.RUNNING
+        gen.admitted()
         gen.wake()
     if state in (State.QUEUED, State.RUNNING):
-        return None
+        return False
+    complete = not log_.length or log_.read_nowait(log_.length - 1) == [DONE]
+    if state is not State.ABORTED and gen.stream and not complete:
+        return False  # the record is ahead of the log copy: pull the rest first
+    failure = None
     if "status" in record and not log_.length:
         retry_after = record.get("retry_after")
-        gen.failure = Failure(
+        failure = Failure(
             int(record["status"]),
             record.get("error", b""),
             int(retry_after) if retry_after is not None else None,
         )
-    complete = not log_.length or log_.read_nowait(log_.length - 1) == [DONE]
-    if state is not State.ABORTED and gen.stream and not complete:
-        return None  # the record is ahead of the log copy: pull the rest first
-    return state
+    gen.end(state, failure)
+    return True
 
 
-def _lost(gen: Generation, log_: ReplicatedLog) -> State:
+def _lost(gen: Generation, log_: ReplicatedLog) -> None:
     """Redis no longer holds a mirrored generation (it expired, or Redis restarted empty and
     the owner is gone): end it with an error rather than wait forever."""
     msg = "the generation was lost by the shared store; retry the request"
-    return _end_with(gen, log_, error_body(msg, "upstream_error", 502), 502)
+    _end_with(gen, log_, error_body(msg, "upstream_error", 502), 502)
 
 
-def _unreadable(gen: Generation, log_: ReplicatedLog, why: str) -> State:
+def _unreadable(gen: Generation, log_: ReplicatedLog, why: str) -> None:
     """This replica cannot read a mirrored generation's log (sealed with another secret): end
     it with a 503 that says why."""
     msg = f"this gateway replica cannot read the generation this request belongs to: {why}"
-    return _end_with(gen, log_, error_body(msg, "service_unavailable", 503), 503)
+    _end_with(gen, log_, error_body(msg, "service_unavailable", 503), 503)
 
 
-def _end_with(gen: Generation, log_: ReplicatedLog, error: bytes, status: int) -> State:
-    """End a mirror with ``error``: its last event where it streamed, its answer where not."""
+def _end_with(gen: Generation, log_: ReplicatedLog, error: bytes, status: int) -> None:
+    """End a mirror failed with ``error``: its last event where it streamed, its answer where
+    not."""
     if log_.length and gen.stream:
         if log_.read_nowait(log_.length - 1) != [DONE]:
             log_.local.append_nowait([error, DONE])
-            gen.length = log_.length
+            gen.appended(log_.length)
+        gen.end(State.FAILED)
     else:
-        gen.failure = Failure(status, error)
-    return State.FAILED
+        gen.end(State.FAILED, Failure(status, error))
