@@ -12,6 +12,7 @@ import redis
 from fleet_helpers import RedisProcess
 from redis.exceptions import RedisError
 
+from streamsafe.gateway.generations.fleet import Followed
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
 from streamsafe.gateway.generations.store import LeaseLost
 from streamsafe.gateway.replicas.record_seal import Unsealable
@@ -592,21 +593,14 @@ async def test_a_mirror_whose_log_it_cannot_open_ends_with_a_503_never_sealed_by
     follower = _replica(make_store(secret="fleet-secret"))
     mirror = await follower.find("gen-1", None, 0.0)
     assert mirror is not None
-    ended: list[State] = []
-
-    async def never(_: Generation) -> None:
-        raise AssertionError("taken over")
-
-    follower.follow(mirror, lambda gen: ended.append(gen.state), never)
+    followed = asyncio.ensure_future(follower.follow(mirror))
     # An entry sealed with another secret, under the owner's lease.
     odd = make_store(secret="another-secret").log("gen-1", lease_holder=owner_store.replica_id)
     await odd.sync()
     await odd.append([b'{"n":2}'])
 
-    async def the_end() -> list[State]:
-        return ended
-
-    assert await eventually(the_end) == [State.FAILED]
+    assert await followed is Followed.ENDED  # not taken over
+    assert mirror.state is State.FAILED
     events = await mirror.log.read(0)
     assert events[0] == b'{"n":1}' and events[-1] == b"[DONE]" and len(events) == 3
     error = events[1]

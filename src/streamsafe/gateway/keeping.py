@@ -2,10 +2,10 @@
 resume within a time and memory bound, or forgotten: here, in the store and in Redis (see
 docs/design.md, Replay and resume).
 
-:class:`~streamsafe.gateway.running.Running` ends a generation this process runs (its state, its
-subscribers woken) and hands it here; a mirror (another replica ran it), ended as its owner's
-record says, is handed here too, its copy kept a moment for a reconnect. The store bookkeeping
-this starts runs in the background, owned here and awaited at shutdown.
+:class:`~streamsafe.gateway.generations.running.Running` ends a generation this process runs
+(its state, its subscribers woken) and hands it here; a mirror (another replica ran it), ended
+as its owner's record says, is handed here too, its copy kept a moment for a reconnect. The
+store bookkeeping this starts runs in the background, owned here and awaited at shutdown.
 """
 
 from __future__ import annotations

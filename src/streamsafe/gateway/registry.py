@@ -4,12 +4,13 @@ The :class:`Registry` opens the generation a request belongs to: found (by ``(te
 Idempotency-Key)``, or for an unkeyed retry or a resume by ``(tenant, body fingerprint)``, see
 :mod:`streamsafe.gateway.generations.finding`) and attached, or started when there is none. It
 counts subscribers, mirrors other replicas' generations and aborts what nobody reads after a grace
-period (:mod:`streamsafe.gateway.abandonment`). Reading upstream is
-:class:`~streamsafe.gateway.relay.relay.Relay`'s job; it tells the generation's owner,
-:class:`~streamsafe.gateway.running.Running`, how it ended, and what is then kept for replay and
-resume, and what is forgotten, is :mod:`streamsafe.gateway.keeping`'s (see docs/design.md, Replay
-and resume, and Abandonment and grace). The calls go one way: none of these calls the registry
-back.
+period (:mod:`streamsafe.gateway.abandonment`). The task that reads each generation held here
+is :class:`~streamsafe.gateway.readers.Readers`'; reading upstream is
+:class:`~streamsafe.gateway.relay.relay.Relay`'s job, and it tells the generation's owner,
+:class:`~streamsafe.gateway.generations.running.Running`, how it ended; what is then kept for
+replay and resume, and what is forgotten, is :mod:`streamsafe.gateway.keeping`'s (see
+docs/design.md, Replay and resume, and Abandonment and grace). The calls go one way: none of
+these calls the registry back.
 """
 
 from __future__ import annotations
@@ -40,13 +41,13 @@ from streamsafe.gateway.generations.generation import (
     new_generation_id,
 )
 from streamsafe.gateway.generations.generation_index import GenerationIndex
-from streamsafe.gateway.generations.logged_end import logged_end
 from streamsafe.gateway.generations.refusals import EngineRefusals, EngineRefused
-from streamsafe.gateway.generations.store import LeaseLost, Store
+from streamsafe.gateway.generations.running import Running
+from streamsafe.gateway.generations.store import Store
 from streamsafe.gateway.keeping import Keeping
 from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.readers import Readers
 from streamsafe.gateway.relay.relay import Relay
-from streamsafe.gateway.running import Running
 from streamsafe.sse import DONE
 
 __all__ = ["Registry"]
@@ -83,22 +84,19 @@ class Registry:
         #: The generations this process holds (the key index is what a retry finds while
         #: Redis is away).
         self.generations = GenerationIndex()
-        fleet.held = lambda: self.generations  # what it writes back after Redis restarted
+        fleet.held = self.generations  # what it writes back after Redis restarted
         self._keeping = keeping = Keeping(config, self.generations, self.counters, clock, fleet)
         #: Finished generations kept for replay, and when each goes.
         self.kept = keeping.kept
         #: The generations this process runs while live, and where each one ends.
         self._running = running = Running(config, self.counters, keeping, self.refusals, clock)
-        self._relay = Relay(config, admission, engines, self.counters, running, clock)
-        self._finding = Finding(
-            config,
-            self.generations,
-            self.counters,
-            clock,
-            mirror=self._mirror,
-            forget=keeping.forget,
-        )
+        relay = Relay(config, admission, engines, self.counters, running, clock)
         self._abandonment = Abandonment(config, admission, self.counters, fleet, running, keeping)
+        #: The task that reads each generation held here: upstream, or another replica's log.
+        self._readers = readers = Readers(
+            self.generations, fleet, relay, running, self._abandonment, keeping, clock
+        )
+        self._finding = Finding(config, self.generations, self.counters, clock, readers, keeping)
         #: Subscribers connected to any generation.
         self.subscribers = 0
         #: Shutting down: no new generation starts (a retry, a resume or a replay of one held
@@ -206,7 +204,7 @@ class Registry:
         self.generations.add(gen)
         self._running.started(gen)
         self._join(gen)
-        gen.task = asyncio.get_running_loop().create_task(self._run(gen), name=new_id)
+        self._readers.run(gen)
         return gen
 
     def rejoin(self, gen: Generation, start: int) -> int:
@@ -216,74 +214,6 @@ class Registry:
         self.counters.resumed += 1
         self._join(gen)
         return min(start, gen.length) if gen.finished else start
-
-    async def _run(self, gen: Generation, cut: str | None = None) -> None:
-        """The reader task of a generation this replica runs (``cut``: why one taken over from
-        another replica is run again)."""
-        try:
-            if cut is not None and await self._ended_in_log(gen):
-                return
-            await self._relay.run(gen, cut)
-        except LeaseLost:
-            # Another replica took it over (this one paused past its lease): follow it.
-            log.warning("%s: lease lost while running; following the new owner", gen.id)
-            gen.lease_lost()
-            self._running.moved(gen)
-            self.fleet.lost_lease(gen, self._keeping.mirror_ended, self._take_over)
-        finally:
-            # The task is ending: let go of it. The exception it may end with (a cancellation,
-            # once abandoned) holds these frames and so this generation; with the generation
-            # holding the task, all of it would wait for the garbage collector.
-            if gen.task is asyncio.current_task():
-                gen.task = None
-
-    # -- other replicas' generations ------------------------------------------------------------
-
-    async def _mirror(
-        self, reach: Reach, gen_id: str, key: str | None, wait: float
-    ) -> Generation | None:
-        """A copy here of the generation ``gen_id`` another replica runs (or ran), followed
-        until it ends; ``None`` where ``reach`` finds none (its record waited for ``wait``
-        seconds)."""
-        gen = await reach.find(gen_id, key, self._clock(), wait)
-        if gen is None:
-            return None
-        current = self.generations.get(gen_id)
-        if current is not None:  # mirrored meanwhile by a concurrent request
-            return current
-        self.generations.add(gen)
-        if gen.finished:
-            self._keeping.mirror_ended(gen)
-        else:
-            self.fleet.follow(gen, self._keeping.mirror_ended, self._take_over)
-        return gen
-
-    async def _take_over(self, gen: Generation) -> None:
-        """This replica took over ``gen`` from a dead owner: run it from its log."""
-        self._running.started(gen)
-        if gen.subscribers == 0 and gen.timer is None:
-            self._abandonment.grace(gen)
-        gen.task = asyncio.get_running_loop().create_task(
-            self._run(gen, "the replica that ran it is gone"), name=gen.id
-        )
-
-    async def _ended_in_log(self, gen: Generation) -> bool:
-        """End ``gen``, taken over from a dead owner, where its log already holds its whole
-        answer (see :mod:`~streamsafe.gateway.generations.logged_end`): the owner died after the
-        end went out, before its record said so. True where it was ended."""
-        ended = logged_end(gen, await gen.log.read(max(0, gen.length - 2)))
-        if ended is None:
-            return False
-        log.info(
-            "%s: taken over with its answer whole in the log; ended %s, not run again",
-            gen.id,
-            ended.state.value,
-            extra={"fields": {"event": "takeover_whole", "generation": gen.id}},
-        )
-        if ended.owed:
-            gen.appended(await gen.log.append(ended.owed))
-        self._running.end(gen, ended.state)
-        return True
 
     def _join(self, gen: Generation) -> None:
         gen.subscribers += 1

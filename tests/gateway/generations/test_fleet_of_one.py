@@ -63,11 +63,7 @@ async def test_a_process_alone_owns_no_lease_mirrors_nothing_and_hands_nothing_o
 async def test_nothing_is_ever_followed_or_taken_from_a_process_alone() -> None:
     fleet = Solo(MemoryStore())
     gen = await _started(fleet)
-
-    async def taken_over(gen: Generation) -> None:
-        raise AssertionError("never taken over")
-
     with pytest.raises(AssertionError, match="no other replica"):
-        fleet.follow(gen, lambda gen: None, taken_over)
+        fleet.follow(gen)
     with pytest.raises(AssertionError, match="no lease"):
-        fleet.lost_lease(gen, lambda gen: None, taken_over)
+        fleet.lost_lease(gen)

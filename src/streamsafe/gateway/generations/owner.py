@@ -5,8 +5,8 @@ The relay (:class:`~streamsafe.gateway.relay.relay.Relay` and the parts it reads
 with) and the grace periods (:class:`~streamsafe.gateway.abandonment.Abandonment`) end
 generations; what an end means for the process (its live count, its request body, the
 counters, its trace, replay or forgetting) is the owner's:
-:class:`~streamsafe.gateway.running.Running`. The owner sits below them, not above: it never
-calls the relay or the registry back.
+:class:`~streamsafe.gateway.generations.running.Running`. The owner sits below them, not
+above: it never calls the relay or the registry back.
 """
 
 from __future__ import annotations

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from streamsafe.gateway.errors import Failure, error_body
-from streamsafe.gateway.generations.fleet import OnEnd, OnTakeover
+from streamsafe.gateway.generations.fleet import Followed
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.response_ids import note_first_event
 from streamsafe.gateway.replicas.generation_record import key_of, request_of
@@ -104,15 +105,14 @@ class Mirrors:
             gen.upstream_status = 200
         return gen
 
-    def follow(self, gen: Generation, on_end: OnEnd, on_takeover: OnTakeover) -> None:
-        """Start copying ``gen``'s log as its owner writes it; ``on_end`` is told when it ends,
-        ``on_takeover`` once this replica took it over from a dead owner (lease and log)."""
+    def follow(self, gen: Generation) -> Coroutine[Any, Any, Followed]:
+        """``gen`` is a mirror from now on: returns its follower, which copies its log as its
+        owner writes it, for the caller to run as a task (held here from its first step, and
+        cancelled by :meth:`unfollow`). It returns how it ended: the mirror ended (moved to its
+        owner's end), or this replica took it over from a dead owner (lease and log), or it
+        was unfollowed before it began."""
         self._mirrors[gen.id] = gen
-        task = asyncio.get_running_loop().create_task(
-            self._follow(gen, on_end, on_takeover), name=f"follow-{gen.id}"
-        )
-        self._followers[gen.id] = task
-        task.add_done_callback(lambda _: self._followers.pop(gen.id, None))
+        return self._follow(gen)
 
     def unfollow(self, gen: Generation) -> None:
         """Stop copying ``gen`` (forgotten here)."""
@@ -138,7 +138,19 @@ class Mirrors:
         except REDIS_ERRORS as exc:
             self._failed(exc)
 
-    async def _follow(self, gen: Generation, on_end: OnEnd, on_takeover: OnTakeover) -> None:
+    async def _follow(self, gen: Generation) -> Followed:
+        task = asyncio.current_task()
+        assert task is not None
+        self._followers[gen.id] = task
+        try:
+            return await self._copy(gen)
+        finally:
+            if self._followers.get(gen.id) is task:
+                del self._followers[gen.id]
+
+    async def _copy(self, gen: Generation) -> Followed:
+        # Long because it is the follower's one loop: copy, check the record, wait, and ask
+        # whether the owner is gone, each step with the Redis failures it meets.
         log_ = gen.log
         assert isinstance(log_, ReplicatedLog)
         store = self.store
@@ -167,20 +179,18 @@ class Mirrors:
                         missing_since = missing_since or now
                         if now - missing_since > max(WRITE_BACK_WAIT, 2 * self.lease):
                             _lost(gen, log_)
-                            on_end(gen)
-                            return
+                            return Followed.ENDED
                         await asyncio.sleep(self.lease / 4)
                         continue
                     missing_since = None
                     if _apply(gen, record, log_):
-                        on_end(gen)
-                        return
+                        return Followed.ENDED
                 if await store.wait(gen.id, log_.length, states, self.lease / 2):
                     delay = 0.05
                     continue
                 # Quiet for half a lease: is the owner still there?
-                if await self._took_over(gen, log_, on_takeover):
-                    return
+                if await self._took_over(gen, log_):
+                    return Followed.TAKEN_OVER
             except REDIS_ERRORS as exc:
                 self._failed(exc)
                 await asyncio.sleep(delay)
@@ -191,12 +201,10 @@ class Mirrors:
                 why = f"{exc}; every gateway replica needs the same --redis-secret"
                 log.error("%s", why, extra={"fields": {"event": "redis_record_unreadable"}})
                 _unreadable(gen, log_, why)
-                on_end(gen)
-                return
+                return Followed.ENDED
+        return Followed.UNFOLLOWED
 
-    async def _took_over(
-        self, gen: Generation, log_: ReplicatedLog, on_takeover: OnTakeover
-    ) -> bool:
+    async def _took_over(self, gen: Generation, log_: ReplicatedLog) -> bool:
         """Take over a live generation whose owner's lease lapsed (SET NX decides which
         replica does); whether this one did."""
         store = self.store
@@ -211,7 +219,6 @@ class Mirrors:
         gen.taken_over()
         log.warning("%s: owner replica gone; taking the generation over", gen.id)
         self.forget(gen)
-        await on_takeover(gen)
         return True
 
 

@@ -13,17 +13,26 @@ here calls the relay, the registry or the grace periods back: the calls go one w
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from streamsafe.gateway.admission.body_budget import BodyBudget
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.errors import Failure
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.refusals import EngineRefusals
-from streamsafe.gateway.keeping import Keeping
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.tracing import Tracing
 
-__all__ = ["Running"]
+__all__ = ["Keeper", "Running"]
+
+
+class Keeper(Protocol):
+    """What becomes of a generation once it ended (the registry's
+    :class:`~streamsafe.gateway.keeping.Keeping`)."""
+
+    def ended(self, gen: Generation, state: State) -> None:
+        """``gen`` ended in ``state`` (its subscribers were woken): tell the fleet, then keep it
+        for replay or forget it."""
 
 
 class Running:
@@ -37,7 +46,7 @@ class Running:
         self,
         config: GatewayConfig,
         counters: Counters,
-        keeping: Keeping,
+        keeping: Keeper,
         refusals: EngineRefusals,
         clock: Callable[[], float],
     ) -> None:
