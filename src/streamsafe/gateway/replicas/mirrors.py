@@ -149,8 +149,8 @@ class Mirrors:
                 del self._followers[gen.id]
 
     async def _copy(self, gen: Generation) -> Followed:
-        # Long because it is the follower's one loop: copy, check the record, wait, and ask
-        # whether the owner is gone, each step with the Redis failures it meets.
+        """The follower's loop: copy what the owner appended, bring the state up to its record,
+        wait for more, and, quiet for half a lease, ask whether the owner is gone."""
         log_ = gen.log
         assert isinstance(log_, ReplicatedLog)
         store = self.store
