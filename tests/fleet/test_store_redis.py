@@ -12,6 +12,7 @@ import redis
 from fleet_helpers import RedisProcess
 from redis.exceptions import RedisError
 
+from streamsafe.gateway.generations.fleet import Followed
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
 from streamsafe.gateway.generations.store import LeaseLost
 from streamsafe.gateway.replicas.record_seal import Unsealable
@@ -422,7 +423,7 @@ async def test_a_renewal_in_flight_never_gives_an_ended_generation_its_running_l
     store.keep_generations = slow_renewal  # type: ignore[method-assign]
     renewal = asyncio.create_task(replicas._keep_owned())
     await entered.wait()
-    gen.state = State.DONE
+    gen.end(State.DONE)
     ending = asyncio.create_task(replicas.finished(gen))
     await asyncio.sleep(0)  # the end runs up to the renewal's hold
     go_on.set()
@@ -449,7 +450,7 @@ async def test_a_generation_that_ends_while_the_write_back_runs_has_its_end_reco
     async def then_the_first_ends(gen: Generation) -> None:
         await one(gen)
         if gen is gens[0] and gen.live:  # written back, Redis still counts as away: it ends
-            gen.state = State.DONE
+            gen.end(State.DONE)
             await replicas.finished(gen)
 
     replicas._write_back_one = then_the_first_ends  # type: ignore[method-assign]
@@ -592,21 +593,14 @@ async def test_a_mirror_whose_log_it_cannot_open_ends_with_a_503_never_sealed_by
     follower = _replica(make_store(secret="fleet-secret"))
     mirror = await follower.find("gen-1", None, 0.0)
     assert mirror is not None
-    ended: list[State] = []
-
-    async def never(_: Generation) -> None:
-        raise AssertionError("taken over")
-
-    follower.follow(mirror, lambda _, state: ended.append(state), never)
+    followed = asyncio.ensure_future(follower.follow(mirror))
     # An entry sealed with another secret, under the owner's lease.
     odd = make_store(secret="another-secret").log("gen-1", lease_holder=owner_store.replica_id)
     await odd.sync()
     await odd.append([b'{"n":2}'])
 
-    async def the_end() -> list[State]:
-        return ended
-
-    assert await eventually(the_end) == [State.FAILED]
+    assert await followed is Followed.ENDED  # not taken over
+    assert mirror.state is State.FAILED
     events = await mirror.log.read(0)
     assert events[0] == b'{"n":1}' and events[-1] == b"[DONE]" and len(events) == 3
     error = events[1]

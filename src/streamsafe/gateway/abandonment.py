@@ -11,28 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
-from typing import Any
 
 from streamsafe.gateway.admission.admission import Admission
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.generations.fleet import Fleet
 from streamsafe.gateway.generations.generation import Generation, State
+from streamsafe.gateway.generations.owner import Owner
+from streamsafe.gateway.keeping import MIRROR_KEPT, Keeping
 from streamsafe.gateway.metrics import Counters
 
 __all__ = ["Abandonment"]
 
 log = logging.getLogger("streamsafe.gateway")
 
-#: Seconds a finished mirror stays here after its last subscriber (a reconnect within it reads
-#: the copy; later ones read Redis again).
-MIRROR_KEPT = 5.0
-
 
 class Abandonment:
-    """The grace periods of one registry's generations. ``finish`` ends a generation (the
-    registry's), ``forget`` drops one from the registry, ``spawn`` runs bookkeeping in the
-    background (owned by the registry)."""
+    """The grace periods of one registry's generations. An abort ends a generation through
+    its ``owner``; a mirror nobody reads is forgotten by ``keeping``, which runs that
+    bookkeeping in the background."""
 
     def __init__(
         self,
@@ -40,18 +36,15 @@ class Abandonment:
         admission: Admission,
         counters: Counters,
         fleet: Fleet,
-        *,
-        finish: Callable[[Generation, State], None],
-        forget: Callable[[Generation], Coroutine[Any, Any, None]],
-        spawn: Callable[[Coroutine[Any, Any, None]], None],
+        owner: Owner,
+        keeping: Keeping,
     ) -> None:
         self._config = config
         self._admission = admission
         self._counters = counters
         self._fleet = fleet
-        self._finish = finish
-        self._forget = forget
-        self._spawn = spawn
+        self._owner = owner
+        self._keeping = keeping
 
     def left(self, gen: Generation, hold: float = 0.0) -> None:
         """The last subscriber left live ``gen``: a queued one keeps its place but is passed
@@ -71,7 +64,7 @@ class Abandonment:
             fleet.subscribers_changed(gen)
             gen.timer = loop.call_later(
                 max(self._config.grace + hold, MIRROR_KEPT),
-                lambda: self._spawn(self._forget(gen)),
+                lambda: self._keeping.spawn(self._keeping.forget(gen)),
             )
             return
         grace = self._config.grace + hold
@@ -85,7 +78,7 @@ class Abandonment:
         if gen.subscribers > 0 or gen.finished:
             return
         if self._fleet.owns(gen):  # subscribers on another replica may read it
-            self._spawn(self._abort_unless_followed(gen))
+            self._keeping.spawn(self._abort_unless_followed(gen))
             return
         self._abort(gen)
 
@@ -106,6 +99,6 @@ class Abandonment:
             return
         log.info("%s: no subscriber left after the grace period; aborting upstream", gen.id)
         self._counters.generations_aborted += 1
-        self._finish(gen, State.ABORTED)
+        self._owner.end(gen, State.ABORTED)
         if gen.task is not None:
             gen.task.cancel()  # closes the upstream response: the engine aborts the request

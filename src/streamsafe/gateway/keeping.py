@@ -2,9 +2,10 @@
 resume within a time and memory bound, or forgotten: here, in the store and in Redis (see
 docs/design.md, Replay and resume).
 
-The registry ends a generation (its state, its subscribers woken) and hands it here; a mirror
-(another replica ran it) ends here, its copy kept a moment for a reconnect. The store
-bookkeeping this starts runs in the background, owned here and awaited at shutdown.
+:class:`~streamsafe.gateway.generations.running.Running` ends a generation this process runs
+(its state, its subscribers woken) and hands it here; a mirror (another replica ran it), ended
+as its owner's record says, is handed here too, its copy kept a moment for a reconnect. The
+store bookkeeping this starts runs in the background, owned here and awaited at shutdown.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from streamsafe.gateway.abandonment import MIRROR_KEPT
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.generations.fleet import Fleet
 from streamsafe.gateway.generations.generation import Generation, State
@@ -21,7 +21,11 @@ from streamsafe.gateway.generations.generation_index import GenerationIndex
 from streamsafe.gateway.generations.retention import Retention
 from streamsafe.gateway.metrics import Counters
 
-__all__ = ["Keeping"]
+__all__ = ["MIRROR_KEPT", "Keeping"]
+
+#: Seconds a finished mirror stays here after its last subscriber (a reconnect within it reads
+#: the copy; later ones read Redis again).
+MIRROR_KEPT = 5.0
 
 
 class Keeping:
@@ -68,12 +72,11 @@ class Keeping:
             return
         self._keep(gen)
 
-    def mirror_ended(self, gen: Generation, state: State) -> None:
-        """A mirrored generation ended: its subscribers here finish from the copy; the copy
-        goes soon after (Redis keeps the generation for replay)."""
-        if not gen.finished:
-            gen.state = state
-            gen.wake()
+    def mirror_ended(self, gen: Generation) -> None:
+        """A mirrored generation ended (its copy moved to its owner's end): its subscribers
+        here finish from the copy; the copy goes soon after (Redis keeps the generation for
+        replay)."""
+        gen.wake()
         if gen.timer is not None:
             gen.timer.cancel()
         gen.timer = asyncio.get_running_loop().call_later(

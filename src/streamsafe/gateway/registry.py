@@ -3,12 +3,14 @@
 The :class:`Registry` opens the generation a request belongs to: found (by ``(tenant,
 Idempotency-Key)``, or for an unkeyed retry or a resume by ``(tenant, body fingerprint)``, see
 :mod:`streamsafe.gateway.generations.finding`) and attached, or started when there is none. It
-counts subscribers, mirrors other replicas' generations, aborts what nobody reads after a grace
-period (:mod:`streamsafe.gateway.abandonment`) and ends generations; what is kept for replay and
-resume, and what is forgotten, is :mod:`streamsafe.gateway.keeping`'s (see docs/design.md, Replay
-and resume, and Abandonment and grace). Reading upstream is
-:class:`~streamsafe.gateway.relay.relay.Relay`'s job; it tells the registry how each generation
-ended.
+counts subscribers, mirrors other replicas' generations and aborts what nobody reads after a grace
+period (:mod:`streamsafe.gateway.abandonment`). The task that reads each generation held here
+is :class:`~streamsafe.gateway.readers.Readers`'; reading upstream is
+:class:`~streamsafe.gateway.relay.relay.Relay`'s job, and it tells the generation's owner,
+:class:`~streamsafe.gateway.generations.running.Running`, how it ended; what is then kept for
+replay and resume, and what is forgotten, is :mod:`streamsafe.gateway.keeping`'s (see
+docs/design.md, Replay and resume, and Abandonment and grace). The calls go one way: none of
+these calls the registry back.
 """
 
 from __future__ import annotations
@@ -39,13 +41,13 @@ from streamsafe.gateway.generations.generation import (
     new_generation_id,
 )
 from streamsafe.gateway.generations.generation_index import GenerationIndex
-from streamsafe.gateway.generations.logged_end import logged_end
 from streamsafe.gateway.generations.refusals import EngineRefusals, EngineRefused
-from streamsafe.gateway.generations.store import LeaseLost, Store
+from streamsafe.gateway.generations.running import Running
+from streamsafe.gateway.generations.store import Store
 from streamsafe.gateway.keeping import Keeping
 from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.readers import Readers
 from streamsafe.gateway.relay.relay import Relay
-from streamsafe.gateway.tracing import Tracing
 from streamsafe.sse import DONE
 
 __all__ = ["Registry"]
@@ -77,44 +79,40 @@ class Registry:
         self.counters = Counters()
         self._clock = clock
         self._admission = admission
-        self._relay = Relay(config, admission, engines, self.counters, self._finish, clock)
         #: The engine's refusals a request of the same body is answered from while it refuses.
         self.refusals = EngineRefusals()
-        self._relay.refused = self._note_refused
         #: The generations this process holds (the key index is what a retry finds while
         #: Redis is away).
         self.generations = GenerationIndex()
-        fleet.held = lambda: self.generations  # what it writes back after Redis restarted
+        fleet.held = self.generations  # what it writes back after Redis restarted
         self._keeping = keeping = Keeping(config, self.generations, self.counters, clock, fleet)
         #: Finished generations kept for replay, and when each goes.
         self.kept = keeping.kept
-        self._finding = Finding(
-            config,
-            self.generations,
-            self.counters,
-            clock,
-            mirror=self._mirror,
-            forget=keeping.forget,
+        #: The generations this process runs while live, and where each one ends.
+        self._running = running = Running(config, self.counters, keeping, self.refusals, clock)
+        relay = Relay(config, admission, engines, self.counters, running, clock)
+        self._abandonment = Abandonment(config, admission, self.counters, fleet, running, keeping)
+        #: The task that reads each generation held here: upstream, or another replica's log.
+        self._readers = readers = Readers(
+            self.generations, fleet, relay, running, self._abandonment, keeping, clock
         )
-        self._abandonment = Abandonment(
-            config,
-            admission,
-            self.counters,
-            fleet,
-            finish=self._finish,
-            forget=keeping.forget,
-            spawn=keeping.spawn,
-        )
-        #: Generations queued or running.
-        self.live_generations = 0
-        #: The request bodies they hold, bounded in all (max_live_body_bytes).
-        self.bodies = BodyBudget(config.max_live_body_bytes)
+        self._finding = Finding(config, self.generations, self.counters, clock, readers, keeping)
         #: Subscribers connected to any generation.
         self.subscribers = 0
-        self._tracing = Tracing(config.tracing)
         #: Shutting down: no new generation starts (a retry, a resume or a replay of one held
         #: here is still served).
         self.draining = False
+
+    @property
+    def live_generations(self) -> int:
+        """Generations queued or running here."""
+        return self._running.count
+
+    @property
+    def bodies(self) -> BodyBudget:
+        """The request bodies the live generations hold, bounded in all
+        (max_live_body_bytes)."""
+        return self._running.bodies
 
     # -- opening a generation -------------------------------------------------------------------
 
@@ -204,10 +202,9 @@ class Registry:
         gen = Generation(new_id, req, reach.new_log(new_id), key, self._clock())
         await reach.publish(gen)
         self.generations.add(gen)
-        self.live_generations += 1
-        self.bodies.hold(gen.id, req.tenant, len(req.body))
+        self._running.started(gen)
         self._join(gen)
-        gen.task = asyncio.get_running_loop().create_task(self._run(gen), name=new_id)
+        self._readers.run(gen)
         return gen
 
     def rejoin(self, gen: Generation, start: int) -> int:
@@ -217,79 +214,6 @@ class Registry:
         self.counters.resumed += 1
         self._join(gen)
         return min(start, gen.length) if gen.finished else start
-
-    def _note_refused(self, gen: Generation) -> None:
-        if gen.failure is not None:
-            self.refusals.note(gen.tenant, gen.fingerprint, gen.failure, self._clock())
-
-    async def _run(self, gen: Generation, cut: str | None = None) -> None:
-        """The reader task of a generation this replica runs (``cut``: why one taken over from
-        another replica is run again)."""
-        try:
-            if cut is not None and await self._ended_in_log(gen):
-                return
-            await self._relay.run(gen, cut)
-        except LeaseLost:
-            # Another replica took it over (this one paused past its lease): follow it.
-            log.warning("%s: lease lost while running; following the new owner", gen.id)
-            self.live_generations -= 1
-            self.bodies.drop(gen.id)
-            self.fleet.lost_lease(gen, self._keeping.mirror_ended, self._take_over)
-        finally:
-            # The task is ending: let go of it. The exception it may end with (a cancellation,
-            # once abandoned) holds these frames and so this generation; with the generation
-            # holding the task, all of it would wait for the garbage collector.
-            if gen.task is asyncio.current_task():
-                gen.task = None
-
-    # -- other replicas' generations ------------------------------------------------------------
-
-    async def _mirror(
-        self, reach: Reach, gen_id: str, key: str | None, wait: float
-    ) -> Generation | None:
-        """A copy here of the generation ``gen_id`` another replica runs (or ran), followed
-        until it ends; ``None`` where ``reach`` finds none (its record waited for ``wait``
-        seconds)."""
-        gen = await reach.find(gen_id, key, self._clock(), wait)
-        if gen is None:
-            return None
-        current = self.generations.get(gen_id)
-        if current is not None:  # mirrored meanwhile by a concurrent request
-            return current
-        self.generations.add(gen)
-        if gen.finished:
-            self._keeping.mirror_ended(gen, gen.state)
-        else:
-            self.fleet.follow(gen, self._keeping.mirror_ended, self._take_over)
-        return gen
-
-    async def _take_over(self, gen: Generation) -> None:
-        """This replica took over ``gen`` from a dead owner: run it from its log."""
-        self.live_generations += 1
-        self.bodies.hold(gen.id, gen.request.tenant, len(gen.request.body))
-        if gen.subscribers == 0 and gen.timer is None:
-            self._abandonment.grace(gen)
-        gen.task = asyncio.get_running_loop().create_task(
-            self._run(gen, "the replica that ran it is gone"), name=gen.id
-        )
-
-    async def _ended_in_log(self, gen: Generation) -> bool:
-        """End ``gen``, taken over from a dead owner, where its log already holds its whole
-        answer (see :mod:`~streamsafe.gateway.generations.logged_end`): the owner died after the
-        end went out, before its record said so. True where it was ended."""
-        ended = logged_end(gen, await gen.log.read(max(0, gen.length - 2)))
-        if ended is None:
-            return False
-        log.info(
-            "%s: taken over with its answer whole in the log; ended %s, not run again",
-            gen.id,
-            ended.state.value,
-            extra={"fields": {"event": "takeover_whole", "generation": gen.id}},
-        )
-        if ended.owed:
-            gen.length = await gen.log.append(ended.owed)
-        self._finish(gen, ended.state)
-        return True
 
     def _join(self, gen: Generation) -> None:
         gen.subscribers += 1
@@ -315,38 +239,6 @@ class Registry:
         if gen.subscribers == 0 and not gen.finished:
             self._abandonment.left(gen, hold)
 
-    # -- endings --------------------------------------------------------------------------------
-
-    def _finish(self, gen: Generation, state: State) -> None:
-        """``gen`` ended (told by the relay, or by an abort): wake its subscribers, then keep it
-        for replay or forget it (:class:`~streamsafe.gateway.keeping.Keeping`)."""
-        if gen.finished:
-            return
-        was_live = gen.live
-        gen.state = state
-        gen.finished_at = self._clock()
-        if was_live:
-            self.live_generations -= 1
-            self.bodies.drop(gen.id)
-        counters = self.counters
-        if state is State.DONE:
-            counters.generations_completed += 1
-            self.refusals.served()
-        elif state is State.FAILED:
-            counters.generations_failed += 1
-        gen.wake()
-        if gen.trace is not None:
-            facts = {
-                "state": state.value,
-                "attempts": gen.attempts,
-                "continuations": gen.continuations,
-                "engine": gen.engine,
-                "events": gen.length,
-            }
-            self._tracing.end_generation(gen.trace, facts)
-            gen.trace = None
-        self._keeping.ended(gen, state)
-
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def end_live(self, message: str) -> int:
@@ -359,7 +251,7 @@ class Registry:
             self.fleet.closing = True
             for gen in live:
                 assert gen.task is not None
-                gen.task.cancel()  # the relay ends it aborted; _finish hands it over
+                gen.task.cancel()  # the relay ends it aborted; Keeping.ended hands it over
             return len(live)
         for gen in live:
             await self.end(gen, error_body(message, "service_unavailable", 503), 503)
@@ -370,12 +262,13 @@ class Registry:
         object) as the stream's last event, or as the answer with ``status`` where nothing was
         sent yet; its upstream request is closed, so the engine aborts it."""
         task = gen.task
-        if gen.stream and gen.length:
-            gen.length = await gen.log.append((error, DONE))
-        else:
-            gen.failure = Failure(status, error, 1)
-        if not gen.finished:
-            self._finish(gen, State.FAILED)
+        if not gen.finished and gen.stream and gen.length:
+            length = await gen.log.append((error, DONE))
+            if not gen.finished:  # its reader may have ended it meanwhile: that end stands
+                gen.appended(length)
+                self._running.end(gen, State.FAILED)
+        elif not gen.finished:
+            self._running.end(gen, State.FAILED, Failure(status, error, 1))
         if task is not None:
             task.cancel()
 

@@ -24,6 +24,7 @@ from streamsafe.gateway.engines.attempts import Attempts
 from streamsafe.gateway.engines.engines import Engines
 from streamsafe.gateway.engines.failover import refusal_status
 from streamsafe.gateway.engines.pool import EngineSpec
+from streamsafe.gateway.errors import Failure
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.metrics import Counters
@@ -71,10 +72,24 @@ def _generation(committed: bool) -> Generation:
         tenant="t", path="/v1/chat/completions", body=b"{}", fingerprint=b"f", cost=1, stream=True
     )
     gen = Generation("gen-1", req, MemoryEventLog(), None, 0.0)
-    gen.state = State.RUNNING
+    gen.admitted()
     gen.waiter, _ = AdmissionCore(1, None, 10).request("t", 1, None, 0.0)
     gen.waiter.committed = committed
     return gen
+
+
+class _Owner:
+    """An owner that notes each end and moves the generation there (as the registry's does)."""
+
+    def __init__(self) -> None:
+        self.finished: list[State] = []
+
+    def end(self, gen: Generation, state: State, failure: Failure | None = None) -> None:
+        self.finished.append(state)
+        gen.end(state, failure)
+
+    def refused(self, gen: Generation) -> None:
+        pass
 
 
 def _Engine() -> Attempts:
@@ -86,24 +101,24 @@ def _Engine() -> Attempts:
 async def test_a_shed_is_asked_again_whoever_was_answered(in_band: bool) -> None:
     # An engine that sheds load is full, not failing: the generation waits for room (the relay
     # bounds the wait by the queue timeout), committed or not.
-    finished: list[State] = []
-    endings = Endings(Counters(), lambda gen, state: finished.append(state), lambda: 1)
+    owner = _Owner()
+    endings = Endings(Counters(), owner, lambda: 1)
     for committed in (False, True):
         gen = _generation(committed=committed)
         out = await endings.refused(gen, 503, VLLM_SHED, None, False, _Engine(), in_band=in_band)
         assert isinstance(out, BrokenAttempt) and out.retry_after == REFUSAL_WAIT
         assert out.failure is not None and out.failure.status == 503
         assert gen.failure is None
-    assert finished == []
+    assert owner.finished == []
 
 
 async def test_another_refusal_is_the_callers_status_until_it_committed() -> None:
-    finished: list[State] = []
-    endings = Endings(Counters(), lambda gen, state: finished.append(state), lambda: 1)
+    owner = _Owner()
+    endings = Endings(Counters(), owner, lambda: 1)
     failing = b'{"error": {"message": "boom", "type": "InternalServerError", "code": 500}}'
     fresh = _generation(committed=False)
     assert await endings.refused(fresh, 500, failing, None, False, _Engine()) is None
-    assert finished == [State.FAILED]
+    assert owner.finished == [State.FAILED]
     assert fresh.failure is not None and fresh.failure.status == 500
     committed = _generation(committed=True)
     out = await endings.refused(committed, 500, failing, None, False, _Engine())

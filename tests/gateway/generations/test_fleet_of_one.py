@@ -48,7 +48,7 @@ async def test_a_process_alone_owns_no_lease_mirrors_nothing_and_hands_nothing_o
     assert not await fleet.followed_elsewhere(gen)  # abandoned means abandoned
     assert not fleet.hands_over  # a drain waits for what runs here, then ends it
     fleet.subscribers_changed(gen)
-    gen.state = State.DONE
+    gen.end(State.DONE)
     await fleet.finished(gen)
     await fleet.let_go(gen)
     fleet.closing = True
@@ -63,11 +63,7 @@ async def test_a_process_alone_owns_no_lease_mirrors_nothing_and_hands_nothing_o
 async def test_nothing_is_ever_followed_or_taken_from_a_process_alone() -> None:
     fleet = Solo(MemoryStore())
     gen = await _started(fleet)
-
-    async def taken_over(gen: Generation) -> None:
-        raise AssertionError("never taken over")
-
     with pytest.raises(AssertionError, match="no other replica"):
-        fleet.follow(gen, lambda gen, state: None, taken_over)
+        fleet.follow(gen)
     with pytest.raises(AssertionError, match="no lease"):
-        fleet.lost_lease(gen, lambda gen, state: None, taken_over)
+        fleet.lost_lease(gen)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from streamsafe.engine_sim import Fault, expected_text
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.generations.fanout import Fanout
-from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
+from streamsafe.gateway.generations.generation import Generation, GenerationRequest
 from streamsafe.gateway.generations.keepalive import KEEPALIVE_LINE, TICK, QuietWait, quiet_beat
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.sse import SSEDecoder
@@ -56,7 +56,7 @@ def _generation() -> Generation:
         tenant="t", path="/v1/chat/completions", body=b"{}", fingerprint=b"f", cost=1, stream=True
     )
     gen = Generation("gen-1", req, MemoryEventLog(), None, 0.0)
-    gen.state = State.RUNNING
+    gen.admitted()
     return gen
 
 

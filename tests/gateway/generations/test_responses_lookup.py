@@ -203,6 +203,6 @@ def test_only_responses_streams_are_named_and_a_stream_that_ended_unnamed_is_let
     failed = _responses_gen("gen-f")
     index.add(failed)
     note_first_event(failed, [b'{"error":{"message":"no"}}'])  # an error first: no id
-    failed.state = State.FAILED
+    failed.end(State.FAILED)
     assert index.by_response("t", "x") is None
     assert len(index._by_response) == 0  # the unnamed that ended are let go at a look-up

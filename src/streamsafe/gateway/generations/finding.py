@@ -6,12 +6,13 @@ resume).
 Finding starts nothing: where it finds none, the registry starts a generation (under the key
 claimed here). It looks in this process first, then as far as the
 :class:`~streamsafe.gateway.generations.fleet.Reach` it is given goes: another replica's
-generation is copied here by the registry's ``mirror``.
+generation is copied here by a :class:`Mirroring` (the registry's readers, which follow it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from typing import Protocol
 
 from streamsafe.gateway.config import CollapseSetting, GatewayConfig
 from streamsafe.gateway.errors import KeyReused, LiveDuplicate
@@ -20,7 +21,7 @@ from streamsafe.gateway.generations.generation import Generation, GenerationRequ
 from streamsafe.gateway.generations.generation_index import GenerationIndex
 from streamsafe.gateway.metrics import Counters
 
-__all__ = ["Finding", "claim_key"]
+__all__ = ["Finding", "Forgetting", "Mirroring", "claim_key"]
 
 #: Rounds of claim and release that settle a race on one Idempotency-Key.
 _CLAIM_ROUNDS = 3
@@ -50,12 +51,28 @@ def collapses(setting: CollapseSetting, req: GenerationRequest) -> bool:
     return req.deterministic or (setting == "auto" and not req.stream)
 
 
+class Mirroring(Protocol):
+    """What copies another replica's generation here (the registry's
+    :class:`~streamsafe.gateway.readers.Readers`)."""
+
+    async def mirror(
+        self, reach: Reach, gen_id: str, key: str | None, wait: float
+    ) -> Generation | None:
+        """A copy here of ``gen_id``, followed until it ends; ``None`` where ``reach`` finds
+        none (its record waited for ``wait`` seconds)."""
+
+
+class Forgetting(Protocol):
+    """What drops a generation (the registry's :class:`~streamsafe.gateway.keeping.Keeping`)."""
+
+    async def forget(self, gen: Generation) -> None:
+        """Nobody can find ``gen`` any more."""
+
+
 class Finding:
     """Finds a request's generation among those ``generations`` holds and those other replicas
-    run. ``mirror(reach, gen_id, key, wait)`` copies another replica's generation here (``None``
-    where ``reach`` finds none, its record waited for ``wait`` seconds);
-    ``forget`` drops a generation a fresh attempt starts over from. ``clock`` is injectable for
-    tests."""
+    run: another replica's is copied here by ``mirrors``; one a fresh attempt starts over from
+    is dropped by ``keeping``. ``clock`` is injectable for tests."""
 
     def __init__(
         self,
@@ -63,16 +80,15 @@ class Finding:
         generations: GenerationIndex,
         counters: Counters,
         clock: Callable[[], float],
-        *,
-        mirror: Callable[[Reach, str, str | None, float], Awaitable[Generation | None]],
-        forget: Callable[[Generation], Awaitable[None]],
+        mirrors: Mirroring,
+        keeping: Forgetting,
     ) -> None:
         self._config = config
         self._generations = generations
         self._counters = counters
         self._clock = clock
-        self._mirror = mirror
-        self._forget = forget
+        self._mirrors = mirrors
+        self._keeping = keeping
 
     async def by_key(
         self, req: GenerationRequest, key: str, new_id: str, reach: Reach
@@ -99,7 +115,7 @@ class Finding:
                 return None
             gen = generations.get(owner)
             if gen is None:  # another replica's?
-                gen = await self._mirror(reach, owner, key, _RECORD_WAIT_S)
+                gen = await self._mirrors.mirror(reach, owner, key, _RECORD_WAIT_S)
             if gen is None:  # owner is gone (forgotten concurrently): take the key over
                 await store.release(key, owner)
                 continue
@@ -108,7 +124,7 @@ class Finding:
                 raise KeyReused
             if not resume and (gen.state is State.FAILED or gen.state is State.ABORTED):
                 # A fresh attempt after a failure starts over; resuming still replays it.
-                await self._forget(gen)
+                await self._keeping.forget(gen)
                 continue
             if not resume and gen.live and self._config.on_live_duplicate == "409":
                 raise LiveDuplicate
@@ -126,7 +142,7 @@ class Finding:
             if found is None:
                 gen_id = await reach.find_fingerprint(req.tenant, req.fingerprint)
                 if gen_id is not None:
-                    found = self._generations.get(gen_id) or await self._mirror(
+                    found = self._generations.get(gen_id) or await self._mirrors.mirror(
                         reach, gen_id, None, 0.0
                     )
             if found is not None and (resume or found.live or found.state is State.DONE):

@@ -14,20 +14,29 @@ away, :attr:`Fleet.alone`).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+import enum
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 from streamsafe.gateway.errors import FleetUnsafe
-from streamsafe.gateway.generations.generation import Generation, State
+from streamsafe.gateway.generations.generation import Generation
 from streamsafe.gateway.generations.store import EventLog, Store
 
-__all__ = ["Fleet", "OnEnd", "OnTakeover", "Reach", "ReplicaCounters"]
+__all__ = ["Fleet", "Followed", "Reach", "ReplicaCounters"]
 
-#: Told that a mirrored generation ended (state as recorded by its owner).
-OnEnd = Callable[[Generation, State], None]
-#: Told that this replica took a generation over; starts running it.
-OnTakeover = Callable[[Generation], Awaitable[None]]
+
+class Followed(enum.Enum):
+    """How a mirror's follower (:meth:`Fleet.follow`) ended: what its caller does next."""
+
+    #: The mirror ended, moved to the end its owner recorded (or failed, lost or unreadable):
+    #: its subscribers here finish from the copy, kept a moment.
+    ENDED = "ended"
+    #: This replica took it over from a dead owner (its lease and its log are this replica's
+    #: now): it is run here from its log.
+    TAKEN_OVER = "taken over"
+    #: It is followed no more (forgotten here): nothing to do.
+    UNFOLLOWED = "unfollowed"
 
 
 @dataclass(slots=True)
@@ -81,9 +90,9 @@ class Fleet(Reach, Protocol):
     #: True once this process shuts down: what it runs is handed over (where the fleet
     #: :attr:`hands_over`), not ended.
     closing: bool
-    #: The generations this process holds (the registry's index): what it writes back after
-    #: the shared store lost them.
-    held: Callable[[], Iterable[Generation]]
+    #: The generations this process holds (the registry's index, read, never called): what it
+    #: writes back after the shared store lost them.
+    held: Iterable[Generation]
 
     @property
     def errors(self) -> tuple[type[BaseException], ...]:
@@ -163,18 +172,20 @@ class Fleet(Reach, Protocol):
         """True if another replica runs ``gen`` and this one copies it."""
         ...
 
-    def follow(self, gen: Generation, on_end: OnEnd, on_takeover: OnTakeover) -> None:
-        """Copy ``gen``, found by :meth:`find`, as its owner writes it; ``on_end`` is told
-        when it ends, ``on_takeover`` when this replica takes it over from a dead owner."""
+    def follow(self, gen: Generation) -> Awaitable[Followed]:
+        """Copy ``gen``, found by :meth:`find`, as its owner writes it: a mirror from now on
+        (:meth:`is_mirror`). Returns its follower, for the caller to run as a task (the fleet
+        holds it, and cancels it on :meth:`unfollow` and :meth:`close`); it returns how it
+        ended, and the caller acts on that (no callback)."""
         ...
 
     def unfollow(self, gen: Generation) -> None:
         """Stop copying ``gen`` (forgotten here)."""
         ...
 
-    def lost_lease(self, gen: Generation, on_end: OnEnd, on_takeover: OnTakeover) -> None:
+    def lost_lease(self, gen: Generation) -> Awaitable[Followed]:
         """Another replica took ``gen`` over while this one ran it: follow it (see
-        :meth:`follow`)."""
+        :meth:`follow`, whose follower this returns)."""
         ...
 
     def subscribers_changed(self, gen: Generation) -> None:

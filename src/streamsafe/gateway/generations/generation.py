@@ -12,16 +12,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from streamsafe.gateway.admission.fair_queue import Waiter
 from streamsafe.gateway.errors import Failure
 from streamsafe.gateway.generations.fanout import Fanout
 from streamsafe.gateway.generations.framing import framing_for
+from streamsafe.gateway.generations.lifecycle import (
+    ENDING,
+    Event,
+    IllegalTransition,
+    State,
+    after,
+    check_append,
+    check_failure,
+)
 from streamsafe.gateway.generations.store import EventLog
 from streamsafe.gateway.tracing import GenerationTrace
 from streamsafe.gateway.upstream.kinds import CompletionRoute
@@ -31,6 +40,7 @@ __all__ = [
     "Continuation",
     "Generation",
     "GenerationRequest",
+    "IllegalTransition",
     "Rewrite",
     "State",
     "new_generation_id",
@@ -43,20 +53,9 @@ __all__ = [
 #: retention timer per generation gave way to one for all (a little less now: counted high).
 GENERATION_OVERHEAD_BYTES = 2048
 
-
-class State(enum.Enum):
-    """Where a generation is. Queued and running are live; the other three are finished."""
-
-    #: Waiting for admission.
-    QUEUED = "queued"
-    #: Admitted and sent upstream.
-    RUNNING = "running"
-    #: Ended with ``[DONE]`` (or the whole non-streaming answer).
-    DONE = "done"
-    #: Ended with an error: a status before the first event, or an error event after it.
-    FAILED = "failed"
-    #: Stopped because nobody read it past the grace period, or at shutdown.
-    ABORTED = "aborted"
+#: What a finished generation's next length would have to reach: more than any log holds, so
+#: the one comparison of :meth:`Generation.appended` refuses every append after the end.
+_SEALED = sys.maxsize
 
 
 class AskHistory(Protocol):
@@ -144,6 +143,12 @@ class Continuation:
 class Generation:
     """One upstream request and everything that follows from it.
 
+    It owns its ``state``, ``length`` and ``failure``: they are read as plain attributes, and
+    changed only by its methods (:meth:`admitted`, :meth:`appended`, :meth:`appended_one`,
+    :meth:`lease_lost`, :meth:`taken_over`, :meth:`end`), each a move of its
+    :mod:`~streamsafe.gateway.generations.lifecycle`; a move the lifecycle has not raises
+    :class:`~streamsafe.gateway.generations.lifecycle.IllegalTransition`.
+
     Every change (events appended, state changed) bumps ``version`` and resolves the futures of
     the subscribers waiting for it. A subscriber notes ``version``, checks, and waits on
     :meth:`next_change` only if ``version`` has not moved meanwhile, so no change is missed and a
@@ -152,6 +157,7 @@ class Generation:
     """
 
     __slots__ = (
+        "_least",
         "_waiters",
         "admitted_at",
         "attempts",
@@ -207,10 +213,14 @@ class Generation:
         #: The store key that finds it (``None`` for an unkeyed request).
         self.key = key
         self.log = log_
-        #: Events in the log (as known to this process).
+        #: Events in the log (as known to this process); never shorter, and fixed at the end.
         self.length = 0
+        #: What the next length must reach: the length while live, past any once finished
+        #: (:data:`_SEALED`), so one comparison per append keeps both rules.
+        self._least = 0
         self.state = State.QUEUED
-        #: Why it failed before its first event (a status and body to answer with).
+        #: Why it failed before its first event (a status and body to answer with); only with
+        #: a failed end.
         self.failure: Failure | None = None
         self.upstream_status: int | None = None
         self.subscribers = 0
@@ -301,14 +311,57 @@ class Generation:
         else:  # the usual case once its subscribers are in the fan-out
             self.version += 1
 
-    def publish_one(self, payload: bytes, index: int) -> None:
-        """:meth:`publish` of event ``index`` alone, a single-line payload that does not end the
-        stream (the relay's per-read short path)."""
-        self.fanout.publish_one(payload, index)
+    # -- its lifecycle (see lifecycle.py: the only writes of state, length and failure) ----------
+
+    def admitted(self) -> None:
+        """It was given its place and sent upstream (again, where this replica took it over);
+        for a mirror, its owner's record says it runs."""
+        self.state = after(self.state, Event.ADMITTED)
+
+    def appended(self, length: int) -> None:
+        """Its log holds ``length`` events now (for a mirror: as copied from its owner's).
+        Raises :class:`IllegalTransition` where the log went back or it has ended."""
+        # Once per upstream read: one comparison (see _least), no table look-up.
+        if length < self._least:
+            self._refuse_append(length)
+        self.length = self._least = length
+
+    def appended_one(self, payload: bytes, length: int) -> None:
+        """:meth:`appended` of one event, ``payload``, a single-line payload that does not end
+        the stream, then :meth:`publish` of it (the relay's per-read short path: one call)."""
+        if length < self._least:
+            self._refuse_append(length)
+        self.length = self._least = length
+        self.fanout.publish_one(payload, length - 1)
         if self._waiters:
             self._wake_waiters()
         else:
             self.version += 1
+
+    def _refuse_append(self, length: int) -> NoReturn:
+        check_append(self.state, self.length, length)  # raises: why the append is refused
+        raise IllegalTransition(f"{self.id}: append to {length} refused")
+
+    def lease_lost(self) -> None:
+        """Another replica took its lease while this one ran it: it is followed from now on."""
+        self.state = after(self.state, Event.LEASE_LOST)
+
+    def taken_over(self) -> None:
+        """This replica took it over from a dead owner, to run it from its log."""
+        self.state = after(self.state, Event.TAKEN_OVER)
+
+    def end(self, state: State, failure: Failure | None = None) -> None:
+        """It ended in ``state`` (done, failed or aborted), with ``failure`` (the status and
+        body its callers get instead of events) only where it failed. Nothing moves it after;
+        its subscribers are woken by whoever ended it (:meth:`wake`)."""
+        try:
+            event = ENDING[state]
+        except KeyError:
+            raise IllegalTransition(f"{self.id}: {state.value} is no end") from None
+        check_failure(state, failure)
+        self.state = after(self.state, event)
+        self.failure = failure
+        self._least = _SEALED
 
     def _wake_waiters(self) -> None:
         self.version += 1

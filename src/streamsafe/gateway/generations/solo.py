@@ -10,10 +10,10 @@ its own that it writes back later.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from streamsafe.gateway.errors import FleetUnsafe
-from streamsafe.gateway.generations.fleet import OnEnd, OnTakeover, ReplicaCounters
+from streamsafe.gateway.generations.fleet import Followed, ReplicaCounters
 from streamsafe.gateway.generations.generation import Generation
 from streamsafe.gateway.generations.store import EventLog, Store
 
@@ -82,7 +82,7 @@ class Solo(Alone):
     def __init__(self, store: Store) -> None:
         super().__init__(store, new_log=store.log, own=_runs_here)
         self.closing = False
-        self.held: Callable[[], Iterable[Generation]] = tuple
+        self.held: Iterable[Generation] = ()
         #: Always zero: there are no other replicas' generations.
         self.counters = ReplicaCounters()
 
@@ -116,14 +116,14 @@ class Solo(Alone):
         """False: no generation runs elsewhere."""
         return False
 
-    def follow(self, gen: Generation, on_end: OnEnd, on_takeover: OnTakeover) -> None:
+    def follow(self, gen: Generation) -> Awaitable[Followed]:
         """Never called: :meth:`find` finds nothing to follow."""
         raise AssertionError(f"{gen.id}: a process alone has no other replica to follow")
 
     def unfollow(self, gen: Generation) -> None:
         """Nothing is followed."""
 
-    def lost_lease(self, gen: Generation, on_end: OnEnd, on_takeover: OnTakeover) -> None:
+    def lost_lease(self, gen: Generation) -> Awaitable[Followed]:
         """Never called: a log of this process's has no lease to lose."""
         raise AssertionError(f"{gen.id}: a process alone holds no lease to lose")
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from streamsafe.gateway.engines.attempts import Attempts
 from streamsafe.gateway.errors import Failure, error_body, upstream_refusal
 from streamsafe.gateway.generations.generation import Generation, State
+from streamsafe.gateway.generations.owner import Owner
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.attempt_watch import UpstreamStalled
 from streamsafe.gateway.upstream.connect_failure import connect_failure
@@ -21,16 +22,13 @@ from streamsafe.gateway.upstream.connection import is_engine_death
 from streamsafe.retry import REFUSAL_STATUSES, retry_after_seconds
 from streamsafe.sse import DONE
 
-__all__ = ["REFUSAL_WAIT", "BrokenAttempt", "Endings", "Finish", "dropped"]
+__all__ = ["REFUSAL_WAIT", "BrokenAttempt", "Endings", "dropped"]
 
 log = logging.getLogger("streamsafe.gateway")
 
 #: Seconds before a refusal without ``Retry-After`` is asked again (vLLM sends none): the
 #: ``Retry-After`` the gateway itself gives with its own 503s.
 REFUSAL_WAIT = 1
-
-#: Called once a generation has ended, with its final state (done, failed or aborted).
-Finish = Callable[[Generation, State], None]
 
 
 @dataclass(slots=True)
@@ -61,15 +59,15 @@ def dropped(attempts: Attempts, why: str) -> BrokenAttempt:
 
 
 class Endings:
-    """Ends generations that fail: ``finish`` is told the final state, ``counters`` count the
-    upstream's failures and the breaker's rejections, ``down_for`` says how many seconds a
-    dead engine asks its callers to wait (the breaker's, or the pool's shortest)."""
+    """Ends generations that fail, through their ``owner``; ``counters`` count the upstream's
+    failures and the breaker's rejections, ``down_for`` says how many seconds a dead engine
+    asks its callers to wait (the breaker's, or the pool's shortest)."""
 
-    __slots__ = ("_counters", "_down_for", "_finish")
+    __slots__ = ("_counters", "_down_for", "_owner")
 
-    def __init__(self, counters: Counters, finish: Finish, down_for: Callable[[], int]) -> None:
+    def __init__(self, counters: Counters, owner: Owner, down_for: Callable[[], int]) -> None:
         self._counters = counters
-        self._finish = finish
+        self._owner = owner
         self._down_for = down_for
 
     async def refused(
@@ -146,8 +144,7 @@ class Endings:
         if gen.length:
             await self.fail_mid_stream(gen, failure.as_event().decode())
             return
-        gen.failure = failure
-        self._finish(gen, State.FAILED)
+        self._owner.end(gen, State.FAILED, failure)
 
     async def fail_broken(self, gen: Generation, broken: BrokenAttempt) -> None:
         """No attempt left to repair ``broken``: before any event the caller gets a real status
@@ -172,7 +169,8 @@ class Endings:
                 payload = message.encode()
             else:
                 payload = error_body(message, "upstream_error", status)
-            gen.length = await gen.log.append((payload, DONE))
+            gen.appended(await gen.log.append((payload, DONE)))
+            self._owner.end(gen, State.FAILED)
         else:
-            gen.failure = Failure(status, error_body(message, "upstream_error", status))
-        self._finish(gen, State.FAILED)
+            failure = Failure(status, error_body(message, "upstream_error", status))
+            self._owner.end(gen, State.FAILED, failure)

@@ -5,9 +5,9 @@ Every attempt goes through the generation's :class:`~streamsafe.gateway.engines.
 (the failover before the first token, one engine being a pool of one), told what each did. A
 stream is read on the hot path (:mod:`streamsafe.gateway.relay.stream_reader`): payloads are relayed
 as the bytes upstream sent, never re-encoded (but for a continued stream's usage chunk, made to
-count the whole answer). How a generation ends is not its business: it calls
-``finish`` (given by whoever owns the generations) with the final state, so it never touches
-lookup or retention.
+count the whole answer). What an end means for the process is not its business: it tells the
+generation's :class:`~streamsafe.gateway.generations.owner.Owner` (given once, at construction)
+the final state, so it never touches lookup or retention.
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ from streamsafe.gateway.engines.attempts import Attempts
 from streamsafe.gateway.engines.engines import Engines
 from streamsafe.gateway.errors import Failure, error_body
 from streamsafe.gateway.generations.generation import Continuation, Generation, State
+from streamsafe.gateway.generations.owner import Owner
 from streamsafe.gateway.generations.store import LeaseLost
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.attempt_watch import AttemptWatch, UpstreamStalled, UpstreamTimeouts
 from streamsafe.gateway.relay.continuation import Partial, continuation_for, owed_end, read_partial
-from streamsafe.gateway.relay.endings import BrokenAttempt, Endings, Finish
+from streamsafe.gateway.relay.endings import BrokenAttempt, Endings
 from streamsafe.gateway.relay.messages_continuation import (
     MessagesPartial,
     messages_continuation,
@@ -45,7 +46,7 @@ from streamsafe.gateway.upstream.transport import Answer, Exchange, Response
 from streamsafe.gateway.upstream.wire import Wire
 from streamsafe.retry import REFUSAL_STATUSES
 
-__all__ = ["BrokenAttempt", "Finish", "Relay"]
+__all__ = ["BrokenAttempt", "Relay"]
 
 log = logging.getLogger("streamsafe.gateway")
 
@@ -56,8 +57,9 @@ _MESSAGES = Wire.ANTHROPIC_MESSAGES
 
 
 class Relay:
-    """Runs generations upstream. ``finish`` is told how each one ended; ``counters`` counts
-    what happened on the way; ``clock`` stamps admission (injectable for tests)."""
+    """Runs generations upstream. Their ``owner`` is told how each one ended, and of a refusal
+    that is its callers' answer; ``counters`` counts what happened on the way; ``clock`` stamps
+    admission (injectable for tests)."""
 
     def __init__(
         self,
@@ -65,7 +67,7 @@ class Relay:
         admission: Admission,
         engines: Engines,
         counters: Counters,
-        finish: Finish,
+        owner: Owner,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
@@ -73,12 +75,9 @@ class Relay:
         #: The engines (one upstream is a pool of one).
         self.engines = engines
         self.counters = counters
-        self._finish = finish
-        #: Told of a generation that ended with the engine's refusal (``engine_refusals``
-        #: ``answer``); the registry keeps it for the retries.
-        self.refused: Callable[[Generation], None] = lambda gen: None
-        self._endings = Endings(counters, finish, engines.retry_after)
-        self._streams = StreamReader(counters, finish, self._endings)
+        self._owner = owner
+        self._endings = Endings(counters, owner, engines.retry_after)
+        self._streams = StreamReader(counters, owner, self._endings)
         self._clock = clock
         #: Episodes of the engine shedding load, logged as they begin and end.
         self.engine_shedding = Shedding("engine")
@@ -117,14 +116,14 @@ class Relay:
             waiter = await self._admit(gen)
             if waiter is None:
                 return
-            gen.state = State.RUNNING
+            gen.admitted()
             gen.admitted_at = self._clock()
             self.counters.generations_started += 1
             gen.wake()
             await self._call_upstream(gen, attempts, cut if gen.length else None)
         except asyncio.CancelledError:
             if not gen.finished:
-                self._finish(gen, State.ABORTED)
+                self._owner.end(gen, State.ABORTED)
             raise
         except LeaseLost:
             raise  # another replica runs it now; this one must not write a word more
@@ -176,8 +175,8 @@ class Relay:
         except Exception:  # the log cannot take the error event either
             log.exception("%s: failing it failed too", gen.id)
             if not gen.finished:  # its subscribers end with the error all the same
-                gen.failure = Failure(502, error_body(why, "upstream_error", 502))
-                self._finish(gen, State.FAILED)
+                failure = Failure(502, error_body(why, "upstream_error", 502))
+                self._owner.end(gen, State.FAILED, failure)
 
     async def _call_upstream(
         self, gen: Generation, attempts: Attempts, cut: str | None = None
@@ -240,9 +239,9 @@ class Relay:
         else:
             end = await owed_end(gen.request, partial, attempts.upstream.prompt_tokens)
         self.counters.usage_recovered += len(end) > 1
-        gen.length = await gen.log.append(end)
+        gen.appended(await gen.log.append(end))
         attempts.succeeded()
-        self._finish(gen, State.DONE)
+        self._owner.end(gen, State.DONE)
 
     def _count_continuation(
         self, gen: Generation, broken: BrokenAttempt, attempts: Attempts
@@ -276,7 +275,7 @@ class Relay:
             # Its caller retries by itself: the refusal is its answer, and its retries get the
             # same from the registry while the engine refuses (see refusals.py).
             await self._endings.fail_broken(gen, broken)
-            self.refused(gen)
+            self._owner.refused(gen)
             return True
         stranded = attempts.stranded()
         if stranded is not None:
@@ -339,7 +338,7 @@ class Relay:
             msg = f"the engine refuses new work ({status}); retry after {seconds} s"
             body = error_body(msg, kind, status)
             await self._endings.fail(gen, Failure(status, body, seconds, final=True))
-        self.refused(gen)
+        self._owner.refused(gen)
         return False
 
     async def _wait_out(self, gen: Generation, broken: BrokenAttempt, repair: _Repair) -> bool:
@@ -452,9 +451,9 @@ class Relay:
                 gen.wake()  # upstream accepted the request
                 body = await response.read_body()
                 attempts.served()
-                gen.length = await gen.log.append((body,))
+                gen.appended(await gen.log.append((body,)))
                 attempts.succeeded()
-                self._finish(gen, State.DONE)
+                self._owner.end(gen, State.DONE)
                 return None
         except UpstreamStalled as exc:
             self.counters.upstream_timeouts += 1

@@ -21,9 +21,10 @@ from collections.abc import Callable
 from streamsafe.gateway.engines.answers import Refused
 from streamsafe.gateway.engines.attempts import Attempts
 from streamsafe.gateway.generations.generation import Generation, State
+from streamsafe.gateway.generations.owner import Owner
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.attempt_watch import AttemptWatch
-from streamsafe.gateway.relay.endings import BrokenAttempt, Endings, Finish, dropped
+from streamsafe.gateway.relay.endings import BrokenAttempt, Endings, dropped
 from streamsafe.gateway.relay.stream_sink import StreamSink
 from streamsafe.gateway.upstream.connection import MAX_ERROR_BODY
 from streamsafe.gateway.upstream.errors import ConnectFailed, UpstreamClosed, UpstreamError
@@ -40,11 +41,11 @@ class StreamReader:
     """Runs one streaming attempt of a generation and says how it ended: ``None`` where the
     generation ended (done or failed), else why it broke (see :class:`BrokenAttempt`)."""
 
-    __slots__ = ("_counters", "_endings", "_finish")
+    __slots__ = ("_counters", "_endings", "_owner")
 
-    def __init__(self, counters: Counters, finish: Finish, endings: Endings) -> None:
+    def __init__(self, counters: Counters, owner: Owner, endings: Endings) -> None:
         self._counters = counters
-        self._finish = finish
+        self._owner = owner
         self._endings = endings
 
     async def attempt(
@@ -146,7 +147,7 @@ class StreamReader:
             stop=stop,
             attempts=attempts,
             counters=self._counters,
-            finish=self._finish,
+            owner=self._owner,
         )
 
     async def _ended(
@@ -176,10 +177,10 @@ class StreamReader:
         if broke is None and route is not None and not route.upstream_done:
             # Llama Stack's streams just end: after their last event, or after an error event.
             if sink.errored or ends_answer(route.wire, sink.last):
-                gen.length = await gen.log.append((DONE,))
+                gen.appended(await gen.log.append((DONE,)))
                 if not sink.errored:
                     attempts.succeeded()
-                self._finish(gen, State.FAILED if sink.errored else State.DONE)
+                self._owner.end(gen, State.FAILED if sink.errored else State.DONE)
                 return None
             return BrokenAttempt("upstream stream ended before the answer was complete", 502)
         if sink.errored:

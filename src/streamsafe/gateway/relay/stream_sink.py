@@ -14,6 +14,7 @@ from streamsafe.gateway.engines.attempts import Attempts
 from streamsafe.gateway.engines.failover import refusal_status
 from streamsafe.gateway.errors import ERROR_PREFIXES
 from streamsafe.gateway.generations.generation import Generation, State
+from streamsafe.gateway.generations.owner import Owner
 from streamsafe.gateway.generations.response_ids import note_first_event
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.attempt_watch import AttemptWatch
@@ -47,7 +48,7 @@ class StreamSink:
         "_attempts",
         "_counters",
         "_errors",
-        "_finish",
+        "_owner",
         "_pending",
         "_preamble",
         "_ready",
@@ -75,14 +76,14 @@ class StreamSink:
         stop: Callable[[], None],
         attempts: Attempts,
         counters: Counters,
-        finish: Callable[[Generation, State], None],
+        owner: Owner,
     ) -> None:
         self.gen = gen
         self._watch = watch
         self._stop = stop
         self._attempts = attempts
         self._counters = counters
-        self._finish = finish
+        self._owner = owner
         # A continuation opens with the assistant's role chunk again; the log has it.
         self.skip_role = continuing
         ask = gen.continuation if continuing else None
@@ -215,7 +216,7 @@ class StreamSink:
             if ready is not None and not ready.done():
                 ready.set_result(None)
             return
-        gen.length = append_now(payloads)
+        gen.appended(append_now(payloads))
         self._appended(payloads)
 
     def _refusal(self, payload: bytes) -> int | None:
@@ -250,10 +251,9 @@ class StreamSink:
         length = append_one(payload)
         if not length:
             return False
-        gen.length = length
         self.last = payload
         self._counters.events_relayed += 1
-        gen.publish_one(payload, length - 1)  # one line (one_payload saw to it), not [DONE]
+        gen.appended_one(payload, length)  # one line (one_payload saw to it), not [DONE]
         return True
 
     def ready(self) -> asyncio.Future[None]:
@@ -268,7 +268,7 @@ class StreamSink:
         slower than the engine)."""
         if self._pending:
             payloads, self._pending = self._pending, []
-            self.gen.length = await self.gen.log.append(payloads)
+            self.gen.appended(await self.gen.log.append(payloads))
             self._appended(payloads)
 
     def _appended(self, payloads: list[bytes]) -> None:
@@ -288,4 +288,4 @@ class StreamSink:
         if self.done and not self._pending:
             if not self.errored:
                 self._attempts.succeeded()
-            self._finish(gen, State.FAILED if self.errored else State.DONE)
+            self._owner.end(gen, State.FAILED if self.errored else State.DONE)

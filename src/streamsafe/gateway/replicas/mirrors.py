@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from streamsafe.gateway.errors import Failure, error_body
-from streamsafe.gateway.generations.fleet import OnEnd, OnTakeover
+from streamsafe.gateway.generations.fleet import Followed
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.response_ids import note_first_event
 from streamsafe.gateway.replicas.generation_record import key_of, request_of
@@ -98,23 +99,20 @@ class Mirrors:
         log_.on_detach = self._failed
         gen = Generation(gen_id, request, log_, key or stored_key, created_at)
         note_first_event(gen, await log_.pull())
-        gen.length = log_.length
-        ended = _apply(gen, record, log_)
-        if ended is not None:
-            gen.state = ended
+        gen.appended(log_.length)
+        _apply(gen, record, log_)
         if gen.length:
             gen.upstream_status = 200
         return gen
 
-    def follow(self, gen: Generation, on_end: OnEnd, on_takeover: OnTakeover) -> None:
-        """Start copying ``gen``'s log as its owner writes it; ``on_end`` is told when it ends,
-        ``on_takeover`` once this replica took it over from a dead owner (lease and log)."""
+    def follow(self, gen: Generation) -> Coroutine[Any, Any, Followed]:
+        """``gen`` is a mirror from now on: returns its follower, which copies its log as its
+        owner writes it, for the caller to run as a task (held here from its first step, and
+        cancelled by :meth:`unfollow`). It returns how it ended: the mirror ended (moved to its
+        owner's end), or this replica took it over from a dead owner (lease and log), or it
+        was unfollowed before it began."""
         self._mirrors[gen.id] = gen
-        task = asyncio.get_running_loop().create_task(
-            self._follow(gen, on_end, on_takeover), name=f"follow-{gen.id}"
-        )
-        self._followers[gen.id] = task
-        task.add_done_callback(lambda _: self._followers.pop(gen.id, None))
+        return self._follow(gen)
 
     def unfollow(self, gen: Generation) -> None:
         """Stop copying ``gen`` (forgotten here)."""
@@ -140,7 +138,19 @@ class Mirrors:
         except REDIS_ERRORS as exc:
             self._failed(exc)
 
-    async def _follow(self, gen: Generation, on_end: OnEnd, on_takeover: OnTakeover) -> None:
+    async def _follow(self, gen: Generation) -> Followed:
+        task = asyncio.current_task()
+        assert task is not None
+        self._followers[gen.id] = task
+        try:
+            return await self._copy(gen)
+        finally:
+            if self._followers.get(gen.id) is task:
+                del self._followers[gen.id]
+
+    async def _copy(self, gen: Generation) -> Followed:
+        """The follower's loop: copy what the owner appended, bring the state up to its record,
+        wait for more, and, quiet for half a lease, ask whether the owner is gone."""
         log_ = gen.log
         assert isinstance(log_, ReplicatedLog)
         store = self.store
@@ -153,7 +163,7 @@ class Mirrors:
                 if new:
                     if log_.length == len(new):  # its first events: a response's id is there
                         note_first_event(gen, new)
-                    gen.length = log_.length
+                    gen.appended(log_.length)
                     gen.upstream_status = 200
                     if any(b"\n" in p for p in new):
                         gen.multiline = True
@@ -168,21 +178,19 @@ class Mirrors:
                         now = self._clock()
                         missing_since = missing_since or now
                         if now - missing_since > max(WRITE_BACK_WAIT, 2 * self.lease):
-                            on_end(gen, _lost(gen, log_))
-                            return
+                            _lost(gen, log_)
+                            return Followed.ENDED
                         await asyncio.sleep(self.lease / 4)
                         continue
                     missing_since = None
-                    ended = _apply(gen, record, log_)
-                    if ended is not None:
-                        on_end(gen, ended)
-                        return
+                    if _apply(gen, record, log_):
+                        return Followed.ENDED
                 if await store.wait(gen.id, log_.length, states, self.lease / 2):
                     delay = 0.05
                     continue
                 # Quiet for half a lease: is the owner still there?
-                if await self._took_over(gen, log_, on_takeover):
-                    return
+                if await self._took_over(gen, log_):
+                    return Followed.TAKEN_OVER
             except REDIS_ERRORS as exc:
                 self._failed(exc)
                 await asyncio.sleep(delay)
@@ -192,12 +200,11 @@ class Mirrors:
                 # a refusal that says so, never take it over, never pass sealed bytes on.
                 why = f"{exc}; every gateway replica needs the same --redis-secret"
                 log.error("%s", why, extra={"fields": {"event": "redis_record_unreadable"}})
-                on_end(gen, _unreadable(gen, log_, why))
-                return
+                _unreadable(gen, log_, why)
+                return Followed.ENDED
+        return Followed.UNFOLLOWED
 
-    async def _took_over(
-        self, gen: Generation, log_: ReplicatedLog, on_takeover: OnTakeover
-    ) -> bool:
+    async def _took_over(self, gen: Generation, log_: ReplicatedLog) -> bool:
         """Take over a live generation whose owner's lease lapsed (SET NX decides which
         replica does); whether this one did."""
         store = self.store
@@ -208,10 +215,10 @@ class Mirrors:
         if not orphaned or not await store.take_lease(gen.id, self.lease):
             return False
         await log_.take_over(store.replica_id)
-        gen.length = log_.length
+        gen.appended(log_.length)
+        gen.taken_over()
         log.warning("%s: owner replica gone; taking the generation over", gen.id)
         self.forget(gen)
-        await on_takeover(gen)
         return True
 
 
@@ -219,47 +226,51 @@ def _ends(new: list[bytes]) -> bool:
     return bool(new) and new[-1] == DONE
 
 
-def _apply(gen: Generation, record: dict[str, bytes], log_: ReplicatedLog) -> State | None:
-    """Bring a mirror's state up to its record; the final state once it has ended."""
+def _apply(gen: Generation, record: dict[str, bytes], log_: ReplicatedLog) -> bool:
+    """Bring a mirror's state up to its record; True where that ended it (its subscribers are
+    woken by whoever is told)."""
     state = State(record.get("state", b"queued").decode())
     if state is State.RUNNING and gen.state is State.QUEUED:
-        gen.state = State.RUNNING
+        gen.admitted()
         gen.wake()
     if state in (State.QUEUED, State.RUNNING):
-        return None
+        return False
+    complete = not log_.length or log_.read_nowait(log_.length - 1) == [DONE]
+    if state is not State.ABORTED and gen.stream and not complete:
+        return False  # the record is ahead of the log copy: pull the rest first
+    failure = None
     if "status" in record and not log_.length:
         retry_after = record.get("retry_after")
-        gen.failure = Failure(
+        failure = Failure(
             int(record["status"]),
             record.get("error", b""),
             int(retry_after) if retry_after is not None else None,
         )
-    complete = not log_.length or log_.read_nowait(log_.length - 1) == [DONE]
-    if state is not State.ABORTED and gen.stream and not complete:
-        return None  # the record is ahead of the log copy: pull the rest first
-    return state
+    gen.end(state, failure)
+    return True
 
 
-def _lost(gen: Generation, log_: ReplicatedLog) -> State:
+def _lost(gen: Generation, log_: ReplicatedLog) -> None:
     """Redis no longer holds a mirrored generation (it expired, or Redis restarted empty and
     the owner is gone): end it with an error rather than wait forever."""
     msg = "the generation was lost by the shared store; retry the request"
-    return _end_with(gen, log_, error_body(msg, "upstream_error", 502), 502)
+    _end_with(gen, log_, error_body(msg, "upstream_error", 502), 502)
 
 
-def _unreadable(gen: Generation, log_: ReplicatedLog, why: str) -> State:
+def _unreadable(gen: Generation, log_: ReplicatedLog, why: str) -> None:
     """This replica cannot read a mirrored generation's log (sealed with another secret): end
     it with a 503 that says why."""
     msg = f"this gateway replica cannot read the generation this request belongs to: {why}"
-    return _end_with(gen, log_, error_body(msg, "service_unavailable", 503), 503)
+    _end_with(gen, log_, error_body(msg, "service_unavailable", 503), 503)
 
 
-def _end_with(gen: Generation, log_: ReplicatedLog, error: bytes, status: int) -> State:
-    """End a mirror with ``error``: its last event where it streamed, its answer where not."""
+def _end_with(gen: Generation, log_: ReplicatedLog, error: bytes, status: int) -> None:
+    """End a mirror failed with ``error``: its last event where it streamed, its answer where
+    not."""
     if log_.length and gen.stream:
         if log_.read_nowait(log_.length - 1) != [DONE]:
             log_.local.append_nowait([error, DONE])
-            gen.length = log_.length
+            gen.appended(log_.length)
+        gen.end(State.FAILED)
     else:
-        gen.failure = Failure(status, error)
-    return State.FAILED
+        gen.end(State.FAILED, Failure(status, error))

@@ -33,11 +33,11 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 
 from streamsafe.gateway.errors import FleetUnsafe
-from streamsafe.gateway.generations.fleet import OnEnd, OnTakeover, ReplicaCounters
+from streamsafe.gateway.generations.fleet import Followed, ReplicaCounters
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.solo import Alone
 from streamsafe.gateway.generations.store import MemoryStore
@@ -129,7 +129,7 @@ class Replicas:
         self._unsynced: dict[str, Generation] = {}
         #: The generations this process holds (the registry's index), for a write-back after
         #: Redis restarted: those this replica ran and keeps for replay.
-        self.held: Callable[[], Iterable[Generation]] = tuple
+        self.held: Iterable[Generation] = ()
         self._redis_run: str | None = None  # Redis's run id, as last seen
 
     @property
@@ -291,14 +291,14 @@ class Replicas:
         """True if ``gen``'s log is in Redis (not started while Redis was away)."""
         return isinstance(gen.log, ReplicatedLog)
 
-    def lost_lease(self, gen: Generation, on_end: OnEnd, on_takeover: OnTakeover) -> None:
+    def lost_lease(self, gen: Generation) -> Awaitable[Followed]:
         """Another replica took ``gen``'s lease while this one ran it (it paused past the
-        lease): follow the new owner (:meth:`follow`)."""
+        lease): follow the new owner (:meth:`follow`, whose follower this returns)."""
         assert isinstance(gen.log, ReplicatedLog)
         self.counters.leases_lost += 1
         gen.log.remote.lease_holder = ""
         self.disown(gen)
-        self.follow(gen, on_end, on_takeover)
+        return self.follow(gen)
 
     async def finished(self, gen: Generation) -> None:
         """``gen``, which this replica ran, ended: record how, keep it for replay
@@ -397,7 +397,7 @@ class Replicas:
     def _resync_held(self) -> None:
         """Have the finished generations this replica ran and keeps for replay written back
         with the rest (:meth:`_write_back`): their ends are recorded again with their keys."""
-        for gen in self.held():
+        for gen in self.held:
             log_ = gen.log
             if (
                 gen.state is State.DONE
@@ -456,18 +456,21 @@ class Replicas:
         """The newest generation with this body for ``tenant``, on any replica."""
         return await self.store.find_fingerprint(tenant, fingerprint)
 
-    def follow(self, gen: Generation, on_end: OnEnd, on_takeover: OnTakeover) -> None:
-        """Start copying ``gen``'s log as its owner writes it; ``on_end`` is told when it ends,
-        ``on_takeover`` when this replica takes it over from a dead owner."""
+    def follow(self, gen: Generation) -> Awaitable[Followed]:
+        """Copy ``gen``'s log as its owner writes it: returns its follower, which returns how
+        it ended (see :meth:`Fleet.follow <streamsafe.gateway.generations.fleet.Fleet.follow>`);
+        one taken over from a dead owner is this replica's from then on."""
         self.counters.mirrored += 1
+        follower = self.mirrors.follow(gen)
+        self.start()
+        return self._followed(gen, follower)
 
-        async def taken_over(gen: Generation) -> None:
+    async def _followed(self, gen: Generation, follower: Awaitable[Followed]) -> Followed:
+        followed = await follower
+        if followed is Followed.TAKEN_OVER:
             self.counters.taken_over += 1
             self.own(gen)
-            await on_takeover(gen)
-
-        self.mirrors.follow(gen, on_end, taken_over)
-        self.start()
+        return followed
 
     def is_mirror(self, gen: Generation) -> bool:
         """True if another replica runs ``gen`` and this one copies it."""
