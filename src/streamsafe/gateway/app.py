@@ -248,8 +248,7 @@ class Gateway:
                 if gen.admitted_at is not None:
                     h.admission_wait_seconds.observe(max(0.0, gen.admitted_at - gen.created_at))
                 tokens = completion_tokens(gen)
-                route = gen.request.route
-                generated = route is None or route.wire is not Wire.OPENAI_POOLING
+                generated = gen.request.route.wire is not Wire.OPENAI_POOLING
                 if tokens is not None and gen.state is State.DONE and generated:
                     h.completion_tokens.observe(tokens)
         logged = access_log.isEnabledFor(access.level)
