@@ -96,9 +96,7 @@ class Engines:
             for spec in specs
         ]
         loads = [Counts() for _ in specs]
-        self.pool = Pool(
-            specs, fallbacks=fallbacks, loads=loads, breakers=[u.breaker for u in upstreams]
-        )
+        self.pool = Pool(specs, loads, [u.breaker for u in upstreams], fallbacks=fallbacks)
         #: Every bound of one generation's asks (each generation's
         #: :class:`~streamsafe.gateway.engines.attempt_plan.AttemptPlan` starts from it).
         self.bounds = PlanBounds(
