@@ -3,12 +3,15 @@ clock is an argument, so hypothesis drives them through arbitrary histories."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamsafe.gateway.engines.failover import Failover, failover_step
 from streamsafe.gateway.engines.pool import (
+    Counts,
     EngineSpec,
     Full,
     Pick,
@@ -18,6 +21,14 @@ from streamsafe.gateway.engines.pool import (
     parse_fallback,
 )
 from streamsafe.gateway.upstream.breaker import BreakerState, EngineBreaker
+
+
+def _pool(specs: Sequence[EngineSpec], fallbacks: Mapping[str, str] | None = None) -> Pool:
+    """A pool of ``specs``, each engine with plain load counts and a breaker of its own."""
+    return Pool(
+        specs, [Counts() for _ in specs], [EngineBreaker() for _ in specs], fallbacks=fallbacks
+    )
+
 
 pytestmark = pytest.mark.unit
 
@@ -84,7 +95,7 @@ def test_fallback_option() -> None:
 def test_pick_routes_only_to_engines_of_the_model(
     specs: list[EngineSpec], model: str, exclude: set[int], now: float
 ) -> None:
-    pool = Pool(specs)
+    pool = _pool(specs)
     result = pool.pick(model, now, exclude)
     usable = [e for e in pool.serving(model) if e.index not in exclude]
     if usable:
@@ -104,7 +115,7 @@ def test_pick_routes_only_to_engines_of_the_model(
 def test_pick_never_overfills_an_engine(
     specs: list[EngineSpec], model: str, held: list[int], cost: int
 ) -> None:
-    pool = Pool(specs)
+    pool = _pool(specs)
     for engine, memory in zip(pool.engines, held, strict=False):
         engine.load.memory = memory
     result = pool.pick(model, 0.0, cost=cost)
@@ -122,7 +133,7 @@ def test_pick_never_overfills_an_engine(
 @given(st.lists(weights_st, min_size=2, max_size=4), st.integers(1, 50))
 def test_load_follows_the_weights(weights: list[float], cost: int) -> None:
     specs = [EngineSpec(f"http://e{i}:8000", weight=w) for i, w in enumerate(weights)]
-    pool = Pool(specs)
+    pool = _pool(specs)
     for _ in range(200):
         pick = pool.pick("m", 0.0)
         assert isinstance(pick, Pick)
@@ -133,7 +144,7 @@ def test_load_follows_the_weights(weights: list[float], cost: int) -> None:
 
 
 def test_least_memory_wins_then_shortest_queue_then_turns() -> None:
-    pool = Pool([EngineSpec(f"http://e{i}:8000") for i in range(3)])
+    pool = _pool([EngineSpec(f"http://e{i}:8000") for i in range(3)])
     a, b, c = pool.engines
     a.load.memory, b.load.memory, c.load.memory = 100, 10, 10
     b.load.queued = 2
@@ -144,7 +155,7 @@ def test_least_memory_wins_then_shortest_queue_then_turns() -> None:
 
 
 def test_fallback_model_answers_when_every_engine_of_the_model_is_down() -> None:
-    pool = Pool(
+    pool = _pool(
         [
             EngineSpec("http://small:8000", frozenset({"llama-8b"})),
             EngineSpec("http://big:8000", frozenset({"llama-70b"})),
@@ -168,7 +179,7 @@ def test_fallback_model_answers_when_every_engine_of_the_model_is_down() -> None
 def test_engines_only_cooling_down_still_take_traffic_where_no_other_can() -> None:
     # "Panic", as Envoy calls it: failures opened every breaker of the model, but nobody knows
     # the engines are gone, so turning every caller away would help no one.
-    pool = Pool([EngineSpec("http://a:8000"), EngineSpec("http://b:8000")])
+    pool = _pool([EngineSpec("http://a:8000"), EngineSpec("http://b:8000")])
     for engine in pool.engines:
         for _ in range(3):
             engine.breaker.on_failure(0.0)
@@ -183,7 +194,7 @@ def test_engines_only_cooling_down_still_take_traffic_where_no_other_can() -> No
 
 
 def test_unknown_model_is_not_known() -> None:
-    pool = Pool([EngineSpec("http://a:8000", frozenset({"llama-8b"}))])
+    pool = _pool([EngineSpec("http://a:8000", frozenset({"llama-8b"}))])
     result = pool.pick("gpt-9", 0.0)
     assert isinstance(result, Unavailable) and not result.known
 
@@ -253,7 +264,7 @@ def test_breaker_invariants(events: list[tuple[str, float]]) -> None:
 def test_a_generation_is_stranded_only_where_every_engine_is_held_down_or_shunned(
     states: list[str], shunned: set[int]
 ) -> None:
-    pool = Pool([EngineSpec(f"http://e{i}:8000") for i in range(len(states))])
+    pool = _pool([EngineSpec(f"http://e{i}:8000") for i in range(len(states))])
     for engine, state in zip(pool.engines, states, strict=True):
         if state == "held":
             engine.breaker.hold(0.0, 1.0)
@@ -277,7 +288,7 @@ def test_a_generation_is_stranded_only_where_every_engine_is_held_down_or_shunne
 def test_an_engine_that_sheds_is_passed_over_while_it_said_and_never_longer_than_ten_s(
     now: float, retry_after: float | None
 ) -> None:
-    pool = Pool([EngineSpec("http://full:8000"), EngineSpec("http://other:8000")])
+    pool = _pool([EngineSpec("http://full:8000"), EngineSpec("http://other:8000")])
     full, other = pool.engines
     full.said_full(now, retry_after)
     assert now < full.full_until <= now + 10.0

@@ -19,7 +19,11 @@ from streamsafe.gateway.replicas.record_seal import Unsealable
 from streamsafe.gateway.replicas.redis_log import LogConflict, LogLost
 from streamsafe.gateway.replicas.replicas import Replicas
 from streamsafe.gateway.replicas.store_redis import RedisStore, StateLost
+from streamsafe.gateway.upstream.kinds import KINDS
 from waiting import wait_until_async
+
+#: The route of a chat completion to vLLM (every request has its route).
+CHAT = KINDS["vllm"].route("/v1/chat/completions")
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -399,7 +403,9 @@ def _replica(store: RedisStore) -> Replicas:
 
 def _generation(replicas: Replicas, i: int, key: str | None, detached: bool = False) -> Generation:
     """Generation ``gen-<i>`` of ``replicas`` (a streamed chat, body fingerprint ``fp<i>``)."""
-    req = GenerationRequest("t", "/v1/chat/completions", b"{}", b"fp%d" % i, 1, True, key)
+    req = GenerationRequest(
+        "t", "/v1/chat/completions", b"{}", b"fp%d" % i, 1, True, key, route=CHAT
+    )
     return Generation(f"gen-{i}", req, replicas.new_log(f"gen-{i}", detached=detached), key)
 
 
@@ -563,7 +569,13 @@ async def test_a_sealed_record_holds_no_key_nor_fingerprint_and_opens_with_the_s
     store = make_store(secret="fleet-secret")
     replicas = _replica(store)
     req = GenerationRequest(
-        "t", "/v1/chat/completions", b'{"prompt":"my question"}', b"fp-of-my-question", 1, True
+        "t",
+        "/v1/chat/completions",
+        b'{"prompt":"my question"}',
+        b"fp-of-my-question",
+        1,
+        True,
+        route=CHAT,
     )
     gen = Generation("gen-1", req, replicas.new_log("gen-1"), "k\x00t\x00idem-key-1")
     await replicas.publish(gen)
@@ -586,7 +598,7 @@ async def test_a_mirror_whose_log_it_cannot_open_ends_with_a_503_never_sealed_by
 ) -> None:
     owner_store = make_store(secret="fleet-secret")
     owner = _replica(owner_store)
-    req = GenerationRequest("t", "/v1/chat/completions", b"{}", b"fp", 1, True)
+    req = GenerationRequest("t", "/v1/chat/completions", b"{}", b"fp", 1, True, route=CHAT)
     gen = Generation("gen-1", req, owner.new_log("gen-1"), None)
     await owner.publish(gen)
     await gen.log.append([b'{"n":1}'])

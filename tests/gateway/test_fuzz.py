@@ -34,10 +34,14 @@ from streamsafe.gateway.generations.generation import Generation, GenerationRequ
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.replicas.generation_record import record_of, request_of
 from streamsafe.gateway.replicas.record_seal import RecordSeal, Unreadable
+from streamsafe.gateway.upstream.kinds import KINDS
 from streamsafe.server import ServerThread
 from streamsafe.sse import SSEDecoder
 from streamsafe_bench.responses_upstream import ResponsesUpstream
 from waiting import poll_async
+
+#: The route of a chat completion to vLLM (every request has its route).
+CHAT = KINDS["vllm"].route("/v1/chat/completions")
 
 #: Seconds one fuzzed request may take before its client "leaves" (every call is bounded).
 _CLIENT_PATIENCE = 2.0
@@ -589,7 +593,7 @@ def test_a_generation_s_redis_record_reads_back_as_its_request(
     body: bytes, forward: bytes, tenant: str, cost: int, sealed: bool
 ) -> None:
     req = GenerationRequest(
-        tenant, "/v1/chat/completions", body, b"f" * 16, cost, True, forward=forward
+        tenant, "/v1/chat/completions", body, b"f" * 16, cost, True, forward=forward, route=CHAT
     )
     seal = _SEAL if sealed else None
     record = record_of(Generation("gen-1", req, MemoryEventLog(), None, 0.0), seal)

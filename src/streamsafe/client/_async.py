@@ -62,8 +62,8 @@ class AsyncStream(AsyncCloseAlias, Generic[T]):
         response: httpx2.Response,
         chunk_type: type[T],
         *,
-        call: Call | None = None,
-        client: AsyncClient | None = None,
+        call: Call,
+        client: AsyncClient,
     ) -> None:
         self.response = response
         self.chunks: list[T] = []
@@ -82,12 +82,12 @@ class AsyncStream(AsyncCloseAlias, Generic[T]):
     @property
     def idempotency_key(self) -> str | None:
         """The key sent with every attempt and resume of this call."""
-        return self._call.idempotency_key if self._call else None
+        return self._call.idempotency_key
 
     @property
     def resumes(self) -> int:
         """Resumes made so far."""
-        return self._call.resumes if self._call else 0
+        return self._call.resumes
 
     def __aiter__(self) -> AsyncIterator[T]:
         if self._closed and not self._ended:
@@ -132,7 +132,7 @@ class AsyncStream(AsyncCloseAlias, Generic[T]):
         while True:
             decoder = SSEDecoder()
             # After a resume, skip any event the server replays that we already have.
-            skip_through = _int_id(call.last_event_id) if call and call.resumes else None
+            skip_through = _int_id(call.last_event_id) if call.resumes else None
             # What broke this attempt off: a refusal before any chunk, or the transport.
             broke: _Refused | httpx2.TransportError | None = None
             try:
@@ -141,7 +141,7 @@ class AsyncStream(AsyncCloseAlias, Generic[T]):
                         if ev.is_done:
                             self._ended = True
                             return
-                        if ev.id is not None and call is not None:
+                        if ev.id is not None:
                             if skip_through is not None:
                                 n = _int_id(ev.id)
                                 if n is not None and n <= skip_through:
@@ -151,15 +151,15 @@ class AsyncStream(AsyncCloseAlias, Generic[T]):
                         try:
                             data = loads(ev.raw)
                         except orjson.JSONDecodeError:
-                            raise _bad_event(call, ev.raw, chunks) from None
+                            raise call.bad_event(ev.raw, chunks) from None
                         if type(data) is not dict:
-                            raise _bad_event(call, ev.raw, chunks)
+                            raise call.bad_event(ev.raw, chunks)
                         if "error" in data and data["error"] is not None:
                             raise _error_event(call, data, chunks)
                         chunk = make(data)
                         chunks.append(chunk)
                         yield chunk
-                    if call is not None and call.deadline_at is not None and call.past_deadline():
+                    if call.deadline_at is not None and call.past_deadline():
                         raise httpx2.ReadTimeout("total timeout")
                 decoder.close()
                 if finished(chunks):
@@ -171,7 +171,7 @@ class AsyncStream(AsyncCloseAlias, Generic[T]):
                 if isinstance(exc, (_Refused, httpx2.TransportError)):
                     broke = exc
                 elif isinstance(exc, (SSEError, httpx2.DecodingError)):
-                    raise _unreadable(call, exc, chunks) from exc
+                    raise call.unreadable_stream(exc, chunks) from exc
                 else:
                     raise
             finally:
@@ -183,20 +183,15 @@ class AsyncStream(AsyncCloseAlias, Generic[T]):
 
     async def _next_attempt(
         self,
-        call: Call | None,
+        call: Call,
         response: httpx2.Response,
         broke: _Refused | httpx2.TransportError | None,
     ) -> httpx2.Response:
         """The response that carries the stream on after ``response`` broke off (``broke``:
         why, ``None`` where it ended before ``[DONE]``): a refusal before any chunk is retried,
-        any other break resumed (a plain response, with no call
-        behind it, cannot be)."""
+        any other break resumed."""
         if isinstance(broke, _Refused):
-            if call is None or self._client is None:
-                raise _stream_error(call, broke.data, self.chunks)
             return await self._client._retry_refused(call, broke, response.headers)
-        if call is None or self._client is None:
-            raise StreamsafeError(f"stream broke: {broke or 'truncated before [DONE]'}")
         outcome = call.stream_failure(broke, len(self.chunks))
         return await self._client._resume(call, outcome, self.chunks, broke)
 
@@ -220,42 +215,23 @@ def _int_id(value: str | None) -> int | None:
         return None
 
 
-def _closed_error(call: Call | None, chunks: list[Any]) -> StreamClosed:
-    kw = call.kw() if call is not None else {}
+def _closed_error(call: Call, chunks: list[Any]) -> StreamClosed:
     return StreamClosed(
         f"the stream was closed after {len(chunks)} chunks, before its end",
         chunks=chunks,
         text=text_of(chunks),
-        **kw,
+        **call.kw(),
     )
 
 
-def _bad_event(call: Call | None, raw: bytes, chunks: list[Any]) -> StreamsafeError:
-    if call is None:
-        return APIResponseError(f"stream event is not a JSON object: {raw[:200]!r}")
-    return call.bad_event(raw, chunks)
-
-
-def _unreadable(call: Call | None, exc: Exception, chunks: list[Any]) -> StreamsafeError:
-    if call is None:
-        return APIResponseError(f"unreadable event stream: {exc}")
-    return call.unreadable_stream(exc, chunks)
-
-
-def _stream_error(call: Call | None, data: dict[str, Any], chunks: list[Any]) -> StreamsafeError:
-    if call is None:
-        return StreamsafeError(f"error event in stream: {data.get('error')!r}")
-    return call.stream_error(data, chunks)
-
-
-def _error_event(call: Call | None, data: dict[str, Any], chunks: list[Any]) -> Exception:
+def _error_event(call: Call, data: dict[str, Any], chunks: list[Any]) -> Exception:
     """What an error event in the stream raises: a refusal where it came before anything
     started (retried as its status would be), else the stream's error."""
-    if not chunks and call is not None and not call.resumes:
+    if not chunks and not call.resumes:
         status = refusal_status(data["error"])
         if status is not None:
             return _Refused(status, data)
-    return _stream_error(call, data, chunks)
+    return call.stream_error(data, chunks)
 
 
 class AsyncClient(AsyncCloseAlias):

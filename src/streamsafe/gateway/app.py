@@ -99,8 +99,8 @@ class Gateway:
         self._api_keys = ApiKeys(config)
         # One upstream is a pool of one engine: the same picks, failover, breaker and reader.
         self.engines = _engines(config, config.engines or (config.upstream,))
-        #: The first engine: its kind is the gateway's (see Engines.first).
-        self.upstream = self.engines.first
+        #: The first engine's connections: its kind is the gateway's (see Engines.first).
+        self.upstream = self.engines.first.upstream
         self.admission = Admission(
             max_inflight=config.max_inflight,
             max_memory_tokens=config.max_memory_tokens,
@@ -151,7 +151,7 @@ class Gateway:
             kept_bytes=registry.kept.bytes,
             breaker_open=engines.open_breakers(),
             breaker_trips=engines.trips,
-            upstream_connect_retries=sum(u.connect_retries_done for u in engines.upstreams),
+            upstream_connect_retries=sum(e.upstream.connect_retries_done for e in engines.shells),
             engine_failovers=engines.failovers,
             engine_migrations=engines.migrations,
             generations_mirrored=rc.mirrored,
@@ -176,17 +176,16 @@ class Gateway:
     def engine_readings(self) -> list[EngineReading]:
         """Per-engine figures for ``/metrics`` (label ``engine``): each engine of the pool, or
         the one upstream (a pool of one)."""
-        engines = self.engines
         return [
             EngineReading(
                 engine=e.spec.url,
-                requests=upstream.requests,
-                failures=upstream.failures,
+                requests=e.upstream.requests,
+                failures=e.upstream.failures,
                 breaker_state=_BREAKER_STATES[e.breaker.state],
                 breaker_trips=e.breaker.trips,
                 memory_tokens=e.load.memory,
             )
-            for e, upstream in zip(engines.pool.engines, engines.upstreams, strict=True)
+            for e in self.engines.shells
         ]
 
     # -- ASGI -----------------------------------------------------------------------------------
@@ -249,8 +248,7 @@ class Gateway:
                 if gen.admitted_at is not None:
                     h.admission_wait_seconds.observe(max(0.0, gen.admitted_at - gen.created_at))
                 tokens = completion_tokens(gen)
-                route = gen.request.route
-                generated = route is None or route.wire is not Wire.OPENAI_POOLING
+                generated = gen.request.route.wire is not Wire.OPENAI_POOLING
                 if tokens is not None and gen.state is State.DONE and generated:
                     h.completion_tokens.observe(tokens)
         logged = access_log.isEnabledFor(access.level)

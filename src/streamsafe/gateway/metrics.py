@@ -440,9 +440,9 @@ class _Collector:
     def __init__(
         self,
         stats: Callable[[], dict[str, Any]],
-        histograms: Histograms | None,
-        engines: Callable[[], Sequence[EngineReading]] | None,
-        routes: RouteMetrics | None = None,
+        histograms: Histograms,
+        engines: Callable[[], Sequence[EngineReading]],
+        routes: RouteMetrics,
     ) -> None:
         self._stats = stats
         self._histograms = histograms
@@ -462,16 +462,13 @@ class _Collector:
         for status, count in sorted(stats["errors"].items()):
             errors.add_metric([str(status)], count)
         yield errors
-        if self._engines is not None:
-            yield from _engine_families(self._engines())
-        if self._histograms is not None:
-            for spec in HISTOGRAMS:
-                h = self._histograms.all[spec.name]
-                yield HistogramMetricFamily(
-                    _PREFIX + spec.name, spec.doc, buckets=h.cumulative(), sum_value=h.sum
-                )
-        if self._routes is not None:
-            yield from self._routes.families()
+        yield from _engine_families(self._engines())
+        for spec in HISTOGRAMS:
+            h = self._histograms.all[spec.name]
+            yield HistogramMetricFamily(
+                _PREFIX + spec.name, spec.doc, buckets=h.cumulative(), sum_value=h.sum
+            )
+        yield from self._routes.families()
 
 
 def _engine_families(readings: Sequence[EngineReading]) -> Iterator[Any]:
@@ -493,14 +490,14 @@ class Metrics:
     def __init__(
         self,
         stats: Callable[[], dict[str, Any]],
-        histograms: Histograms | None = None,
-        engines: Callable[[], Sequence[EngineReading]] | None = None,
-        routes: RouteMetrics | None = None,
+        histograms: Histograms,
+        engines: Callable[[], Sequence[EngineReading]],
+        routes: RouteMetrics,
     ) -> None:
-        self.histograms = histograms if histograms is not None else Histograms()
-        self.routes = routes if routes is not None else RouteMetrics()
+        self.histograms = histograms
+        self.routes = routes
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(stats, self.histograms, engines, self.routes))
+        self.registry.register(_Collector(stats, histograms, engines, routes))
 
     def render(self) -> bytes:
         """The exposition text (its content type is :data:`CONTENT_TYPE`)."""

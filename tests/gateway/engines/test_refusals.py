@@ -29,8 +29,12 @@ from streamsafe.gateway.generations.generation import Generation, GenerationRequ
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.endings import REFUSAL_WAIT, BrokenAttempt, Endings
+from streamsafe.gateway.upstream.kinds import KINDS
 from streamsafe.retry import MAX_RETRY_AFTER, retry_after_seconds
 from streamsafe.server import ServerThread
+
+#: The route of a chat completion to vLLM (every request has its route).
+CHAT = KINDS["vllm"].route("/v1/chat/completions")
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -69,7 +73,13 @@ def test_an_error_event_is_a_refusal_only_where_it_says_overloaded_or_rate_limit
 
 def _generation(committed: bool) -> Generation:
     req = GenerationRequest(
-        tenant="t", path="/v1/chat/completions", body=b"{}", fingerprint=b"f", cost=1, stream=True
+        tenant="t",
+        path="/v1/chat/completions",
+        body=b"{}",
+        fingerprint=b"f",
+        cost=1,
+        stream=True,
+        route=CHAT,
     )
     gen = Generation("gen-1", req, MemoryEventLog(), None, 0.0)
     gen.admitted()
@@ -92,9 +102,10 @@ class _Owner:
         pass
 
 
-def _Engine() -> Attempts:
-    """A generation's attempts on one engine that is never reached (the endings only tell it)."""
-    return Attempts(Engines([EngineSpec("http://127.0.0.1:9")]), b"{}", 1)
+def _attempts(gen: Generation) -> Attempts:
+    """``gen``'s attempts on one engine that is never reached (the endings only tell it)."""
+    engines = Engines([EngineSpec("http://127.0.0.1:9")])
+    return Attempts(engines, gen.request.body, gen.cost, gen, Counters())
 
 
 @pytest.mark.parametrize("in_band", [False, True])
@@ -105,7 +116,8 @@ async def test_a_shed_is_asked_again_whoever_was_answered(in_band: bool) -> None
     endings = Endings(Counters(), owner, lambda: 1)
     for committed in (False, True):
         gen = _generation(committed=committed)
-        out = await endings.refused(gen, 503, VLLM_SHED, None, False, _Engine(), in_band=in_band)
+        attempts = _attempts(gen)
+        out = await endings.refused(gen, 503, VLLM_SHED, None, False, attempts, in_band=in_band)
         assert isinstance(out, BrokenAttempt) and out.retry_after == REFUSAL_WAIT
         assert out.failure is not None and out.failure.status == 503
         assert gen.failure is None
@@ -117,11 +129,11 @@ async def test_another_refusal_is_the_callers_status_until_it_committed() -> Non
     endings = Endings(Counters(), owner, lambda: 1)
     failing = b'{"error": {"message": "boom", "type": "InternalServerError", "code": 500}}'
     fresh = _generation(committed=False)
-    assert await endings.refused(fresh, 500, failing, None, False, _Engine()) is None
+    assert await endings.refused(fresh, 500, failing, None, False, _attempts(fresh)) is None
     assert owner.finished == [State.FAILED]
     assert fresh.failure is not None and fresh.failure.status == 500
     committed = _generation(committed=True)
-    out = await endings.refused(committed, 500, failing, None, False, _Engine())
+    out = await endings.refused(committed, 500, failing, None, False, _attempts(committed))
     assert isinstance(out, BrokenAttempt) and committed.failure is None
 
 

@@ -22,7 +22,7 @@ from gateway_helpers import MODEL, fast_sim, make_stack, wait_for
 from streamsafe import Client, RetryPolicy, ServiceUnavailableError, StreamingConfig
 from streamsafe.engine_sim import Fault
 from streamsafe.gateway.engines.refusal_backoff import RefusalRules
-from streamsafe.gateway.engines.refusal_gate import RefusalGate, RefusedCall
+from streamsafe.gateway.engines.refusal_gate import AskLedger, RefusalGate, RefusedCall
 from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -64,7 +64,7 @@ async def test_one_probe_asks_at_a_time_and_an_admission_lets_the_others_go_grad
             gate.admitted(call)
 
     async def one() -> float | None:
-        call = RefusedCall()
+        call = RefusedCall(AskLedger())
         while True:
             wait = await gate.turn(call, loop.time() + 5.0)
             if wait is not None:
@@ -73,7 +73,7 @@ async def test_one_probe_asks_at_a_time_and_an_admission_lets_the_others_go_grad
             if call.gate is None and gate.state is None:
                 return None  # admitted
 
-    first = RefusedCall()
+    first = RefusedCall(AskLedger())
     gate.refused(first, 503, None)  # the engine refused a first call: the gate closes
     results = await asyncio.wait_for(asyncio.gather(*(one() for _ in range(8))), 10)
     assert results == [None] * 8  # every one admitted in the end
@@ -86,10 +86,11 @@ async def test_one_probe_asks_at_a_time_and_an_admission_lets_the_others_go_grad
 async def test_waiters_fail_together_with_the_next_probe_s_retry_after() -> None:
     gate = RefusalGate(RefusalRules(), rand=lambda: 0.999)
     loop = asyncio.get_running_loop()
-    first = RefusedCall()
+    first = RefusedCall(AskLedger())
     gate.refused(first, 429, 8.0)  # Retry-After 8 s: past every waiter's deadline
     waits = await asyncio.wait_for(
-        asyncio.gather(*(gate.turn(RefusedCall(), loop.time() + 2.0) for _ in range(5))), 5
+        asyncio.gather(*(gate.turn(RefusedCall(AskLedger()), loop.time() + 2.0) for _ in range(5))),
+        5,
     )
     assert all(w is not None and 7.0 < w <= 8.0 for w in waits)  # at once, not at 2 s
     assert gate.status == 429
@@ -98,8 +99,8 @@ async def test_waiters_fail_together_with_the_next_probe_s_retry_after() -> None
 async def test_a_generation_that_ends_on_the_engine_lets_the_next_probe_go_at_once() -> None:
     gate = RefusalGate(RefusalRules(), rand=lambda: 0.999)
     loop = asyncio.get_running_loop()
-    gate.refused(RefusedCall(), 503, 8.0)  # the next probe in 8 s
-    waiting = asyncio.create_task(gate.turn(RefusedCall(), loop.time() + 20.0))
+    gate.refused(RefusedCall(AskLedger()), 503, 8.0)  # the next probe in 8 s
+    waiting = asyncio.create_task(gate.turn(RefusedCall(AskLedger()), loop.time() + 20.0))
     await asyncio.sleep(0)
     assert not waiting.done()
     gate.room_made()  # one of its generations ended: it has room
@@ -109,8 +110,8 @@ async def test_a_generation_that_ends_on_the_engine_lets_the_next_probe_go_at_on
 async def test_the_call_with_the_fewest_asks_goes_first() -> None:
     gate = RefusalGate(RefusalRules(), rand=lambda: 0.999)
     loop = asyncio.get_running_loop()
-    gate.refused(RefusedCall(), 503, 8.0)
-    spent, fresh = RefusedCall(), RefusedCall()
+    gate.refused(RefusedCall(AskLedger()), 503, 8.0)
+    spent, fresh = RefusedCall(AskLedger()), RefusedCall(AskLedger())
     spent.asks = (loop.time() - 20.0,) * 3  # arrived first, asked three times already
     order: list[RefusedCall] = []
 
@@ -129,13 +130,13 @@ async def test_the_call_with_the_fewest_asks_goes_first() -> None:
 async def test_a_probe_taken_while_others_run_there_waits_for_room_again() -> None:
     gate = RefusalGate(RefusalRules(), rand=lambda: 0.999)
     loop = asyncio.get_running_loop()
-    gate.admitted(None, runs=True)  # a generation of the gateway's runs there
-    gate.refused(RefusedCall(), 503, None)
-    probe = RefusedCall()
+    gate.admitted(RefusedCall(AskLedger()), runs=True)  # one of the gateway's runs there
+    gate.refused(RefusedCall(AskLedger()), 503, None)
+    probe = RefusedCall(AskLedger())
     assert await gate.turn(probe, loop.time() + 20.0) is None
     gate.admitted(probe, runs=True)
     assert gate.state is not None  # full but working: the next asks when one ends
-    behind = asyncio.create_task(gate.turn(RefusedCall(), loop.time() + 20.0))
+    behind = asyncio.create_task(gate.turn(RefusedCall(AskLedger()), loop.time() + 20.0))
     await asyncio.sleep(0.05)  # a while it must go on waiting through: the behaviour
     assert not behind.done()
     gate.room_made()
@@ -145,10 +146,10 @@ async def test_a_probe_taken_while_others_run_there_waits_for_room_again() -> No
 async def test_an_ask_not_refused_within_the_patience_counts_as_admitted() -> None:
     gate = RefusalGate(FAST, rand=lambda: 0.0, patience=0.01)
     loop = asyncio.get_running_loop()
-    gate.refused(RefusedCall(), 503, None)
-    probe = RefusedCall()
+    gate.refused(RefusedCall(AskLedger()), 503, None)
+    probe = RefusedCall(AskLedger())
     assert await gate.turn(probe, loop.time() + 5) is None  # goes, then hears nothing
-    behind = RefusedCall()
+    behind = RefusedCall(AskLedger())
     assert await asyncio.wait_for(gate.turn(behind, loop.time() + 5), 1) is None
     assert gate.state is None  # taken as admitted: the engine queued it
 

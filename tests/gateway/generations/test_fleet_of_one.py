@@ -9,13 +9,23 @@ from streamsafe.gateway.generations.fleet import Fleet
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
 from streamsafe.gateway.generations.solo import Solo
 from streamsafe.gateway.generations.store import MemoryStore
+from streamsafe.gateway.upstream.kinds import KINDS
+
+#: The route of a chat completion to vLLM (every request has its route).
+CHAT = KINDS["vllm"].route("/v1/chat/completions")
 
 pytestmark = pytest.mark.unit
 
 
 def _request() -> GenerationRequest:
     return GenerationRequest(
-        tenant="t", path="/v1/chat/completions", body=b"{}", fingerprint=b"f", cost=1, stream=True
+        tenant="t",
+        path="/v1/chat/completions",
+        body=b"{}",
+        fingerprint=b"f",
+        cost=1,
+        stream=True,
+        route=CHAT,
     )
 
 

@@ -20,7 +20,11 @@ from streamsafe.gateway.generations.fanout import Fanout
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest
 from streamsafe.gateway.generations.keepalive import KEEPALIVE_LINE, TICK, QuietWait, quiet_beat
 from streamsafe.gateway.generations.store import MemoryEventLog
+from streamsafe.gateway.upstream.kinds import KINDS
 from streamsafe.sse import SSEDecoder
+
+#: The route of a chat completion to vLLM (every request has its route).
+CHAT = KINDS["vllm"].route("/v1/chat/completions")
 
 
 @given(
@@ -53,7 +57,13 @@ def test_a_stream_is_never_silent_longer_than_the_beat_nor_beaten_sooner(
 
 def _generation() -> Generation:
     req = GenerationRequest(
-        tenant="t", path="/v1/chat/completions", body=b"{}", fingerprint=b"f", cost=1, stream=True
+        tenant="t",
+        path="/v1/chat/completions",
+        body=b"{}",
+        fingerprint=b"f",
+        cost=1,
+        stream=True,
+        route=CHAT,
     )
     gen = Generation("gen-1", req, MemoryEventLog(), None, 0.0)
     gen.admitted()

@@ -28,6 +28,10 @@ from streamsafe.gateway.generations.lifecycle import (
     after,
 )
 from streamsafe.gateway.generations.store import MemoryEventLog
+from streamsafe.gateway.upstream.kinds import KINDS
+
+#: The route of a chat completion to vLLM (every request has its route).
+CHAT = KINDS["vllm"].route("/v1/chat/completions")
 
 pytestmark = pytest.mark.unit
 
@@ -160,7 +164,7 @@ def _on_generation(gen: Generation, step: _Step) -> None:
 
 
 def _generation() -> Generation:
-    req = GenerationRequest("t", "/v1/chat/completions", b"{}", b"f" * 16, 1, True)
+    req = GenerationRequest("t", "/v1/chat/completions", b"{}", b"f" * 16, 1, True, route=CHAT)
     return Generation("gen-1", req, MemoryEventLog(), None)
 
 

@@ -9,9 +9,12 @@ import pytest
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
 from streamsafe.gateway.generations.logged_end import LoggedEnd, logged_end
 from streamsafe.gateway.generations.store import MemoryEventLog
-from streamsafe.gateway.upstream.kinds import CompletionRoute, Wire
+from streamsafe.gateway.upstream.kinds import KINDS, CompletionRoute, Wire
 
 pytestmark = pytest.mark.unit
+
+#: vLLM's chat route: its streams end with [DONE].
+CHAT = KINDS["vllm"].route("/v1/chat/completions")
 
 LS_CHAT = CompletionRoute(
     "/v1/inference/chat-completion",
@@ -28,7 +31,7 @@ LS_TOKEN = b'{"event":{"event_type":"progress","delta":{"type":"text","text":"a"
 LS_COMPLETE = b'{"event":{"event_type":"complete","delta":{"type":"text","text":""}}}'
 
 
-def _gen(stream: bool = True, route: CompletionRoute | None = None) -> Generation:
+def _gen(stream: bool = True, route: CompletionRoute = CHAT) -> Generation:
     req = GenerationRequest("t", "/v1/chat/completions", b"{}", b"fp", 1, stream, route=route)
     return Generation("gen-1", req, MemoryEventLog(), None, 0.0)
 
@@ -36,17 +39,17 @@ def _gen(stream: bool = True, route: CompletionRoute | None = None) -> Generatio
 @pytest.mark.parametrize(
     ("stream", "route", "tail", "end"),
     [
-        (True, None, [FINISH, b"[DONE]"], LoggedEnd(State.DONE)),
-        (True, None, [ERROR, b"[DONE]"], LoggedEnd(State.FAILED)),
-        (True, None, [b"[DONE]"], LoggedEnd(State.DONE)),
-        (False, None, [b'{"choices":[]}'], LoggedEnd(State.DONE)),
+        (True, CHAT, [FINISH, b"[DONE]"], LoggedEnd(State.DONE)),
+        (True, CHAT, [ERROR, b"[DONE]"], LoggedEnd(State.FAILED)),
+        (True, CHAT, [b"[DONE]"], LoggedEnd(State.DONE)),
+        (False, CHAT, [b'{"choices":[]}'], LoggedEnd(State.DONE)),
         (True, LS_CHAT, [LS_TOKEN, LS_COMPLETE], LoggedEnd(State.DONE, (b"[DONE]",))),
         (True, LS_CHAT, [LS_TOKEN, ERROR], LoggedEnd(State.FAILED, (b"[DONE]",))),
         (True, LS_CHAT, [LS_COMPLETE, b"[DONE]"], LoggedEnd(State.DONE)),
     ],
 )
 def test_a_log_that_holds_its_answer_s_end_is_finished(
-    stream: bool, route: CompletionRoute | None, tail: list[bytes], end: LoggedEnd
+    stream: bool, route: CompletionRoute, tail: list[bytes], end: LoggedEnd
 ) -> None:
     assert logged_end(_gen(stream, route), tail) == end
 
@@ -54,15 +57,15 @@ def test_a_log_that_holds_its_answer_s_end_is_finished(
 @pytest.mark.parametrize(
     ("route", "tail"),
     [
-        (None, []),
-        (None, [TOKEN, TOKEN]),  # cut mid-answer: continued
-        (None, [TOKEN, FINISH]),  # only the end missing: the relay owes [DONE] and the usage
-        (None, [TOKEN, ERROR]),  # an error with no [DONE]: the relay ends it as it would
+        (CHAT, []),
+        (CHAT, [TOKEN, TOKEN]),  # cut mid-answer: continued
+        (CHAT, [TOKEN, FINISH]),  # only the end missing: the relay owes [DONE] and the usage
+        (CHAT, [TOKEN, ERROR]),  # an error with no [DONE]: the relay ends it as it would
         (LS_CHAT, [LS_TOKEN, LS_TOKEN]),
     ],
 )
 def test_a_log_cut_before_its_answer_s_end_is_left_to_the_relay(
-    route: CompletionRoute | None, tail: list[bytes]
+    route: CompletionRoute, tail: list[bytes]
 ) -> None:
     assert logged_end(_gen(True, route), tail) is None
 

@@ -27,6 +27,9 @@ from streamsafe.server import ServerThread
 from streamsafe.sse import SSEDecoder
 from streamsafe_bench.responses_upstream import ResponsesUpstream, answer_input
 
+#: The route of a chat completion to vLLM (every request has its route).
+CHAT = KINDS["vllm"].route("/v1/chat/completions")
+
 RESPONSES = KINDS["ogx"].route("/v1/responses")
 
 
@@ -193,10 +196,10 @@ def test_the_index_names_a_stream_from_its_first_event_and_forgets_it_with_the_g
 
 def test_only_responses_streams_are_named_and_a_stream_that_ended_unnamed_is_let_go() -> None:
     index = GenerationIndex()
-    chat = Generation(
-        "gen-c", GenerationRequest("t", "/v1/chat/completions", b"{}", b"f" * 16, 1, True),
-        MemoryEventLog(), None,
-    )  # fmt: skip
+    chat_request = GenerationRequest(
+        "t", "/v1/chat/completions", b"{}", b"f" * 16, 1, True, route=CHAT
+    )
+    chat = Generation("gen-c", chat_request, MemoryEventLog(), None)
     note_first_event(chat, [b'{"response":{"id":"resp_c"}}'])
     index.add(chat)
     assert chat.response_id is None and index.by_response("t", "resp_c") is None

@@ -12,12 +12,16 @@ from hypothesis import strategies as st
 from streamsafe.gateway.generations.event_log import MemoryEventLog
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest
 from streamsafe.gateway.generations.retention import Retention
+from streamsafe.gateway.upstream.kinds import KINDS
+
+#: The route of a chat completion to vLLM (every request has its route).
+CHAT = KINDS["vllm"].route("/v1/chat/completions")
 
 pytestmark = pytest.mark.unit
 
 
 def finished(i: int, at: float, payload: bytes = b"{}") -> Generation:
-    req = GenerationRequest("t", "/v1/chat/completions", b"", b"fp%d" % i, 1, True)
+    req = GenerationRequest("t", "/v1/chat/completions", b"", b"fp%d" % i, 1, True, route=CHAT)
     gen = Generation(f"gen-{i}", req, MemoryEventLog(), None)
     gen.log.append_nowait([payload])
     gen.finished_at = at

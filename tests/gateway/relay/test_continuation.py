@@ -20,8 +20,12 @@ from streamsafe.gateway.relay.continuation import (
     with_token_ids,
 )
 from streamsafe.gateway.relay.replay import Replay
+from streamsafe.gateway.upstream.kinds import KINDS
 from streamsafe.server import ServerThread
 from streamsafe_bench.cutting_proxy import CuttingProxy, serve_proxy
+
+#: The route of a chat completion to vLLM (every request has its route).
+CHAT = KINDS["vllm"].route("/v1/chat/completions")
 
 
 def test_cut_upstream_stream_is_continued_and_the_client_sees_the_exact_text() -> None:
@@ -66,7 +70,7 @@ def test_no_continuation_when_disabled() -> None:
 
 
 def _request(path: str, body: dict[str, object]) -> GenerationRequest:
-    return GenerationRequest("t", path, orjson.dumps(body), b"fp", 1, True)
+    return GenerationRequest("t", path, orjson.dumps(body), b"fp", 1, True, route=CHAT)
 
 
 def test_a_continuation_by_text_asks_only_for_the_tokens_still_owed() -> None:
@@ -237,7 +241,7 @@ def test_tokenize_body_asks_for_the_prompt_only_where_usage_was_asked() -> None:
     assert tokenize_body(_request("/v1/chat/completions", off)) is None
     listed = {"model": "m", "prompt": ["a", "b"], **usage}
     assert tokenize_body(_request("/v1/completions", listed)) is None
-    raw = GenerationRequest("t", "/v1/chat/completions", b"[1]", b"fp", 1, True)
+    raw = GenerationRequest("t", "/v1/chat/completions", b"[1]", b"fp", 1, True, route=CHAT)
     assert tokenize_body(raw) is None
 
 

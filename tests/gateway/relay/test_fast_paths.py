@@ -10,7 +10,11 @@ from streamsafe.gateway.generations.generation import Generation, GenerationRequ
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.upstream.connection import Upstream
 from streamsafe.gateway.upstream.errors import ConnectFailed, UpstreamClosed, UpstreamError
+from streamsafe.gateway.upstream.kinds import KINDS
 from streamsafe.sse import encode_events
+
+#: The route of a chat completion to vLLM (every request has its route).
+CHAT = KINDS["vllm"].route("/v1/chat/completions")
 
 
 async def _serve_raw(
@@ -117,7 +121,13 @@ async def test_refused_upstream_connection_is_a_connect_error() -> None:
 
 def _generation() -> Generation:
     req = GenerationRequest(
-        tenant="t", path="/v1/chat/completions", body=b"{}", fingerprint=b"f", cost=1, stream=True
+        tenant="t",
+        path="/v1/chat/completions",
+        body=b"{}",
+        fingerprint=b"f",
+        cost=1,
+        stream=True,
+        route=CHAT,
     )
     return Generation("gen-1", req, MemoryEventLog(), None)
 

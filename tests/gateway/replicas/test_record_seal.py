@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,8 +15,14 @@ from hypothesis import strategies as st
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.replicas.generation_record import key_of, record_of, request_of
-from streamsafe.gateway.replicas.record_seal import SEALED, RecordSeal, Unsealable, key_name
-from streamsafe.gateway.upstream.kinds import CompletionRoute, Wire
+from streamsafe.gateway.replicas.record_seal import (
+    SEALED,
+    RecordSeal,
+    Unreadable,
+    Unsealable,
+    key_name,
+)
+from streamsafe.gateway.upstream.kinds import KINDS, CompletionRoute, Wire
 
 pytestmark = pytest.mark.unit
 
@@ -35,6 +42,7 @@ def _gen(gen_id: str = "gen-1", forward: bytes = PROVIDER) -> Generation:
         cost=10,
         stream=True,
         forward=forward,
+        route=KINDS["vllm"].route("/v1/chat/completions"),
     )
     return Generation(gen_id, req, MemoryEventLog(), KEY, 0.0)
 
@@ -120,7 +128,7 @@ def test_key_names_are_hashes_keyed_by_the_secret() -> None:
     assert key_name(KEY, None) != key_name(KEY + "x", None)
 
 
-_ROUTES = st.none() | st.builds(
+_ROUTES = st.builds(
     CompletionRoute,
     path=st.sampled_from(["/v1/chat/completions", "/v1/messages", "/v1/inference/chat-completion"]),
     upstream_path=st.text(max_size=20),
@@ -168,3 +176,18 @@ def test_a_record_holds_its_request_whole(request: GenerationRequest, shared: bo
         assert back == dataclasses.replace(request, forward=b"", withheld=withheld)
         assert not request.forward or request.forward not in record.get("forward", b"")
     assert key_of(record, "gen-1", seal and RecordSeal("fleet-secret")) == "key"
+
+
+@pytest.mark.parametrize("route", [None, "absent"])
+def test_a_record_without_a_route_is_unreadable(route: str | None) -> None:
+    """Every request has its route: a record that names none (or leaves it out) is malformed,
+    never a request whose route is missing."""
+    record = _stored(record_of(_gen()))
+    clear = orjson.loads(record["request"])
+    if route is None:
+        clear["route"] = None
+    else:
+        del clear["route"]
+    record["request"] = orjson.dumps(clear)
+    with pytest.raises(Unreadable, match="malformed"):
+        request_of(record, "gen-1")

@@ -26,6 +26,10 @@ from streamsafe.gateway.serving.pacing import (
     StreamRules,
     heartbeat_within,
 )
+from streamsafe.gateway.upstream.kinds import KINDS
+
+#: The route of a chat completion to vLLM (every request has its route).
+CHAT = KINDS["vllm"].route("/v1/chat/completions")
 
 pytestmark = pytest.mark.unit
 
@@ -34,7 +38,13 @@ def _generation(created_at: float = 100.0, *, queued: bool = False) -> Generatio
     """A generation admitted at ``created_at`` or, with ``queued``, waiting for a place since
     then (behind one that holds the only place)."""
     req = GenerationRequest(
-        tenant="t", path="/v1/chat/completions", body=b"{}", fingerprint=b"f", cost=1, stream=True
+        tenant="t",
+        path="/v1/chat/completions",
+        body=b"{}",
+        fingerprint=b"f",
+        cost=1,
+        stream=True,
+        route=CHAT,
     )
     gen = Generation("gen-1", req, MemoryEventLog(), None, created_at)
     if queued:

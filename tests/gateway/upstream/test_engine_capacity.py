@@ -3,10 +3,19 @@ of the page, and the pool bounding what it sends to an engine by what the engine
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
-from streamsafe.gateway.engines.pool import EngineSpec, Pool
+from streamsafe.gateway.engines.pool import Counts, EngineSpec, Pool
+from streamsafe.gateway.upstream.breaker import EngineBreaker
 from streamsafe.gateway.upstream.capacity import kv_capacity
+
+
+def _pool(specs: Sequence[EngineSpec]) -> Pool:
+    """A pool of ``specs``, each engine with plain load counts and a breaker of its own."""
+    return Pool(specs, [Counts() for _ in specs], [EngineBreaker() for _ in specs])
+
 
 pytestmark = pytest.mark.unit
 
@@ -56,7 +65,7 @@ def test_a_page_without_a_usable_figure_says_nothing() -> None:
 
 
 def test_a_learned_capacity_bounds_the_engine_where_the_operator_set_none() -> None:
-    pool = Pool([EngineSpec("http://a"), EngineSpec("http://b", memory=500)])
+    pool = _pool([EngineSpec("http://a"), EngineSpec("http://b", memory=500)])
     unbounded, bounded = pool.engines
     assert unbounded.memory is None and unbounded.has_room(10**9)
     unbounded.learned_memory = 2048

@@ -26,8 +26,9 @@ from streamsafe.gateway.engines.attempt_plan import (
     Verdict,
     Where,
 )
+from streamsafe.gateway.engines.engine_shell import EngineShell
 from streamsafe.gateway.engines.engines import Engines
-from streamsafe.gateway.engines.pool import Engine, Full, Pick, Unavailable
+from streamsafe.gateway.engines.pool import Full, Pick, Unavailable
 from streamsafe.gateway.engines.refusal_gate import RefusalGate, RefusedCall
 from streamsafe.gateway.engines.sends import (
     H,
@@ -79,8 +80,8 @@ class Attempts:
         engines: Engines,
         body: bytes,
         cost: int,
-        gen: Generation | None = None,
-        counters: Counters | None = None,
+        gen: Generation,
+        counters: Counters,
     ) -> None:
         self._engines = engines
         self._gen = gen
@@ -92,10 +93,10 @@ class Attempts:
         self._cost = cost
         self._tried: set[int] = set()
         self._shunned: set[int] = set()
-        self._current: Engine | None = None
+        self._current: EngineShell | None = None
         #: The engine a cut stream is leaving (its continuation's engine is logged with it).
-        self._cut_from: Engine | None = None
-        self._held: Engine | None = None
+        self._cut_from: EngineShell | None = None
+        self._held: EngineShell | None = None
         #: Whether the current attempt's engine was already told it failed (or shed it).
         self._verdict = False
         #: Why the latest attempt failed over (logged with the engine it moves to).
@@ -109,8 +110,7 @@ class Attempts:
         self._shed_noted = self._admitted = False
         #: This generation's asks of engines that refuse (see :mod:`.refusal_gate`), counted
         #: with those of its identical copies.
-        ledger = None if gen is None else engines.ledgers.of(gen.tenant, gen.fingerprint)
-        self.refused_call = RefusedCall(ledger)
+        self.refused_call = RefusedCall(engines.ledgers.of(gen.tenant, gen.fingerprint))
 
     # -- sending ----------------------------------------------------------------------------------
 
@@ -182,8 +182,8 @@ class Attempts:
                 if isinstance(last, Exception):
                     raise last
                 return last or self._unavailable(model, pick)
-            engine = pick.engine
-            upstream = engines.upstreams[engine.index]
+            engine = engines.of(pick.engine)
+            upstream = engine.upstream
             if not connecting_again:  # a connect retry repeats the attempt: not a new one
                 self._begin(engine)
                 upstream.requests += 1  # one request per attempt, however many connects
@@ -222,7 +222,7 @@ class Attempts:
             status = sent.status if isinstance(sent, Refused) else None
             self._failed_why = f"answered {status}" if status else type(sent).__name__
             if verdict.where is Where.SAME_ENGINE:
-                if status in REFUSAL_STATUSES and self._counters is not None:
+                if status in REFUSAL_STATUSES:
                     self._counters.engine_sheds += 1  # waited out, as the relay's waits are
                 await engines.sleep(verdict.delay)
                 if engine.breaker.allows(engines.clock()):
@@ -231,12 +231,12 @@ class Attempts:
             elif verdict.where is Where.LARGER_MODEL:
                 model = engines.pool.fallbacks[model]
             else:
-                self._tried.add(engine.index)
+                self._tried.add(engine.core.index)
             pick = None
 
     async def _send(
         self,
-        engine: Engine,
+        engine: EngineShell,
         send: Sender[H],
         body: bytes,
     ) -> Sent[H] | Refused | Exception:
@@ -244,7 +244,7 @@ class Attempts:
         with (``NotConnected`` where no connection was made), told to the engine's breaker,
         counted in the retry budget and noted in the plan."""
         budget = self._engines.budget
-        upstream = self._engines.upstreams[engine.index]
+        upstream = engine.upstream
         try:
             sent = await send(upstream, body)
         except NotConnected as exc:
@@ -273,10 +273,10 @@ class Attempts:
             upstream.abandoned()  # a 4xx is the caller's: no verdict on the engine
         return refused
 
-    def _not_connected(self, engine: Engine, failed: NotConnected) -> Exception:
+    def _not_connected(self, engine: EngineShell, failed: NotConnected) -> Exception:
         """No more connects to ``engine`` for this attempt: it counts as unreachable, and the
         attempt as failed with the connect's own error (what the failover and the caller see)."""
-        self._engines.upstreams[engine.index].gave_up_connecting(failed.why)
+        engine.upstream.gave_up_connecting(failed.why)
         cause = failed.cause
         self._fail(engine, type(cause).__name__)
         return cause
@@ -298,9 +298,7 @@ class Attempts:
     def _plan(self, plan: AttemptPlan) -> None:
         """The generation's plan is now ``plan`` (its record shows it: the access line)."""
         self.plan = plan
-        gen = self._gen
-        if gen is not None:
-            gen.plan = plan
+        self._gen.plan = plan
 
     @property
     def attempts(self) -> int:
@@ -328,7 +326,7 @@ class Attempts:
         )
         return unavailable(model, pick, silent)
 
-    def _begin(self, engine: Engine) -> None:
+    def _begin(self, engine: EngineShell) -> None:
         """An attempt goes to ``engine``: counted, logged where a cut stream moves, and its
         memory held there (routing and room see it)."""
         engines = self._engines
@@ -345,21 +343,19 @@ class Attempts:
         self._verdict = False
         self._shed_noted = self._admitted = False
         self._hold(engine)
-        gen = self._gen
-        if gen is not None:
-            gen.attempts += 1
-            gen.engine = engine.spec.url
+        self._gen.attempts += 1
+        self._gen.engine = engine.spec.url
 
-    def _fail(self, engine: Engine, why: str, *, dead: bool = False) -> None:
+    def _fail(self, engine: EngineShell, why: str, *, dead: bool = False) -> None:
         if engine is self._current:
             self._verdict = True
-        self._engines.upstreams[engine.index].failed(why, dead=dead)
+        engine.upstream.failed(why, dead=dead)
 
-    def _hold(self, engine: Engine) -> None:
+    def _hold(self, engine: EngineShell) -> None:
         """Count this generation's memory on ``engine`` (routing weighs it) until it ends."""
         self.release()
         self._held = engine
-        self._engines.loads[engine.index].memory += self._cost
+        engine.load.memory += self._cost
 
     # -- what the relay tells -----------------------------------------------------------------
 
@@ -367,10 +363,10 @@ class Attempts:
         """The generation ended (or moved): its memory no longer weighs on its engine."""
         held, self._held = self._held, None
         if held is not None:
-            self._engines.loads[held.index].memory -= self._cost
+            held.load.memory -= self._cost
             self._engines.room_made()
             if self._admitted:  # it ran there: the engine has room for one more
-                self._engines.gates[held.index].room_made()
+                held.gate.room_made()
 
     def served(self) -> None:
         """The first token arrived: the engine works (its breaker closes), and the answer's
@@ -379,9 +375,9 @@ class Attempts:
         if engine is None:
             return
         if self.answering_model is None:
-            self.answering_model = self._engines.pool.answering(self.model, engine)
+            self.answering_model = self._engines.pool.answering(self.model, engine.core)
         self._plan(self.plan.ended(Outcome.SERVED))
-        self._engines.upstreams[engine.index].succeeded()
+        engine.upstream.succeeded()
         self.admitted()
 
     def admitted(self) -> None:
@@ -392,9 +388,9 @@ class Attempts:
         if engine is None or self._admitted:
             return
         self._admitted = True
-        self._engines.gates[engine.index].admitted(self.refused_call, runs=True)
+        engine.gate.admitted(self.refused_call, runs=True)
         gen = self._gen
-        if gen is not None and gen.refused:
+        if gen.refused:
             gen.refused = False
             gen.wake()
 
@@ -410,7 +406,7 @@ class Attempts:
         if engine is None:
             return
         if shun:
-            self._shunned.add(engine.index)
+            self._shunned.add(engine.core.index)
         self._plan(self.plan.ended(Outcome.FAILED))
         if not self._verdict:
             self._fail(engine, why)
@@ -425,9 +421,9 @@ class Attempts:
             return  # told once per attempt (the failover and the relay both see a status)
         self._shed_noted = self._verdict = True
         self._plan(self.plan.ended(Outcome.REFUSED))
-        self._engines.upstreams[engine.index].abandoned()
-        engine.said_full(self._engines.clock(), retry_after)
-        self._engines.gates[engine.index].refused(self.refused_call, status, retry_after)
+        engine.upstream.abandoned()
+        engine.core.said_full(self._engines.clock(), retry_after)
+        engine.gate.refused(self.refused_call, status, retry_after)
 
     def engine_died(self, why: str) -> None:
         """The current engine said it died: held down until its ``/health`` answers."""
@@ -447,7 +443,7 @@ class Attempts:
         last = self.plan.history[-1].outcome if self.plan.history else None
         if last is None or last is Outcome.SERVED:
             self._plan(self.plan.ended(Outcome.FAILED))
-        self._tried.add(engine.index)
+        self._tried.add(engine.core.index)
         self._cut_from = engine
 
     def again(self, *, shed: bool) -> str | None:
@@ -472,33 +468,34 @@ class Attempts:
         """True where another engine of the model takes traffic now (a refusal made in-band,
         which the failover did not see, is then asked there)."""
         model = self.answering_model or self.model
-        return self._engines.pool.others_take_traffic(model, self._current, self._engines.clock())
+        current = self._current.core if self._current is not None else None
+        return self._engines.pool.others_take_traffic(model, current, self._engines.clock())
+
+    @property
+    def engine(self) -> EngineShell:
+        """The engine of the latest attempt (before any, the first engine of the model, else
+        the first engine)."""
+        if self._current is not None:
+            return self._current
+        serving = self._engines.serving(self.model)
+        return serving[0] if serving else self._engines.first
 
     @property
     def gate(self) -> RefusalGate:
-        """The refusal gate of the latest attempt's engine (the first engine of the model
-        before any)."""
-        current = self._current
-        if current is not None:
-            return self._engines.gates[current.index]
-        serving = self._engines.pool.serving(self.model)
-        return self._engines.gates[serving[0].index if serving else 0]
+        """The refusal gate of the latest attempt's engine (see :attr:`engine`)."""
+        return self.engine.gate
 
     @property
     def upstream(self) -> Upstream:
-        """The engine of the latest attempt (the first engine of the model before any)."""
-        current = self._current
-        if current is not None:
-            return self._engines.upstreams[current.index]
-        serving = self._engines.pool.serving(self.model)
-        return self._engines.upstreams[serving[0].index if serving else 0]
+        """The connections of the latest attempt's engine (see :attr:`engine`)."""
+        return self.engine.upstream
 
 
 def _moved(
-    level: int, event: str, gen: Generation | None, source: Engine, target: Engine, why: str
+    level: int, event: str, gen: Generation, source: EngineShell, target: EngineShell, why: str
 ) -> None:
     """One line naming both engines where a generation's attempt moves between them."""
-    gen_id = gen.id if gen is not None else "-"
+    gen_id = gen.id
     fields = {"event": event, "generation": gen_id, "engine": target.spec.url}
     msg = "%s: engine %s %s; on to engine %s"
     log.log(level, msg, gen_id, source.spec.url, why, target.spec.url, extra={"fields": fields})

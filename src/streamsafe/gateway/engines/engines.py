@@ -3,8 +3,9 @@ Pool` (see docs/design.md, Engine pool).
 
 One upstream is a pool of one engine: the same picks, the same failover, the same breaker per
 engine, the same hot stream reader. :class:`Engines` holds one
-:class:`~streamsafe.gateway.upstream.connection.Upstream` (its connections, its breaker, its
-health probe) per engine and the pool's decisions; each generation gets an
+:class:`~streamsafe.gateway.engines.engine_shell.EngineShell` per engine (its pure view, its
+:class:`~streamsafe.gateway.upstream.connection.Upstream`: connections, breaker, health probe;
+its load; its refusal gate) and the pool's decisions; each generation gets an
 :class:`~streamsafe.gateway.engines.attempts.Attempts`, which is what the relay calls.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 
 from streamsafe.gateway.engines.answers import Refused, made_refusal
 from streamsafe.gateway.engines.attempt_plan import PlanBounds
+from streamsafe.gateway.engines.engine_shell import EngineShell
 from streamsafe.gateway.engines.pool import Counts, Engine, EngineSpec, Pool
 from streamsafe.gateway.engines.refusal_gate import AskLedgers, RefusalGate
 from streamsafe.gateway.upstream.capacity import learn_kv_capacity
@@ -76,7 +78,7 @@ class Engines:
         # Long because of its settings, one a line, each documented in the class docstring;
         # the body builds each engine's upstream and stores the rest where it is read.
         self.budget = budget or RetryBudget()
-        self.upstreams = [
+        upstreams = [
             Upstream(
                 spec.url,
                 connect_timeout=connect_timeout,
@@ -93,13 +95,8 @@ class Engines:
             )
             for spec in specs
         ]
-        self.loads = [Counts() for _ in specs]
-        self.pool = Pool(
-            specs,
-            fallbacks=fallbacks,
-            loads=self.loads,
-            breakers=[u.breaker for u in self.upstreams],
-        )
+        loads = [Counts() for _ in specs]
+        self.pool = Pool(specs, loads, [u.breaker for u in upstreams], fallbacks=fallbacks)
         #: Every bound of one generation's asks (each generation's
         #: :class:`~streamsafe.gateway.engines.attempt_plan.AttemptPlan` starts from it).
         self.bounds = PlanBounds(
@@ -117,8 +114,11 @@ class Engines:
         #: not asked again of the same engine, even where it said when.
         self.answer_refusals = answer_refusals
         self._room: list[asyncio.Future[None]] = []
-        #: Per engine, the calls it refused waiting together (one probe at a time).
-        self.gates = [RefusalGate(self.bounds.refusals) for _ in specs]
+        #: Each engine, in pool order: its pure view, connections, load and refusal gate.
+        self.shells = [
+            EngineShell(core, upstream, load, RefusalGate(self.bounds.refusals))
+            for core, upstream, load in zip(self.pool.engines, upstreams, loads, strict=True)
+        ]
         #: The refused asks of each call, shared by its identical copies.
         self.ledgers = AskLedgers()
         #: Attempts sent to another engine (or model) before a first token.
@@ -128,12 +128,21 @@ class Engines:
         self._learning: list[asyncio.Task[None]] = []
 
     @property
-    def first(self) -> Upstream:
+    def first(self) -> EngineShell:
         """The first engine: whose kind the gateway serves as (every engine is given one
-        ``--upstream-kind``), and where operator routes go."""
-        return self.upstreams[0]
+        ``--upstream-kind``), and where operator routes go (an operator's change to an engine,
+        a cache reset, a sleep, lands on the one engine it can name)."""
+        return self.shells[0]
 
-    def live(self, model: str | None = None) -> int:
+    def of(self, engine: Engine) -> EngineShell:
+        """The whole engine whose pure view the pool picked."""
+        return self.shells[engine.index]
+
+    def serving(self, model: str) -> list[EngineShell]:
+        """The engines that serve ``model`` (whatever their breakers say), in pool order."""
+        return [self.of(e) for e in self.pool.serving(model)]
+
+    def live(self, model: str | None = None) -> EngineShell:
         """The engine a call with no admission goes to (pass-through, an engine route): of
         those that serve ``model`` (any, where ``None``), the first whose breaker lets traffic
         through, else the first not known down, else the first. In pool order, so that while
@@ -145,8 +154,8 @@ class Engines:
         for usable in (lambda e: e.breaker.allows(now), lambda e: not e.breaker.down(now)):
             for engine in serving:
                 if usable(engine):
-                    return engine.index
-        return serving[0].index
+                    return self.of(engine)
+        return self.of(serving[0])
 
     def all_down(self) -> bool:
         """True while every engine is known down (:meth:`EngineBreaker.down`): new work fails
@@ -158,7 +167,8 @@ class Engines:
     def why_down(self) -> str | None:
         """Why the first engine held down is down (a refused connection, a TLS failure,
         ``/health`` silent), where one is."""
-        return next((u.down_why for u in self.upstreams if u.breaker.held and u.down_why), None)
+        upstreams = (e.upstream for e in self.shells)
+        return next((u.down_why for u in upstreams if u.breaker.held and u.down_why), None)
 
     def retry_after(self) -> int:
         """Seconds until the first engine takes traffic again, rounded up, at least 1."""
@@ -179,13 +189,13 @@ class Engines:
     async def ready(self) -> bool:
         """Whether some engine is believed alive (``/health`` asked where none answered
         lately)."""
-        checks = [upstream.healthy() for upstream in self.upstreams]
+        checks = [engine.upstream.healthy() for engine in self.shells]
         return any(await asyncio.gather(*checks))
 
     def refusing(self, model: str) -> RefusalGate | None:
         """Where every engine of ``model`` refuses (or has refused calls waiting), the gate a new
         call waits at: the one whose engine is asked again first. ``None`` where one admits."""
-        gates = [self.gates[e.index] for e in self.pool.serving(model)]
+        gates = [engine.gate for engine in self.serving(model)]
         if not gates or not all(g.active for g in gates):
             return None
         return min(gates, key=lambda g: g.retry_after())
@@ -238,18 +248,19 @@ class Engines:
     async def start(self) -> None:
         """Create every engine's connection pool (and probe its kind where ``auto``); learn the
         KV capacity of each vLLM engine given no ``memory=``, in the background."""
-        await asyncio.gather(*(upstream.start() for upstream in self.upstreams))
+        await asyncio.gather(*(engine.upstream.start() for engine in self.shells))
         loop = asyncio.get_running_loop()
         self._learning = [
-            loop.create_task(self._learn_capacity(engine, upstream))
-            for engine, upstream in zip(self.pool.engines, self.upstreams, strict=True)
+            loop.create_task(self._learn_capacity(engine))
+            for engine in self.shells
             if engine.spec.memory is None
         ]
 
-    async def _learn_capacity(self, engine: Engine, upstream: Upstream) -> None:
+    async def _learn_capacity(self, engine: EngineShell) -> None:
         """Ask a vLLM engine what its KV cache holds until it says (an engine that is still
         starting answers later), backing off to :data:`_LEARN_EVERY_MAX` seconds between tries;
         other kinds publish no such figure and keep no bound of their own."""
+        upstream = engine.upstream
         wait = max(0.5, upstream.probe_interval)
         while True:
             kind = await upstream.resolve_kind()
@@ -260,7 +271,7 @@ class Engines:
                     async with asyncio.timeout(_LEARN_TIMEOUT):
                         found = await learn_kv_capacity(upstream.pool)
                     if found is not None:
-                        engine.learned_memory = found.tokens
+                        engine.core.learned_memory = found.tokens
                         log.info(
                             "engine %s holds %d tokens in its KV cache (its /metrics: %s): "
                             "generations sent to it hold at most that at once (memory= on "
@@ -280,8 +291,8 @@ class Engines:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for upstream in self.upstreams:
-            await upstream.close()
+        for engine in self.shells:
+            await engine.upstream.close()
 
     def stats(self) -> list[dict[str, Any]]:
         """Per-engine figures for ``/stats``."""
@@ -292,12 +303,12 @@ class Engines:
                 "models": sorted(e.spec.models),
                 "weight": e.spec.weight,
                 "memory_tokens": e.load.memory,
-                "memory_limit_tokens": e.memory,
+                "memory_limit_tokens": e.core.memory,
                 "breaker": e.breaker.state.value,
                 "held_down": e.breaker.held,
                 "retry_after_s": round(e.breaker.retry_after(now), 3),
                 "breaker_trips": e.breaker.trips,
-                "kind": upstream.kind.name if upstream.kind_known else None,
+                "kind": e.upstream.kind.name if e.upstream.kind_known else None,
             }
-            for e, upstream in zip(self.pool.engines, self.upstreams, strict=True)
+            for e in self.shells
         ]

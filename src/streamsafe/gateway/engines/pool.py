@@ -244,38 +244,29 @@ class Unavailable:
 class Pool:
     """The engines behind one gateway (see the module).
 
-    ``loads`` gives each engine's :class:`EngineLoad` (default: plain counters), ``breakers``
-    each engine's breaker (default: new ones; the gateway passes those its engines' health probes
-    hold); ``fallbacks`` maps a model to the model that answers when none of its engines can.
+    ``loads`` gives each engine's :class:`EngineLoad` and ``breakers`` each engine's breaker,
+    one per spec, in order (the gateway passes the load counts its generations add to and the
+    breakers its engines' health probes hold); ``fallbacks`` maps a model to the model that
+    answers when none of its engines can.
     """
 
     def __init__(
         self,
         specs: Sequence[EngineSpec],
+        loads: Sequence[EngineLoad],
+        breakers: Sequence[EngineBreaker],
         *,
         fallbacks: Mapping[str, str] | None = None,
-        loads: Sequence[EngineLoad] | None = None,
-        breakers: Sequence[EngineBreaker] | None = None,
-        failure_threshold: int = 3,
-        cooldown: float = 1.0,
-        max_cooldown: float = 30.0,
     ) -> None:
         if not specs:
             raise ValueError("a pool needs at least one engine")
-        if loads is not None and len(loads) != len(specs):
+        if len(loads) != len(specs):
             raise ValueError("one load per engine")
-        if breakers is not None and len(breakers) != len(specs):
+        if len(breakers) != len(specs):
             raise ValueError("one breaker per engine")
         self.engines = [
-            Engine(
-                i,
-                spec,
-                loads[i] if loads is not None else Counts(),
-                breakers[i]
-                if breakers is not None
-                else EngineBreaker(failure_threshold, cooldown, max_cooldown),
-            )
-            for i, spec in enumerate(specs)
+            Engine(i, spec, load, breaker)
+            for i, (spec, load, breaker) in enumerate(zip(specs, loads, breakers, strict=True))
         ]
         self.fallbacks = dict(fallbacks or {})
         self._picks = 0

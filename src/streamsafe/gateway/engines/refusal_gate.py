@@ -93,11 +93,11 @@ class RefusedCall:
 
     _arrivals = itertools.count()
 
-    def __init__(self, ledger: AskLedger | None = None) -> None:
+    def __init__(self, ledger: AskLedger) -> None:
         #: Its place in arrival order (the line is by fewest asks, then arrival).
         self.seq = next(RefusedCall._arrivals)
         #: The asks it shares with its identical copies.
-        self.ledger = ledger if ledger is not None else AskLedger()
+        self.ledger = ledger
         #: The gate it went through and whose outcome is not known yet.
         self.gate: RefusalGate | None = None
         #: The timer that counts it admitted if no refusal comes (:data:`PROBE_PATIENCE`).
@@ -210,14 +210,13 @@ class RefusalGate:
         self._schedule()
         self._wake()
 
-    def admitted(self, call: RefusedCall | None, *, runs: bool = False) -> None:
+    def admitted(self, call: RefusedCall, *, runs: bool = False) -> None:
         """The engine admitted a call (its first token came, or no refusal in time): the gate
         opens, twice as wide as after the last admission while calls wait. ``runs``: a
         generation of the gateway's runs there now, until :meth:`room_made`."""
         if runs:
             self.running += 1
-        if call is not None:
-            self._land(call)
+        self._land(call)  # where the gate let it through
         state = self.state
         if state is not None and runs and self.running > 1:
             # Full, but working: the ends of the others say when there is room.

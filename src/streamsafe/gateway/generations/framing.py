@@ -132,6 +132,6 @@ OPENAI = Framing(encode_events, KEEPALIVE_LINE, _openai_error)
 ANTHROPIC = Framing(encode_named_events, PING, _anthropic_error)
 
 
-def framing_for(route: CompletionRoute | None) -> Framing:
+def framing_for(route: CompletionRoute) -> Framing:
     """The framing of ``route``'s streams."""
-    return ANTHROPIC if route is not None and route.wire is Wire.ANTHROPIC_MESSAGES else OPENAI
+    return ANTHROPIC if route.wire is Wire.ANTHROPIC_MESSAGES else OPENAI

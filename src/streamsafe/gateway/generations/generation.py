@@ -15,7 +15,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NoReturn, Protocol
 
 from streamsafe.gateway.admission.fair_queue import Waiter
@@ -92,9 +92,9 @@ class GenerationRequest:
     retry: bool = False
     last_event_id: int | None = None
     no_upstream_retry: bool = False
-    #: The route it came on: its wire format and how the upstream ends a stream. ``None``:
-    #: vLLM's ``/v1/chat/completions`` or ``/v1/completions`` (as ``path`` says).
-    route: CompletionRoute | None = None
+    #: The route it came on: its wire format and how the upstream ends a stream (every request
+    #: has one; keyword-only, as it follows the fields with defaults).
+    route: CompletionRoute = field(kw_only=True)
     #: Client headers sent upstream with it, as header lines (Llama Stack's
     #: ``X-LlamaStack-Provider-Data``: a provider's per-request keys); part of the fingerprint.
     forward: bytes = b""

@@ -47,7 +47,7 @@ def logged_end(gen: Generation, tail: list[bytes]) -> LoggedEnd | None:
         errored = len(tail) > 1 and tail[-2].startswith(ERROR_PREFIXES)
         return LoggedEnd(State.FAILED if errored else State.DONE)
     route = gen.request.route
-    if route is not None and not route.upstream_done:
+    if not route.upstream_done:
         if last.startswith(ERROR_PREFIXES):
             return LoggedEnd(State.FAILED, (DONE,))
         if ends_answer(route.wire, last):

@@ -40,8 +40,7 @@ def response_id_of(first: bytes) -> str | None:
 
 def is_responses_stream(gen: Generation) -> bool:
     """``gen`` streams the Responses API (the only kind a response id finds)."""
-    route = gen.request.route
-    return gen.stream and route is not None and route.wire is Wire.OPENAI_RESPONSES
+    return gen.stream and gen.request.route.wire is Wire.OPENAI_RESPONSES
 
 
 def note_first_event(gen: Generation, payloads: Sequence[bytes]) -> None:

@@ -373,7 +373,7 @@ class Relay:
         generic OpenAI server): ``gen`` ends with an error event, never an answer that looks
         whole but is not."""
         route = gen.request.route
-        if gen.length <= (route.preamble if route is not None else 0):
+        if gen.length <= route.preamble:
             gen.continuation = None
             return True
         continuation: Continuation | str
@@ -497,8 +497,8 @@ async def _read_partial(gen: Generation) -> Partial | MessagesPartial | None:
     route = gen.request.route
     if not gen.stream or not gen.length:
         return None
-    if route is not None and route.wire is _MESSAGES:
+    if route.wire is _MESSAGES:
         return await read_messages_partial(gen.log)
-    if route is None or route.upstream_done:
+    if route.upstream_done:
         return await read_partial(gen.log)
     return None

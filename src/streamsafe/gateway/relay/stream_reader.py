@@ -174,7 +174,7 @@ class StreamReader:
         if sink.done or gen.finished:
             return None
         route = gen.request.route
-        if broke is None and route is not None and not route.upstream_done:
+        if broke is None and not route.upstream_done:
             # Llama Stack's streams just end: after their last event, or after an error event.
             if sink.errored or ends_answer(route.wire, sink.last):
                 gen.appended(await gen.log.append((DONE,)))

@@ -38,7 +38,7 @@ def record_of(gen: Generation, seal: RecordSeal | None = None) -> dict[str, byte
     req = gen.request
     withheld = req.withheld or (seal is None and bool(req.forward))
     clear = {f.name: getattr(req, f.name) for f in dataclasses.fields(req) if f.name not in _SECRET}
-    clear["route"] = None if req.route is None else _route_fields(req.route)
+    clear["route"] = _route_fields(req.route)
     clear["withheld"] = withheld
     record: dict[str, bytes | str | int] = {
         "request": orjson.dumps(clear),
@@ -83,7 +83,7 @@ def request_of(
             else _open(fingerprint, gen_id, "fingerprint", seal),
             forward=_open(record.get("forward", b""), gen_id, "forward", seal),
             idempotency_key=key.decode() or None,
-            route=None if route is None else _route(route),
+            route=_route(route),  # a record with none is malformed: Unreadable
         )
     except Unreadable:
         raise

@@ -233,7 +233,6 @@ class Completions:
             msg = f"response {response_id} has no event numbered {after} (yet)"
             raise BadRequest(400, msg, param="starting_after")
         route = gen.request.route
-        assert route is not None
         access.completion = access.stream = True
         start = self._registry.rejoin(gen, start)
         access.join(gen, False, True, gen.finished)

@@ -25,6 +25,7 @@ import orjson
 
 from streamsafe.gateway.admission.admission import Admission, Shed, request_cost
 from streamsafe.gateway.config import GatewayConfig
+from streamsafe.gateway.engines.engine_shell import EngineShell
 from streamsafe.gateway.engines.engines import Engines
 from streamsafe.gateway.engines.pool import Full, Unavailable
 from streamsafe.gateway.errors import BadRequest
@@ -107,8 +108,8 @@ class EngineCalls:
                 raise _shed(exc) from None
             self._admission.commit(waiter)
         try:
-            index = await self._pick(model, cost)
-            await self._send(index, cost, scope, receive, send, body, head)
+            engine = await self._pick(model, cost)
+            await self._send(engine, cost, scope, receive, send, body, head)
         finally:
             if waiter is not None:
                 self._admission.release(waiter)
@@ -118,8 +119,8 @@ class EngineCalls:
     ) -> None:
         """Serve a request on a route that takes no model: a live engine, or, for a stored
         response, the engine that holds it."""
-        index = await self._holder(scope["path"]) if route.tenant_state else self._live()
-        await self._send(index, 0, scope, receive, send, None, b"")
+        engine = await self._holder(scope["path"]) if route.tenant_state else self._live()
+        await self._send(engine, 0, scope, receive, send, None, b"")
 
     async def serve_passed_through(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pass a request through unchanged (an upstream with pass-through: Llama Stack's many
@@ -131,10 +132,9 @@ class EngineCalls:
         except ClientGone:
             return
         given = _json_object(body).get("model") if body is not None else None
-        engines = self._engines
-        upstream = engines.upstreams[engines.live(given if isinstance(given, str) else None)]
+        engine = self._engines.live(given if isinstance(given, str) else None)
         await pass_through(
-            upstream.pool,
+            engine.upstream.pool,
             scope,
             receive,
             send,
@@ -143,9 +143,10 @@ class EngineCalls:
         )
 
     async def serve_operator(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Pass an operator's request (its admin key checked) to the first engine: the
-        operator names another engine by calling it directly."""
-        await self._send(0, 0, scope, receive, send, None, b"")
+        """Pass an operator's request (its admin key checked) to the first engine, whatever its
+        state: an operator's change (a cache reset, a sleep) must land on the engine the
+        operator can name, not on whichever is live; another engine is called directly."""
+        await self._send(self._engines.first, 0, scope, receive, send, None, b"")
 
     # -- the parts ------------------------------------------------------------------------------
 
@@ -168,7 +169,7 @@ class EngineCalls:
             return 1  # the engine answers its 400, as it would straight
         return min(MAX_REQUEST_COST, max(1, estimate_input_tokens(fields)) + default)
 
-    async def _pick(self, model: str | None, cost: int) -> int:
+    async def _pick(self, model: str | None, cost: int) -> EngineShell:
         """The engine for a request of ``model`` holding ``cost`` tokens: picked as a
         completion's first attempt is; a live engine where it names no model."""
         engines = self._engines
@@ -190,32 +191,32 @@ class EngineCalls:
                     message = orjson.loads(refused.body)["error"]["message"]
                     raise BadRequest(refused.status, message, headers=ra)
                 continue
-            return pick.engine.index
+            return engines.of(pick.engine)
 
-    def _live(self) -> int:
+    def _live(self) -> EngineShell:
         """A live engine (see :meth:`Engines.live`)."""
         return self._engines.live()
 
-    async def _holder(self, path: str) -> int:
+    async def _holder(self, path: str) -> EngineShell:
         """The engine that holds the stored response ``path`` names (asked in turn, where the
         pool has several engines); a live one where none says it does."""
         engines = self._engines
-        if len(engines.upstreams) == 1:
-            return 0
+        if len(engines.shells) == 1:
+            return engines.first
         response_id = path.removeprefix("/v1/responses/").split("/")[0]
-        for index, upstream in enumerate(engines.upstreams):
+        for engine in engines.shells:
             try:
-                response = await upstream.open("GET", f"/v1/responses/{response_id}")
+                response = await engine.upstream.open("GET", f"/v1/responses/{response_id}")
                 response.release()
             except OSError:  # an engine that does not answer holds nothing we can reach
                 continue
             if response.status != 404:
-                return index
+                return engine
         return self._live()
 
     async def _send(
         self,
-        index: int,
+        engine: EngineShell,
         cost: int,
         scope: Scope,
         receive: Receive,
@@ -223,11 +224,11 @@ class EngineCalls:
         body: bytes | None,
         head: bytes,
     ) -> None:
-        """Pass the request to engine ``index``, its memory counted there until the answer
-        ends; the engine's breaker hears how it went."""
+        """Pass the request to ``engine``, its memory counted there until the answer ends; the
+        engine's breaker hears how it went."""
         engines = self._engines
-        upstream = engines.upstreams[index]
-        load = engines.loads[index]
+        upstream = engine.upstream
+        load = engine.load
         load.memory += cost
         try:
             status = await pass_through(

@@ -32,7 +32,7 @@ async def answer_ready(
     if await engines.ready():
         await respond(send, 200, b'{"status":"ok"}')
         return
-    down = ", ".join(u.base_url for u in engines.upstreams)
+    down = ", ".join(e.upstream.base_url for e in engines.shells)
     body = error_body(f"no engine answers its health check ({down})", "service_unavailable", 503)
     ra = str(engines.retry_after()).encode()
     await respond(send, 503, body, headers=[(b"retry-after", ra)])
@@ -49,7 +49,7 @@ async def answer_models(send: Send, engines: Engines) -> None:
         await respond(send, 200, _both_model_lists(body))
         return
     try:
-        response = await engines.upstreams[engines.live()].open("GET", "/v1/models")
+        response = await engines.live().upstream.open("GET", "/v1/models")
         try:
             body = await response.read_body()
         finally:
