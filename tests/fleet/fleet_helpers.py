@@ -15,7 +15,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from streamsafe.gateway.generations.finding import claim_key
+from streamsafe.gateway.generations.finder import claim_key
 from streamsafe.gateway.replicas.store_redis import RedisStore
 from streamsafe_bench.processes import RedisClusterServers as RedisClusterProcesses
 from streamsafe_bench.processes import RedisServer as RedisProcess

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from server_stops import stop_later
 from streamsafe.engine_sim import Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.gateway.admission.shedding import Shedding
+from streamsafe.gateway.admission.shed_log import ShedLog
 from streamsafe.gateway.metrics import exported_names
 from streamsafe.server import ServerThread, bind_socket
 from waiting import wait_until_async
@@ -195,7 +195,7 @@ def test_shedding_is_logged_when_it_begins_and_when_it_ends(
     caplog.set_level(logging.INFO, logger="streamsafe")
 
     async def episode() -> None:
-        shedding = Shedding("gateway", quiet=0.05)
+        shedding = ShedLog("gateway", quiet=0.05)
         for _ in range(5):
             shedding.note("the admission queue is full")
         await asyncio.sleep(0.03)  # within the quiet time: the behaviour under test

@@ -2,7 +2,7 @@
 
 The :class:`Registry` opens the generation a request belongs to: found (by ``(tenant,
 Idempotency-Key)``, or for an unkeyed retry or a resume by ``(tenant, body fingerprint)``, see
-:mod:`streamsafe.gateway.generations.finding`) and attached, or started when there is none. It
+:mod:`streamsafe.gateway.generations.finder`) and attached, or started when there is none. It
 counts subscribers, mirrors other replicas' generations and aborts what nobody reads after a grace
 period (:mod:`streamsafe.gateway.abandonment`). The task that reads each generation held here
 is :class:`~streamsafe.gateway.readers.Readers`'; reading upstream is
@@ -32,7 +32,7 @@ from streamsafe.gateway.errors import (
     ResumePastEnd,
     error_body,
 )
-from streamsafe.gateway.generations.finding import Finding, claim_key
+from streamsafe.gateway.generations.finder import GenerationFinder, claim_key
 from streamsafe.gateway.generations.fleet import Fleet, Reach
 from streamsafe.gateway.generations.generation import (
     Generation,
@@ -96,7 +96,9 @@ class Registry:
         self._readers = readers = Readers(
             self.generations, fleet, relay, running, self._abandonment, keeping, clock
         )
-        self._finding = Finding(config, self.generations, self.counters, clock, readers, keeping)
+        self._finder = GenerationFinder(
+            config, self.generations, self.counters, clock, readers, keeping
+        )
         #: Subscribers connected to any generation.
         self.subscribers = 0
         #: Shutting down: no new generation starts (a retry, a resume or a replay of one held
@@ -136,9 +138,9 @@ class Registry:
         new_id = new_generation_id()
         key = claim_key(req)
         if key is not None:
-            gen = await self._finding.by_key(req, key, new_id, reach)
+            gen = await self._finder.by_key(req, key, new_id, reach)
         else:
-            gen = await self._finding.by_body(req, reach)
+            gen = await self._finder.by_body(req, reach)
         if gen is not None:
             return gen, self._attach(gen, req)
         await self._refuse_start(req, key, new_id, reach.store)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from streamsafe.gateway.admission.fair_queue import ADMITTED, QUEUED, SHED, AdmissionCore, Waiter
-from streamsafe.gateway.admission.shedding import Shedding
+from streamsafe.gateway.admission.shed_log import ShedLog
 from streamsafe.request_cost import MAX_REQUEST_COST, read_cost
 
 __all__ = ["MAX_REQUEST_COST", "Admission", "Shed", "request_cost", "retry_after_seconds"]
@@ -74,7 +74,7 @@ class Admission:
         self.queue_timeout = queue_timeout
         self._clock = clock
         #: Episodes of refusals, logged as they begin and end.
-        self.shedding = Shedding("gateway")
+        self.shedding = ShedLog("gateway")
 
     @property
     def queued(self) -> int:

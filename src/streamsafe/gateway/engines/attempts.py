@@ -64,11 +64,11 @@ class Attempts:
         "_failed_why",
         "_gen",
         "_held",
+        "_outcome_told",
         "_shed_noted",
         "_shunned",
         "_started",
         "_tried",
-        "_verdict",
         "answering_model",
         "model",
         "plan",
@@ -98,7 +98,7 @@ class Attempts:
         self._cut_from: EngineShell | None = None
         self._held: EngineShell | None = None
         #: Whether the current attempt's engine was already told it failed (or shed it).
-        self._verdict = False
+        self._outcome_told = False
         #: Why the latest attempt failed over (logged with the engine it moves to).
         self._failed_why = ""
         self._started = engines.clock()
@@ -340,7 +340,7 @@ class Attempts:
             engines.migrations += 1
             _moved(logging.WARNING, "migration", self._gen, cut_from, engine, "stream cut")
         self._current = engine
-        self._verdict = False
+        self._outcome_told = False
         self._shed_noted = self._admitted = False
         self._hold(engine)
         self._gen.attempts += 1
@@ -348,7 +348,7 @@ class Attempts:
 
     def _fail(self, engine: EngineShell, why: str, *, dead: bool = False) -> None:
         if engine is self._current:
-            self._verdict = True
+            self._outcome_told = True
         engine.upstream.failed(why, dead=dead)
 
     def _hold(self, engine: EngineShell) -> None:
@@ -368,7 +368,7 @@ class Attempts:
             if self._admitted:  # it ran there: the engine has room for one more
                 held.gate.room_made()
 
-    def served(self) -> None:
+    def first_token_came(self) -> None:
         """The first token arrived: the engine works (its breaker closes), and the answer's
         model is set (a continuation stays in it)."""
         engine = self._current
@@ -394,9 +394,9 @@ class Attempts:
             gen.refused = False
             gen.wake()
 
-    def succeeded(self) -> None:
+    def answered_whole(self) -> None:
         """The answer ended whole."""
-        self.served()
+        self.first_token_came()
 
     def failed(self, why: str, *, shun: bool = False) -> None:
         """The current attempt failed on the engine's side (a 5xx, a reset, a stall, an error
@@ -408,7 +408,7 @@ class Attempts:
         if shun:
             self._shunned.add(engine.core.index)
         self._plan(self.plan.ended(Outcome.FAILED))
-        if not self._verdict:
+        if not self._outcome_told:
             self._fail(engine, why)
 
     def full(self, retry_after: float | None, status: int = 503) -> None:
@@ -419,7 +419,7 @@ class Attempts:
         engine = self._current
         if engine is None or self._shed_noted:
             return  # told once per attempt (the failover and the relay both see a status)
-        self._shed_noted = self._verdict = True
+        self._shed_noted = self._outcome_told = True
         self._plan(self.plan.ended(Outcome.REFUSED))
         engine.upstream.abandoned()
         engine.core.said_full(self._engines.clock(), retry_after)
@@ -438,7 +438,7 @@ class Attempts:
         engine = self._current
         if engine is None:
             return
-        if not self._verdict:
+        if not self._outcome_told:
             self._fail(engine, "stream cut")
         last = self.plan.history[-1].outcome if self.plan.history else None
         if last is None or last is Outcome.SERVED:

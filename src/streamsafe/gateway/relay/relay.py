@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from streamsafe.gateway.admission.admission import Admission, Shed
 from streamsafe.gateway.admission.fair_queue import Waiter
-from streamsafe.gateway.admission.shedding import Shedding
+from streamsafe.gateway.admission.shed_log import ShedLog
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.engines.attempts import Attempts
 from streamsafe.gateway.engines.engines import Engines
@@ -80,7 +80,7 @@ class Relay:
         self._streams = StreamReader(counters, owner, self._endings)
         self._clock = clock
         #: Episodes of the engine shedding load, logged as they begin and end.
-        self.engine_shedding = Shedding("engine")
+        self.engine_shedding = ShedLog("engine")
         self.tracing = Tracing(config.tracing)
         #: The bounds every upstream attempt keeps (see :class:`AttemptWatch`).
         self.timeouts = UpstreamTimeouts(
@@ -240,7 +240,7 @@ class Relay:
             end = await owed_end(gen.request, partial, attempts.upstream.prompt_tokens)
         self.counters.usage_recovered += len(end) > 1
         gen.appended(await gen.log.append(end))
-        attempts.succeeded()
+        attempts.answered_whole()
         self._owner.end(gen, State.DONE)
 
     def _count_continuation(
@@ -450,9 +450,9 @@ class Relay:
                 attempts.admitted()  # a plain refusal comes as a status: a 200 took it
                 gen.wake()  # upstream accepted the request
                 body = await response.read_body()
-                attempts.served()
+                attempts.first_token_came()
                 gen.appended(await gen.log.append((body,)))
-                attempts.succeeded()
+                attempts.answered_whole()
                 self._owner.end(gen, State.DONE)
                 return None
         except UpstreamStalled as exc:

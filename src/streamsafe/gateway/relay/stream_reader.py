@@ -179,7 +179,7 @@ class StreamReader:
             if sink.errored or ends_answer(route.wire, sink.last):
                 gen.appended(await gen.log.append((DONE,)))
                 if not sink.errored:
-                    attempts.succeeded()
+                    attempts.answered_whole()
                 self._owner.end(gen, State.FAILED if sink.errored else State.DONE)
                 return None
             return BrokenAttempt("upstream stream ended before the answer was complete", 502)

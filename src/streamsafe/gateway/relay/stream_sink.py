@@ -282,10 +282,10 @@ class StreamSink:
         if not watch.flowing and gen.length > self._preamble:
             watch.first_event()
             if not self.errored:  # an error event first is no sign the engine works
-                self._attempts.served()  # the engine delivered: its breaker closes
+                self._attempts.first_token_came()  # the engine delivered: its breaker closes
             if gen.first_event_at is None:
                 gen.first_event_at = time.monotonic()
         if self.done and not self._pending:
             if not self.errored:
-                self._attempts.succeeded()
+                self._attempts.answered_whole()
             self._owner.end(gen, State.FAILED if self.errored else State.DONE)

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 
-__all__ = ["QUIET_S", "Shedding"]
+__all__ = ["QUIET_S", "ShedLog"]
 
 log = logging.getLogger("streamsafe.gateway")
 
@@ -24,7 +24,7 @@ log = logging.getLogger("streamsafe.gateway")
 QUIET_S = 10.0
 
 
-class Shedding:
+class ShedLog:
     """Episodes of shedding by ``what`` (``"gateway"``, ``"engine"``), logged as they begin and
     end. ``clock`` and ``quiet`` are injectable for tests."""
 

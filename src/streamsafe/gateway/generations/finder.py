@@ -3,8 +3,8 @@ in the store, the newest with its body for an unkeyed retry or a resume, or, wit
 ``collapse_identical``, the one an identical request joins (see docs/design.md, Replay and
 resume).
 
-Finding starts nothing: where it finds none, the registry starts a generation (under the key
-claimed here). It looks in this process first, then as far as the
+The finder starts nothing: where it finds none, the registry starts a generation (under the
+key claimed here). It looks in this process first, then as far as the
 :class:`~streamsafe.gateway.generations.fleet.Reach` it is given goes: another replica's
 generation is copied here by a :class:`Mirroring` (the registry's readers, which follow it).
 """
@@ -21,7 +21,7 @@ from streamsafe.gateway.generations.generation import Generation, GenerationRequ
 from streamsafe.gateway.generations.generation_index import GenerationIndex
 from streamsafe.gateway.metrics import Counters
 
-__all__ = ["Finding", "Forgetting", "Mirroring", "claim_key"]
+__all__ = ["Forgetting", "GenerationFinder", "Mirroring", "claim_key"]
 
 #: Rounds of claim and release that settle a race on one Idempotency-Key.
 _CLAIM_ROUNDS = 3
@@ -69,7 +69,7 @@ class Forgetting(Protocol):
         """Nobody can find ``gen`` any more."""
 
 
-class Finding:
+class GenerationFinder:
     """Finds a request's generation among those ``generations`` holds and those other replicas
     run: another replica's is copied here by ``mirrors``; one a fresh attempt starts over from
     is dropped by ``keeping``. ``clock`` is injectable for tests."""
