@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from streamsafe.gateway.errors import FleetUnsafe
 from streamsafe.gateway.generations.fleet import Followed, ReplicaCounters
 from streamsafe.gateway.generations.generation import Generation
-from streamsafe.gateway.generations.store import EventLog, Store
+from streamsafe.gateway.generations.store import EventLog, MemoryStore
 
 __all__ = ["Alone", "Solo"]
 
@@ -31,7 +31,7 @@ class Alone:
 
     def __init__(
         self,
-        store: Store,
+        store: MemoryStore,
         *,
         new_log: Callable[[str], EventLog],
         own: Callable[[Generation], None],
@@ -79,7 +79,7 @@ class Solo(Alone):
     #: Nothing shared to lose or misread: always ready as far as the fleet goes.
     trouble = None
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: MemoryStore) -> None:
         super().__init__(store, new_log=store.log, own=_runs_here)
         self.closing = False
         self.held: Iterable[Generation] = ()
