@@ -18,7 +18,7 @@ import asyncio
 import collections
 import itertools
 from array import array
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 __all__ = ["MemoryEventLog"]
@@ -126,7 +126,7 @@ class MemoryEventLog:
                 return len(ends)
         return 0
 
-    async def write_behind(self, reading: asyncio.Future[Any]) -> AsyncIterator[list[bytes]]:
+    async def write_behind(self, reading: asyncio.Future[Any]) -> AsyncGenerator[list[bytes]]:
         """Nothing: a log of this process's alone holds nothing to write behind (its events
         were readable as :meth:`append_nowait` took them)."""
         nothing: tuple[list[bytes], ...] = ()

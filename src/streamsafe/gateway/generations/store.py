@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, Protocol
 
 from streamsafe.gateway.generations.event_log import MemoryEventLog
@@ -59,7 +59,7 @@ class EventLog(Protocol):
         per-chunk fast path)."""
         ...
 
-    def write_behind(self, reading: asyncio.Future[Any]) -> AsyncIterator[list[bytes]]:
+    def write_behind(self, reading: asyncio.Future[Any]) -> AsyncGenerator[list[bytes]]:
         """Until ``reading`` (the attempt's read of its stream) is done and nothing is held:
         write what :meth:`append_nowait` held to the store behind this process's copy, and
         yield each batch once it is readable here (the relay publishes it then). A log of this

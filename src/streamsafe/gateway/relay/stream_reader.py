@@ -15,6 +15,7 @@ where it stands for one (Llama Stack's masked 500s).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from streamsafe.gateway.engines.answers import Refused
@@ -85,8 +86,9 @@ class StreamReader:
             end = conn.stream_events(sink.events, one=sink.one)
             # A shared log writes what it held to its store as the stream goes (one of this
             # process's alone has nothing to write behind).
-            async for written in gen.log.write_behind(end):
-                sink.written(written)
+            async with contextlib.aclosing(gen.log.write_behind(end)) as behind:
+                async for written in behind:
+                    sink.written(written)
             broke = await end
             return await self._ended(gen, sink, broke, continuing, attempts)
         finally:

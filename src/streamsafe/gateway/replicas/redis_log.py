@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -233,21 +233,26 @@ class ReplicatedLog:
         """0: every payload goes through :meth:`append_nowait` (held for Redis)."""
         return 0
 
-    async def write_behind(self, reading: asyncio.Future[Any]) -> AsyncIterator[list[bytes]]:
+    async def write_behind(self, reading: asyncio.Future[Any]) -> AsyncGenerator[list[bytes]]:
         """Write what :meth:`append_nowait` held with :meth:`append` (several reads at once
         where Redis is slower than the engine), yielding each batch once the copy has it, until
         ``reading`` is done and nothing is held (see
         :meth:`~streamsafe.gateway.generations.store.EventLog.write_behind`)."""
-        while True:
-            if self._held:
-                payloads, self._held = self._held, []
-                await self.append(payloads)
-                yield payloads
-            elif reading.done():
-                return
-            else:
-                self._ready = ready = asyncio.get_running_loop().create_future()
-                await asyncio.wait((reading, ready), return_when=asyncio.FIRST_COMPLETED)
+        try:
+            while True:
+                if self._held:
+                    payloads, self._held = self._held, []
+                    await self.append(payloads)
+                    yield payloads
+                elif reading.done():
+                    return
+                else:
+                    self._ready = ready = asyncio.get_running_loop().create_future()
+                    await asyncio.wait((reading, ready), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # Stopped short (the lease lost, the attempt cancelled): what the attempt handed
+            # over goes with it, never into a later attempt's writes.
+            self._held.clear()
 
     async def append(self, payloads: Sequence[bytes]) -> int:
         """Append to Redis, then to the copy; return the new length. :class:`LeaseLost`
