@@ -107,6 +107,52 @@ async def test_append_is_fenced_by_the_lease(make_store: MakeStore) -> None:
     assert await b.log("gen-1").read(0) == [b"x"]
 
 
+async def test_a_shared_owners_events_are_readable_here_only_once_redis_took_them(
+    make_store: MakeStore,
+) -> None:
+    # The relay hands the log each read's events in the read callback, as to a log of this
+    # process's alone; its subscribers here read the copy, which gets them behind Redis.
+    a, b = make_store(), make_store()
+    assert await a.take_lease("gen-1", ttl=30)
+    log = a.replicated_log("gen-1", writer=True, lease=30)
+    assert log.append_nowait([b"one", b"two"]) == 0  # held: nothing new to read here yet
+    assert log.append_one(b"three") == 0  # never the one-chunk path: it would skip Redis
+    assert log.length == 0 and log.read_nowait(0) == []
+    reading = asyncio.get_running_loop().create_future()
+    written: list[list[bytes]] = []
+
+    async def write() -> None:
+        async for batch in log.write_behind(reading):
+            assert await b.log("gen-1").read(0) == log.read_nowait(0)  # Redis has what the copy has
+            written.append(batch)
+
+    writer = asyncio.create_task(write())
+    await eventually(lambda: asyncio.sleep(0, len(written) == 1))
+    log.append_nowait([b"three"])  # a later read, while the stream goes on
+    await eventually(lambda: asyncio.sleep(0, len(written) == 2))
+    reading.set_result(None)  # the stream's read ended: nothing held, the writer returns
+    await writer
+    assert written == [[b"one", b"two"], [b"three"]]
+    assert await b.log("gen-1").read(0) == log.read_nowait(0) == [b"one", b"two", b"three"]
+
+
+async def test_events_held_by_a_writer_stopped_short_are_not_written_by_the_next(
+    make_store: MakeStore,
+) -> None:
+    a = make_store()
+    assert await a.take_lease("gen-1", ttl=30)
+    log = a.replicated_log("gen-1", writer=True, lease=30)
+    log.append_nowait([b"one"])
+    reading = asyncio.get_running_loop().create_future()
+    behind = log.write_behind(reading)
+    assert await anext(behind) == [b"one"]
+    log.append_nowait([b"cut"])  # the attempt is cancelled before its writer took this
+    await behind.aclose()
+    reading.set_result(None)
+    assert [batch async for batch in log.write_behind(reading)] == []
+    assert await a.log("gen-1").read(0) == [b"one"]
+
+
 async def test_takeover_after_the_lease_lapses_continues_at_the_log_end(
     make_store: MakeStore,
 ) -> None:

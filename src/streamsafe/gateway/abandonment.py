@@ -14,10 +14,9 @@ import logging
 
 from streamsafe.gateway.admission.admission import Admission
 from streamsafe.gateway.config import GatewayConfig
-from streamsafe.gateway.generations.fleet import Fleet
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.owner import Owner
-from streamsafe.gateway.keeping import MIRROR_KEPT, Keeping
+from streamsafe.gateway.keeping import Keeping
 from streamsafe.gateway.metrics import Counters
 
 __all__ = ["Abandonment"]
@@ -35,14 +34,12 @@ class Abandonment:
         config: GatewayConfig,
         admission: Admission,
         counters: Counters,
-        fleet: Fleet,
         owner: Owner,
         keeping: Keeping,
     ) -> None:
         self._config = config
         self._admission = admission
         self._counters = counters
-        self._fleet = fleet
         self._owner = owner
         self._keeping = keeping
 
@@ -58,12 +55,13 @@ class Abandonment:
     def grace(self, gen: Generation, hold: float = 0.0) -> None:
         """``gen`` has no subscriber here: start its grace period, ``hold`` seconds later where
         the subscriber was told to come back then (for a mirror: forget the copy after it)."""
-        fleet = self._fleet
+        role = gen.role
         loop = asyncio.get_running_loop()
-        if fleet.is_mirror(gen):
-            fleet.subscribers_changed(gen)
+        forget_after = role.forget_unread
+        if forget_after is not None:
+            role.subscribers_changed(gen)
             gen.timer = loop.call_later(
-                max(self._config.grace + hold, MIRROR_KEPT),
+                max(self._config.grace + hold, forget_after),
                 lambda: self._keeping.spawn(self._keeping.forget(gen)),
             )
             return
@@ -77,7 +75,7 @@ class Abandonment:
         gen.timer = None
         if gen.subscribers > 0 or gen.finished:
             return
-        if self._fleet.owns(gen):  # subscribers on another replica may read it
+        if gen.role.read_by_fleet:  # subscribers on another replica may read it
             self._keeping.spawn(self._abort_unless_followed(gen))
             return
         self._abort(gen)
@@ -85,11 +83,11 @@ class Abandonment:
     async def _abort_unless_followed(self, gen: Generation) -> None:
         """Abort ``gen`` unless subscribers on another replica read it; then ask again after
         another grace period."""
-        fleet = self._fleet
-        if await fleet.followed_elsewhere(gen):
+        again = await gen.role.read_elsewhere(gen)
+        if again is not None:
             if gen.subscribers == 0 and not gen.finished and gen.timer is None:
                 gen.timer = asyncio.get_running_loop().call_later(
-                    max(self._config.grace, fleet.lease), self._over, gen
+                    max(self._config.grace, again), self._over, gen
                 )
             return
         self._abort(gen)

@@ -35,7 +35,7 @@ from streamsafe.gateway.errors import (
 from streamsafe.gateway.generations.fleet import Fleet
 from streamsafe.gateway.generations.generation import State
 from streamsafe.gateway.generations.solo import Solo
-from streamsafe.gateway.generations.store import MemoryStore, Store
+from streamsafe.gateway.generations.store import MemoryStore
 from streamsafe.gateway.metrics import (
     CONTENT_TYPE,
     EngineReading,
@@ -92,7 +92,9 @@ class Gateway:
     generation on shutdown. :meth:`stats` may be called from any thread.
     """
 
-    def __init__(self, config: GatewayConfig | None = None, *, store: Store | None = None) -> None:
+    def __init__(
+        self, config: GatewayConfig | None = None, *, store: MemoryStore | None = None
+    ) -> None:
         self.config = config = config or GatewayConfig()
         if config.upstream is None:
             raise ValueError("GatewayConfig.upstream is required (streamsafe serve starts one)")

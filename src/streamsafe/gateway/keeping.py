@@ -15,23 +15,21 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from streamsafe.gateway.config import GatewayConfig
-from streamsafe.gateway.generations.fleet import Fleet
+from streamsafe.gateway.generations.fleet import Reach
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.generation_index import GenerationIndex
 from streamsafe.gateway.generations.retention import Retention
+from streamsafe.gateway.generations.roles import MIRROR_KEPT
 from streamsafe.gateway.metrics import Counters
 
 __all__ = ["MIRROR_KEPT", "Keeping"]
 
-#: Seconds a finished mirror stays here after its last subscriber (a reconnect within it reads
-#: the copy; later ones read Redis again).
-MIRROR_KEPT = 5.0
-
 
 class Keeping:
     """The finished generations of one registry: ``kept`` for replay, the rest forgotten from
-    ``generations`` and from the ``fleet``. Keys and logs of this process's own (a process
-    alone's, or a replica's while Redis was away) are in the store of ``fleet.alone``."""
+    ``generations`` and from the fleet, as each one's role says
+    (:mod:`~streamsafe.gateway.generations.roles`). Keys and logs of this process's own (a
+    process alone's, or a replica's while Redis was away) are in the store of ``alone``."""
 
     def __init__(
         self,
@@ -39,13 +37,12 @@ class Keeping:
         generations: GenerationIndex,
         counters: Counters,
         clock: Callable[[], float],
-        fleet: Fleet,
+        alone: Reach,
     ) -> None:
         self._config = config
         self._generations = generations
         self._counters = counters
-        self._fleet = fleet
-        self._own_store = fleet.alone.store
+        self._own_store = alone.store
         #: Finished generations kept for replay, and when each goes.
         self.kept = Retention(
             config.max_kept_bytes,
@@ -59,13 +56,9 @@ class Keeping:
     def ended(self, gen: Generation, state: State) -> None:
         """``gen`` ended in ``state`` (its subscribers were woken): tell the fleet, then keep it
         for replay or forget it."""
-        fleet = self._fleet
-        if fleet.owns(gen):
-            if fleet.closing and state is State.ABORTED:
-                # Stopped by a shutdown, not abandoned: another replica continues it.
-                self.spawn(fleet.hand_over(gen))
-            else:
-                self.spawn(fleet.finished(gen))
+        told = gen.role.ended(gen, state)
+        if told is not None:
+            self.spawn(told)
         if state is State.ABORTED or gen.failure is not None or self._config.keep_finished <= 0:
             # Nothing worth replaying (or replay is off): a later attempt starts over.
             self.spawn(self.forget(gen))
@@ -94,10 +87,9 @@ class Keeping:
         for oldest in self.kept.keep(gen):  # its retention time is the ledger's
             self._counters.evicted += 1
             self.spawn(self.forget(oldest))
-        if gen.key is not None and not self._fleet.shares(gen):
-            # In Redis, the replica's record of the end expires the key with the rest of its
-            # generation's keys (Replicas.finished).
-            self.spawn(self._own_store.expire(gen.key, gen.id, self._config.keep_finished))
+        lapse = gen.role.kept(gen, self._own_store, self._config.keep_finished)
+        if lapse is not None:
+            self.spawn(lapse)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run store bookkeeping in the background; owned here and awaited by :meth:`settle`."""
@@ -119,22 +111,4 @@ class Keeping:
         self._generations.drop(gen)
         if gen.key is not None:  # where it was claimed here (no Redis, or Redis away)
             await self._own_store.release(gen.key, gen.id)
-        fleet = self._fleet
-        if not fleet.shares(gen):
-            await self._own_store.drop_log(gen.id)
-            return
-        if fleet.is_mirror(gen):
-            fleet.unfollow(gen)  # the owner decides what Redis keeps
-            return
-        if fleet.degraded or fleet.closing:
-            return
-        # The key goes now where a retry must start over (failed, aborted, or evicted). An
-        # answer this replica let go of (evicted for --max-kept-mb, or past its time) goes from
-        # Redis too, so Redis holds what the replicas keep, not --keep-finished of everything.
-        try:
-            if gen.state is State.DONE:
-                await fleet.let_go(gen)
-            if gen.key is not None:
-                await fleet.store.release(gen.key, gen.id)
-        except fleet.errors as exc:
-            fleet.failed(exc)
+        await gen.role.forgotten(gen, self._own_store)

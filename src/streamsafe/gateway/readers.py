@@ -15,10 +15,11 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from streamsafe.gateway.abandonment import Abandonment
-from streamsafe.gateway.generations.fleet import Fleet, Followed, Reach
+from streamsafe.gateway.generations.fleet import Reach
 from streamsafe.gateway.generations.generation import Generation
 from streamsafe.gateway.generations.generation_index import GenerationIndex
 from streamsafe.gateway.generations.logged_end import logged_end
+from streamsafe.gateway.generations.roles import Followed
 from streamsafe.gateway.generations.running import Running
 from streamsafe.gateway.generations.store import LeaseLost
 from streamsafe.gateway.keeping import Keeping
@@ -31,15 +32,14 @@ log = logging.getLogger("streamsafe.gateway")
 
 class Readers:
     """Starts and passes between the reader tasks of one registry's ``generations``: a
-    ``relay`` run for each one it runs (its end told to ``running``), a ``fleet`` follower for
-    each one it mirrors (its end handed to ``keeping``); one taken over waits out its grace
-    period in ``abandonment`` where nobody reads it yet. ``clock`` stamps a mirror's
-    creation (the registry's)."""
+    ``relay`` run for each one it runs (its end told to ``running``), a follower for each one
+    it mirrors, as its role gives it (:mod:`~streamsafe.gateway.generations.roles`; its end
+    handed to ``keeping``); one taken over waits out its grace period in ``abandonment`` where
+    nobody reads it yet. ``clock`` stamps a mirror's creation (the registry's)."""
 
     def __init__(
         self,
         generations: GenerationIndex,
-        fleet: Fleet,
         relay: Relay,
         running: Running,
         abandonment: Abandonment,
@@ -47,7 +47,6 @@ class Readers:
         clock: Callable[[], float],
     ) -> None:
         self._generations = generations
-        self._fleet = fleet
         self._relay = relay
         self._running = running
         self._abandonment = abandonment
@@ -70,7 +69,7 @@ class Readers:
             log.warning("%s: lease lost while running; following the new owner", gen.id)
             gen.lease_lost()
             self._running.moved(gen)
-            self._follow(gen, self._fleet.lost_lease(gen))
+            self._follow(gen, gen.role.follow(gen))
         finally:
             # The task is ending: let go of it. The exception it may end with (a cancellation,
             # once abandoned) holds these frames and so this generation; with the generation
@@ -114,7 +113,7 @@ class Readers:
         if gen.finished:
             self._keeping.mirror_ended(gen)
         else:
-            self._follow(gen, self._fleet.follow(gen))
+            self._follow(gen, gen.role.follow(gen))
         return gen
 
     def _follow(self, gen: Generation, follower: Awaitable[Followed]) -> None:

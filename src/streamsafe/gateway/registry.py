@@ -85,16 +85,18 @@ class Registry:
         #: Redis is away).
         self.generations = GenerationIndex()
         fleet.held = self.generations  # what it writes back after Redis restarted
-        self._keeping = keeping = Keeping(config, self.generations, self.counters, clock, fleet)
+        self._keeping = keeping = Keeping(
+            config, self.generations, self.counters, clock, fleet.alone
+        )
         #: Finished generations kept for replay, and when each goes.
         self.kept = keeping.kept
         #: The generations this process runs while live, and where each one ends.
         self._running = running = Running(config, self.counters, keeping, self.refusals, clock)
         relay = Relay(config, admission, engines, self.counters, running, clock)
-        self._abandonment = Abandonment(config, admission, self.counters, fleet, running, keeping)
+        self._abandonment = Abandonment(config, admission, self.counters, running, keeping)
         #: The task that reads each generation held here: upstream, or another replica's log.
         self._readers = readers = Readers(
-            self.generations, fleet, relay, running, self._abandonment, keeping, clock
+            self.generations, relay, running, self._abandonment, keeping, clock
         )
         self._finder = GenerationFinder(
             config, self.generations, self.counters, clock, readers, keeping
@@ -221,7 +223,7 @@ class Registry:
         gen.subscribers += 1
         self.subscribers += 1
         if gen.subscribers == 1:
-            self.fleet.subscribers_changed(gen)
+            gen.role.subscribers_changed(gen)
         if gen.subscribers == 1 and gen.waiter is not None:
             self._admission.set_active(gen.waiter, True)  # back within grace: its place holds
         # On a finished mirror the timer is its retention, which a replay keeps.

@@ -14,10 +14,12 @@ arrived, so a subscriber that keeps up (the hot path) reads without rebuilding a
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import itertools
 from array import array
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any
 
 __all__ = ["MemoryEventLog"]
 
@@ -65,8 +67,9 @@ class MemoryEventLog:
         return self.read_nowait(start)
 
     def append_nowait(self, payloads: Sequence[bytes]) -> int:
-        """:meth:`append` without a coroutine: the relay's per-chunk fast path for a log that
-        lives in this process (a networked log has only the awaitable form)."""
+        """:meth:`append` without a coroutine: the relay's per-chunk path (every generation's
+        log has its events in this process; see
+        :meth:`~streamsafe.gateway.generations.store.EventLog.append_nowait`)."""
         if len(payloads) == 1:
             length = self.append_one(payloads[0])
             if length:
@@ -122,6 +125,13 @@ class MemoryEventLog:
                 self._recent.append(p)
                 return len(ends)
         return 0
+
+    async def write_behind(self, reading: asyncio.Future[Any]) -> AsyncGenerator[list[bytes]]:
+        """Nothing: a log of this process's alone holds nothing to write behind (its events
+        were readable as :meth:`append_nowait` took them)."""
+        nothing: tuple[list[bytes], ...] = ()
+        for held in nothing:
+            yield held
 
     def read_nowait(self, start: int) -> list[bytes]:
         """:meth:`read` without a coroutine (see :meth:`append_nowait`)."""

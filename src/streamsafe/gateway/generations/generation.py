@@ -31,6 +31,7 @@ from streamsafe.gateway.generations.lifecycle import (
     check_append,
     check_failure,
 )
+from streamsafe.gateway.generations.roles import LOCAL, Role
 from streamsafe.gateway.generations.store import EventLog
 from streamsafe.gateway.tracing import GenerationTrace
 from streamsafe.gateway.upstream.kinds import CompletionRoute
@@ -182,6 +183,7 @@ class Generation:
         "refused",
         "request",
         "response_id",
+        "role",
         "state",
         "stream",
         "subscribers",
@@ -213,6 +215,9 @@ class Generation:
         #: The store key that finds it (``None`` for an unkeyed request).
         self.key = key
         self.log = log_
+        #: What it is to the fleet (see :mod:`~streamsafe.gateway.generations.roles`): this
+        #: process's alone until the fleet that publishes it says otherwise.
+        self.role: Role[Generation] = LOCAL
         #: Events in the log (as known to this process); never shorter, and fixed at the end.
         self.length = 0
         #: What the next length must reach: the length while live, past any once finished

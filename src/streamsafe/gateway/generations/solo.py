@@ -2,20 +2,22 @@
 (:class:`~streamsafe.gateway.generations.fleet.Fleet`; see docs/design.md, Replicas).
 
 It runs every generation it starts and shares none: its keys and logs are in its own store, it
-finds nothing elsewhere, holds no lease, mirrors and follows nothing, hands nothing over when
-it stops (a drain ends what still runs), and is never degraded. :class:`Alone` is the part of
+finds nothing elsewhere, hands nothing over when it stops (a drain ends what still runs), and
+is never degraded. Every generation it opens keeps the role of one of this process's alone
+(:data:`~streamsafe.gateway.generations.roles.LOCAL`): no lease, no mirror, nothing to record
+elsewhere, so nothing of that is asked of it here. :class:`Alone` is the part of
 it that opens generations; a replica while Redis is away opens them the same way, with a log of
 its own that it writes back later.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from streamsafe.gateway.errors import FleetUnsafe
-from streamsafe.gateway.generations.fleet import Followed, ReplicaCounters
+from streamsafe.gateway.generations.fleet import ReplicaCounters
 from streamsafe.gateway.generations.generation import Generation
-from streamsafe.gateway.generations.store import EventLog, Store
+from streamsafe.gateway.generations.store import EventLog, MemoryStore
 
 __all__ = ["Alone", "Solo"]
 
@@ -31,7 +33,7 @@ class Alone:
 
     def __init__(
         self,
-        store: Store,
+        store: MemoryStore,
         *,
         new_log: Callable[[str], EventLog],
         own: Callable[[Generation], None],
@@ -72,14 +74,12 @@ class Solo(Alone):
     degraded = False
     #: Nobody continues what runs here: a drain waits for it, then ends it.
     hands_over = False
-    #: No lease: no other replica could take a generation over.
-    lease = 0.0
     fleet_replicas = 0
     redis_used_memory = 0
     #: Nothing shared to lose or misread: always ready as far as the fleet goes.
     trouble = None
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: MemoryStore) -> None:
         super().__init__(store, new_log=store.log, own=_runs_here)
         self.closing = False
         self.held: Iterable[Generation] = ()
@@ -103,42 +103,3 @@ class Solo(Alone):
 
     async def close(self) -> None:
         """Nothing is held in a fleet."""
-
-    def owns(self, gen: Generation) -> bool:
-        """False: no generation runs under a lease another replica sees."""
-        return False
-
-    def shares(self, gen: Generation) -> bool:
-        """False: every log is this process's."""
-        return False
-
-    def is_mirror(self, gen: Generation) -> bool:
-        """False: no generation runs elsewhere."""
-        return False
-
-    def follow(self, gen: Generation) -> Awaitable[Followed]:
-        """Never called: :meth:`find` finds nothing to follow."""
-        raise AssertionError(f"{gen.id}: a process alone has no other replica to follow")
-
-    def unfollow(self, gen: Generation) -> None:
-        """Nothing is followed."""
-
-    def lost_lease(self, gen: Generation) -> Awaitable[Followed]:
-        """Never called: a log of this process's has no lease to lose."""
-        raise AssertionError(f"{gen.id}: a process alone holds no lease to lose")
-
-    def subscribers_changed(self, gen: Generation) -> None:
-        """Nobody elsewhere to tell."""
-
-    async def followed_elsewhere(self, gen: Generation) -> bool:
-        """False: there is no elsewhere."""
-        return False
-
-    async def finished(self, gen: Generation) -> None:
-        """Nothing to record: the registry keeps or forgets ``gen``."""
-
-    async def hand_over(self, gen: Generation) -> None:
-        """Nobody to hand ``gen`` to."""
-
-    async def let_go(self, gen: Generation) -> None:
-        """Nothing held elsewhere to let go of."""

@@ -15,9 +15,10 @@ process compactly (:mod:`streamsafe.gateway.generations.event_log`).
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import Any, Protocol
 
 from streamsafe.gateway.generations.event_log import MemoryEventLog
 
@@ -40,23 +41,29 @@ class EventLog(Protocol):
         """Payloads from offset ``start`` to the end (empty if none yet)."""
         ...
 
-    @property
-    def append_nowait(self) -> Callable[[Sequence[bytes]], int] | None:
-        """:meth:`append` without a coroutine where the log lives in this process (the relay's
-        per-chunk fast path); ``None`` for a log that needs I/O."""
+    def append_nowait(self, payloads: Sequence[bytes]) -> int:
+        """Take payloads on the relay's hot path, without a coroutine, and return the length
+        readable in this process now. Every log a generation runs on has its events here (the
+        role it was opened in says what more it does): a log of this process's alone appends
+        them and returns the new length; a log shared through another store holds them for
+        :meth:`write_behind` and returns 0 (nothing new to read yet)."""
         ...
 
-    @property
-    def append_one(self) -> Callable[[bytes], int] | None:
-        """Where the log lives in this process: append one payload if that is cheap (the usual
-        chunk of a stream) and return the new length, else change nothing and return 0 (the
-        relay then uses :attr:`append_nowait`); ``None`` for a log that needs I/O."""
+    def append_one(self, payload: bytes) -> int:
+        """Append one payload if that is cheap (the usual chunk of a stream) and return the new
+        length, else change nothing and return 0 (the relay then uses :meth:`append_nowait`)."""
         ...
 
-    @property
-    def read_nowait(self) -> Callable[[int], list[bytes]] | None:
-        """:meth:`read` without a coroutine where the log lives in this process (a subscriber's
-        per-chunk fast path); ``None`` for a log that needs I/O."""
+    def read_nowait(self, start: int) -> list[bytes]:
+        """:meth:`read` without a coroutine, from this process's copy (a subscriber's
+        per-chunk fast path)."""
+        ...
+
+    def write_behind(self, reading: asyncio.Future[Any]) -> AsyncGenerator[list[bytes]]:
+        """Until ``reading`` (the attempt's read of its stream) is done and nothing is held:
+        write what :meth:`append_nowait` held to the store behind this process's copy, and
+        yield each batch once it is readable here (the relay publishes it then). A log of this
+        process's alone holds nothing: it yields nothing."""
         ...
 
     @property
@@ -71,7 +78,10 @@ class EventLog(Protocol):
 
 
 class Store(Protocol):
-    """Key ownership and event logs, async so that a networked store fits behind it."""
+    """Key ownership and event logs, async so that a networked store fits behind it. Each
+    opens its logs in its own role (:meth:`MemoryStore.log`, a log of this process's alone; a
+    Redis store's, see :mod:`streamsafe.gateway.replicas.store_redis`): opening is not part of
+    the interface, the fleet opens them (``new_log``)."""
 
     async def claim(self, key: str, gen_id: str, ttl: float | None = None) -> str | None:
         """Make ``gen_id`` the owner of ``key`` unless someone owns it; return the existing
@@ -88,10 +98,6 @@ class Store(Protocol):
 
     async def expire(self, key: str, gen_id: str, ttl: float) -> None:
         """Let ``key`` (if ``gen_id`` owns it) lapse ``ttl`` seconds from now."""
-        ...
-
-    def log(self, gen_id: str) -> EventLog:
-        """The event log of ``gen_id`` (created empty on first use)."""
         ...
 
     async def drop_log(self, gen_id: str) -> None:

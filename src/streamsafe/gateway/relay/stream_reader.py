@@ -15,7 +15,7 @@ where it stands for one (Llama Stack's masked 500s).
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 from collections.abc import Callable
 
 from streamsafe.gateway.engines.answers import Refused
@@ -84,11 +84,12 @@ class StreamReader:
             # an error carrying 503), which must reach a caller not yet answered as its status.
             watch.follow(conn)
             end = conn.stream_events(sink.events, one=sink.one)
-            while not sink.in_process and not end.done():
-                await asyncio.wait((end, sink.ready()), return_when=asyncio.FIRST_COMPLETED)
-                await sink.flush()
+            # A shared log writes what it held to its store as the stream goes (one of this
+            # process's alone has nothing to write behind).
+            async with contextlib.aclosing(gen.log.write_behind(end)) as behind:
+                async for written in behind:
+                    sink.written(written)
             broke = await end
-            await sink.flush()
             return await self._ended(gen, sink, broke, continuing, attempts)
         finally:
             conn.release(finished=sink.done)

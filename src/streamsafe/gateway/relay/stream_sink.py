@@ -1,12 +1,14 @@
 """What the relay does with each network read of an upstream stream, in the connection's read
 callback (see :mod:`streamsafe.gateway.upstream.transport`): check the payloads, append them to
 the generation's log and publish them (written at once to the subscribers that keep up, see
-:mod:`streamsafe.gateway.generations.fanout`), with no task switch per chunk.
+:mod:`streamsafe.gateway.generations.fanout`), with no task switch per chunk. One path whatever
+the log's role: a log shared with other replicas takes the payloads as one of this process's
+alone does, and writes them to the shared store behind (see
+:meth:`~streamsafe.gateway.generations.store.EventLog.write_behind`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 
@@ -34,9 +36,9 @@ class StreamSink:
     read callback (or, with an engine pool, by the task reading the response): check the
     payloads (error events and the engine's death or failure they stand for, reported to the
     generation's ``attempts``; a malformed chunk, multi-line data, a continued answer's usage),
-    append them and wake the subscribers. A log in this process is appended to right there,
-    with no task switch; a networked one gets the payloads from the reader task
-    (:meth:`flush`), in order.
+    append them and wake the subscribers, right there, with no task switch. A log shared with
+    other replicas holds them until the shared store took them: the reader task publishes
+    them then (:meth:`written`), in order.
 
     A stream that ends with ``[DONE]`` is finished here; one whose upstream sends none (Llama
     Stack) is ended by the stream reader once the body is complete, from :attr:`last`."""
@@ -49,9 +51,7 @@ class StreamSink:
         "_counters",
         "_errors",
         "_owner",
-        "_pending",
         "_preamble",
-        "_ready",
         "_repeated",
         "_stop",
         "_watch",
@@ -103,9 +103,7 @@ class StreamSink:
             self._errors = ANTHROPIC_ERROR_PREFIXES
             # Its events are framed with names (see generations/framing.py): never by the
             # one-chunk path, which writes OpenAI's framing.
-            self._append_one = None
-        self._pending: list[bytes] = []
-        self._ready: asyncio.Future[None] | None = None
+            self._append_one = _never_one
         # Events before the engine's first token (Llama Stack's start event) do not end the
         # first-token wait.
         self._preamble = route.preamble if route is not None else 0
@@ -127,11 +125,6 @@ class StreamSink:
         self.done = False  # [DONE] seen
         #: A chunk that is no JSON object came: the attempt stopped before it.
         self.malformed = False
-
-    @property
-    def in_process(self) -> bool:
-        """The log lives in this process: :meth:`events` appends everything itself."""
-        return self._append_now is not None
 
     def events(self, payloads: list[bytes]) -> None:
         """Take one read's payloads from the attempt into the generation's log, where they pass."""
@@ -209,15 +202,10 @@ class StreamSink:
             return
         self.last = payloads[-1]
         self.done = self.last == DONE
-        append_now = self._append_now
-        if append_now is None:
-            self._pending.extend(payloads)
-            ready, self._ready = self._ready, None
-            if ready is not None and not ready.done():
-                ready.set_result(None)
-            return
-        gen.appended(append_now(payloads))
-        self._appended(payloads)
+        length = self._append_now(payloads)
+        if length:  # readable here now (else once the shared store took them: written)
+            gen.appended(length)
+            self._appended(payloads)
 
     def _refusal(self, payload: bytes) -> int | None:
         """The status an error event before any token refuses the attempt with, if it does."""
@@ -232,10 +220,8 @@ class StreamSink:
         (:attr:`~streamsafe.gateway.generations.store.EventLog.append_one`). Return ``False``,
         having done nothing, where :meth:`events` must take it instead."""
         gen = self.gen
-        append_one = self._append_one
         if (
-            append_one is None
-            or self.done
+            self.done
             or self.malformed
             or self.skip_role
             or self.tokens_before
@@ -248,7 +234,7 @@ class StreamSink:
             or payload.startswith(self._errors)
         ):
             return False
-        length = append_one(payload)
+        length = self._append_one(payload)
         if not length:
             return False
         self.last = payload
@@ -256,20 +242,11 @@ class StreamSink:
         gen.appended_one(payload, length)  # one line (one_payload saw to it), not [DONE]
         return True
 
-    def ready(self) -> asyncio.Future[None]:
-        """A future resolved once payloads are pending for :meth:`flush`."""
-        self._ready = ready = asyncio.get_running_loop().create_future()
-        if self._pending:
-            ready.set_result(None)
-        return ready
-
-    async def flush(self) -> None:
-        """Append what is pending to a networked log (several reads at once when the store is
-        slower than the engine)."""
-        if self._pending:
-            payloads, self._pending = self._pending, []
-            self.gen.appended(await self.gen.log.append(payloads))
-            self._appended(payloads)
+    def written(self, payloads: list[bytes]) -> None:
+        """``payloads``, held by a shared log, were written to its store and are readable here
+        now (:meth:`~streamsafe.gateway.generations.store.EventLog.write_behind`)."""
+        self.gen.appended(self.gen.log.length)
+        self._appended(payloads)
 
     def _appended(self, payloads: list[bytes]) -> None:
         gen = self.gen
@@ -285,7 +262,14 @@ class StreamSink:
                 self._attempts.first_token_came()  # the engine delivered: its breaker closes
             if gen.first_event_at is None:
                 gen.first_event_at = time.monotonic()
-        if self.done and not self._pending:
+        # The batch that ends the stream (a shared log may publish one held before it while
+        # [DONE] waits for the store).
+        if self.done and payloads[-1] == DONE:
             if not self.errored:
                 self._attempts.answered_whole()
             self._owner.end(gen, State.FAILED if self.errored else State.DONE)
+
+
+def _never_one(payload: bytes) -> int:
+    """A route whose events are framed with names takes no payload by the one-chunk path."""
+    return 0

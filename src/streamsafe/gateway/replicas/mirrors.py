@@ -167,7 +167,8 @@ class Mirrors:
                     gen.upstream_status = 200
                     if any(b"\n" in p for p in new):
                         gen.multiline = True
-                    gen.wake()
+                    # To the subscribers that keep up, as the owner's relay writes to its own.
+                    gen.publish(new, log_.length - len(new))
                 seen = await store.state_changes(gen.id)
                 if seen != states or _ends(new) or missing_since is not None:
                     states = seen

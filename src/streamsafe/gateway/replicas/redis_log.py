@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -71,11 +71,6 @@ class RedisEventLog:
         "lease_holder",
         "lease_ms",
     )
-
-    #: Every read and append is a round trip: no coroutine-free fast path.
-    append_nowait = None
-    append_one = None
-    read_nowait = None
 
     def __init__(
         self,
@@ -200,19 +195,18 @@ class RedisEventLog:
 
 class ReplicatedLog:
     """A log in Redis with a copy in this process: subscribers here read the copy without a
-    round trip, other replicas read Redis.
+    round trip, other replicas read Redis. Its role is chosen when it is opened: the *shared
+    owner*'s (``writer``: its appends are fenced by this replica's lease), or a *mirror*'s (it
+    copies what another replica wrote, :meth:`pull`, until it takes the log over).
 
-    The writer appends to Redis first (fenced by its lease) and then to the copy, so nothing
-    reaches a subscriber here that the other replicas cannot read. A follower copies what another
-    replica wrote with :meth:`pull`. If Redis fails under the writer, the log is *detached*: it
-    goes on in this process alone (its subscribers here lose nothing) and ``detached`` says so.
+    The relay hands the owner's events over as it reads them (:meth:`append_nowait`, in the
+    read callback, as to a log of this process's alone); :meth:`write_behind` writes them to
+    Redis first and then to the copy, so nothing reaches a subscriber here that the other
+    replicas cannot read. If Redis fails under the writer, the log is *detached*: it goes on in
+    this process alone (its subscribers here lose nothing) and ``detached`` says so.
     """
 
-    __slots__ = ("detached", "local", "on_detach", "remote")
-
-    #: Writes need a round trip to Redis.
-    append_nowait = None
-    append_one = None
+    __slots__ = ("_held", "_ready", "detached", "local", "on_detach", "remote")
 
     def __init__(self, remote: RedisEventLog) -> None:
         self.remote = remote
@@ -221,6 +215,44 @@ class ReplicatedLog:
         self.detached = False
         #: Told why the log detached (the replica's Redis failure policy starts there).
         self.on_detach: Callable[[BaseException], None] | None = None
+        # What the relay handed over and write_behind has not written yet, and the future
+        # write_behind waits on for more.
+        self._held: list[bytes] = []
+        self._ready: asyncio.Future[None] | None = None
+
+    def append_nowait(self, payloads: Sequence[bytes]) -> int:
+        """Hold ``payloads`` for :meth:`write_behind` (no round trip in the read callback) and
+        return 0: none is readable here before Redis took it."""
+        self._held.extend(payloads)
+        ready, self._ready = self._ready, None
+        if ready is not None and not ready.done():
+            ready.set_result(None)
+        return 0
+
+    def append_one(self, payload: bytes) -> int:
+        """0: every payload goes through :meth:`append_nowait` (held for Redis)."""
+        return 0
+
+    async def write_behind(self, reading: asyncio.Future[Any]) -> AsyncGenerator[list[bytes]]:
+        """Write what :meth:`append_nowait` held with :meth:`append` (several reads at once
+        where Redis is slower than the engine), yielding each batch once the copy has it, until
+        ``reading`` is done and nothing is held (see
+        :meth:`~streamsafe.gateway.generations.store.EventLog.write_behind`)."""
+        try:
+            while True:
+                if self._held:
+                    payloads, self._held = self._held, []
+                    await self.append(payloads)
+                    yield payloads
+                elif reading.done():
+                    return
+                else:
+                    self._ready = ready = asyncio.get_running_loop().create_future()
+                    await asyncio.wait((reading, ready), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # Stopped short (the lease lost, the attempt cancelled): what the attempt handed
+            # over goes with it, never into a later attempt's writes.
+            self._held.clear()
 
     async def append(self, payloads: Sequence[bytes]) -> int:
         """Append to Redis, then to the copy; return the new length. :class:`LeaseLost`

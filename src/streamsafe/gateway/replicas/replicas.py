@@ -45,6 +45,7 @@ from streamsafe.gateway.replicas.mirrors import WRITE_BACK_WAIT, Mirrors
 from streamsafe.gateway.replicas.owned_keys import OwnedKeys
 from streamsafe.gateway.replicas.record_seal import Unreadable, Unsealable
 from streamsafe.gateway.replicas.redis_log import ReplicatedLog
+from streamsafe.gateway.replicas.roles import Mirror, Shared, SharedOwner
 from streamsafe.gateway.replicas.store_redis import REDIS_ERRORS, RedisStore, StateLost
 
 __all__ = ["RedisRestarted", "Replicas"]
@@ -116,6 +117,10 @@ class Replicas:
         #: Bytes Redis used, as last seen (``INFO memory``).
         self.redis_used_memory = 0
         self._owned: dict[str, Generation] = {}
+        # The roles a generation has here (see replicas/roles.py), set where it moves.
+        self._shared = Shared(self)
+        self._owner = SharedOwner(self)
+        self._mirror = Mirror(self)
         #: The generations other replicas run that this one copies.
         self.mirrors = Mirrors(store, lease=lease, failed=self.failed, clock=clock)
         #: Where generations are opened while Redis is away: keys in this process, logs
@@ -276,20 +281,14 @@ class Replicas:
     def own(self, gen: Generation) -> None:
         """This replica runs ``gen`` now: renew its lease until it ends."""
         self._owned[gen.id] = gen
+        gen.role = self._owner
         self.mirrors.forget(gen)
         self.start()
 
     def disown(self, gen: Generation) -> None:
         """This replica no longer runs ``gen`` (its lease went to another)."""
         self._owned.pop(gen.id, None)
-
-    def owns(self, gen: Generation) -> bool:
-        """True if this replica runs ``gen``."""
-        return gen.id in self._owned
-
-    def shares(self, gen: Generation) -> bool:
-        """True if ``gen``'s log is in Redis (not started while Redis was away)."""
-        return isinstance(gen.log, ReplicatedLog)
+        gen.role = self._shared
 
     def lost_lease(self, gen: Generation) -> Awaitable[Followed]:
         """Another replica took ``gen``'s lease while this one ran it (it paused past the
@@ -305,6 +304,7 @@ class Replicas:
         ``keep_finished`` seconds (or drop what a retry must not find), give up the lease.
         While Redis is away this waits for the write-back."""
         self._owned.pop(gen.id, None)
+        gen.role = self._shared
         if self.degraded:
             self._unsynced[gen.id] = gen
             return
@@ -325,6 +325,7 @@ class Replicas:
         leave its record live, so a replica that follows it, or the next request for it, takes it
         over and continues it from the log."""
         self._owned.pop(gen.id, None)
+        gen.role = self._shared
         if self.degraded:
             return
         try:
@@ -443,7 +444,7 @@ class Replicas:
         :class:`~streamsafe.gateway.errors.FleetUnsafe` where this replica cannot read its
         record: it runs elsewhere, so taking its key over would run it twice."""
         try:
-            return await self.mirrors.find(gen_id, key, created_at, wait)
+            gen = await self.mirrors.find(gen_id, key, created_at, wait)
         except Unreadable as exc:
             why = str(exc)
             if isinstance(exc, Unsealable):
@@ -451,6 +452,9 @@ class Replicas:
             log.error("%s", why, extra={"fields": {"event": "redis_record_unreadable"}})
             msg = f"this gateway replica cannot read the generation this request belongs to: {why}"
             raise FleetUnsafe(msg) from None
+        if gen is not None:
+            gen.role = self._shared  # its log is in Redis; a mirror once followed
+        return gen
 
     async def find_fingerprint(self, tenant: str, fingerprint: bytes) -> str | None:
         """The newest generation with this body for ``tenant``, on any replica."""
@@ -461,6 +465,7 @@ class Replicas:
         it ended (see :meth:`Fleet.follow <streamsafe.gateway.generations.fleet.Fleet.follow>`);
         one taken over from a dead owner is this replica's from then on."""
         self.counters.mirrored += 1
+        gen.role = self._mirror
         follower = self.mirrors.follow(gen)
         self.start()
         return self._followed(gen, follower)
@@ -472,19 +477,10 @@ class Replicas:
             self.own(gen)
         return followed
 
-    def is_mirror(self, gen: Generation) -> bool:
-        """True if another replica runs ``gen`` and this one copies it."""
-        return gen in self.mirrors
-
-    def subscribers_changed(self, gen: Generation) -> None:
-        """A mirror's subscriber count changed: tell its owner now, not at the next renewal."""
-        if self.degraded or gen not in self.mirrors:
-            return
-        self.mirrors.tell_presence(gen)
-
     def unfollow(self, gen: Generation) -> None:
         """Stop copying ``gen`` (forgotten here)."""
         self.mirrors.unfollow(gen)
+        gen.role = self._shared
 
     # -- lifecycle ------------------------------------------------------------------------------
 

@@ -207,10 +207,9 @@ def prompt_tokens(gen: Generation) -> int | None:
 
 
 def _usage(gen: Generation, key: bytes) -> int | None:
-    read = gen.log.read_nowait
-    if gen.state is not State.DONE or read is None or not gen.length:
+    if gen.state is not State.DONE or not gen.length:
         return None
-    for payload in reversed(read(max(0, gen.length - 3))):
+    for payload in reversed(gen.log.read_nowait(max(0, gen.length - 3))):
         at = payload.rfind(key)
         if at < 0:
             continue

@@ -294,7 +294,7 @@ class _Stream:
             (b"x-streamsafe-generation", gen.id.encode()),
         ]
         self.start_msg: Message = {"type": "http.response.start", "status": 200, "headers": headers}
-        # An in-process log is read without a coroutine per chunk.
+        # Every log has its events in this process: read without a coroutine per chunk.
         self.read_now = gen.log.read_nowait
 
     async def run(self) -> None:
@@ -320,8 +320,7 @@ class _Stream:
         where they are its last); ``True`` once the stream ended."""
         gen, sub, terms, pacing = self.gen, self.sub, self.terms, self.pacing
         cursor = self.cursor
-        read_now = self.read_now
-        batch = read_now(cursor) if read_now is not None else await gen.log.read(cursor)
+        batch = self.read_now(cursor)
         if not pacing.committed:
             await self.send(self.start_msg)
             pacing.committed = True
@@ -384,7 +383,7 @@ class _Stream:
         gen, pacing, quiet = self.gen, self.pacing, self.quiet
         if limit is None and pacing.committed and pacing.flowing:
             writer = self.terms.writer
-            if writer is not None and self.read_now is not None and self.sub.rename is None:
+            if writer is not None and self.sub.rename is None:
                 self.cursor = await gen.fanout.serve(writer, self.cursor, quiet.beat)
                 return
             if quiet.beat > 0:
