@@ -338,7 +338,10 @@ def test_slots_of_live_generations_move_between_primaries_and_no_stream_breaks(
     sim: Process, cluster: RedisClusterProcesses, replicas: list[Process]
 ) -> None:
     before = _generations(sim)
-    tokens = 300
+    # Long enough (12 s at the simulator's 15 ms) that every slot is moved while they run,
+    # even on a loaded machine: with 300 tokens, all six ended before the last slot moved in
+    # runs beside other jobs.
+    tokens = 800
     bodies = [chat_body(f"through a slot migration {i}", tokens) for i in range(6)]
     keys = [f"cluster-migrated-{i}" for i in range(len(bodies))]
     # Each stream starts on one replica, and the same key attaches on the other (a mirror,
