@@ -10,6 +10,7 @@ from gateway_helpers import MODEL, chat_body, make_stack
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamsafe.gateway.metrics import LEARNED_MODELS, RouteMetrics, exported_names
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -84,4 +85,7 @@ def test_a_stream_is_observed_once_at_its_end_not_per_chunk(monkeypatch) -> None
     with make_stack() as stack, httpx2.Client(timeout=10) as client:
         r = client.post(stack.url + "/v1/chat/completions", json=chat_body(max_tokens=64))
         assert r.status_code == 200 and r.text.count("data:") > 64
+        # Observed as the request ends, which may be a moment after its last byte reached
+        # the client.
+        wait_until(lambda: calls, 10, "the request observed")
     assert calls == ["/v1/chat/completions"]
