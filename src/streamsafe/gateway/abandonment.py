@@ -14,9 +14,9 @@ import logging
 
 from streamsafe.gateway.admission.admission import Admission
 from streamsafe.gateway.config import GatewayConfig
+from streamsafe.gateway.ended_generations import EndedGenerations
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.owner import Owner
-from streamsafe.gateway.keeping import Keeping
 from streamsafe.gateway.metrics import Counters
 
 __all__ = ["Abandonment"]
@@ -35,7 +35,7 @@ class Abandonment:
         admission: Admission,
         counters: Counters,
         owner: Owner,
-        keeping: Keeping,
+        keeping: EndedGenerations,
     ) -> None:
         self._config = config
         self._admission = admission

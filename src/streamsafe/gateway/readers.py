@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from streamsafe.gateway.abandonment import Abandonment
+from streamsafe.gateway.ended_generations import EndedGenerations
 from streamsafe.gateway.generations.fleet import Reach
 from streamsafe.gateway.generations.generation import Generation
 from streamsafe.gateway.generations.generation_index import GenerationIndex
@@ -22,7 +23,6 @@ from streamsafe.gateway.generations.logged_end import logged_end
 from streamsafe.gateway.generations.roles import Followed
 from streamsafe.gateway.generations.running import Running
 from streamsafe.gateway.generations.store import LeaseLost
-from streamsafe.gateway.keeping import Keeping
 from streamsafe.gateway.relay.relay import Relay
 
 __all__ = ["Readers"]
@@ -43,7 +43,7 @@ class Readers:
         relay: Relay,
         running: Running,
         abandonment: Abandonment,
-        keeping: Keeping,
+        keeping: EndedGenerations,
         clock: Callable[[], float],
     ) -> None:
         self._generations = generations

@@ -8,7 +8,7 @@ period (:mod:`streamsafe.gateway.abandonment`). The task that reads each generat
 is :class:`~streamsafe.gateway.readers.Readers`'; reading upstream is
 :class:`~streamsafe.gateway.relay.relay.Relay`'s job, and it tells the generation's owner,
 :class:`~streamsafe.gateway.generations.running.Running`, how it ended; what is then kept for
-replay and resume, and what is forgotten, is :mod:`streamsafe.gateway.keeping`'s (see
+replay and resume, and what is forgotten, is :mod:`streamsafe.gateway.ended_generations`'s (see
 docs/design.md, Replay and resume, and Abandonment and grace). The calls go one way: none of
 these calls the registry back.
 """
@@ -24,6 +24,7 @@ from streamsafe.gateway.abandonment import Abandonment
 from streamsafe.gateway.admission.admission import Admission, Shed
 from streamsafe.gateway.admission.body_budget import BodyBudget
 from streamsafe.gateway.config import GatewayConfig
+from streamsafe.gateway.ended_generations import EndedGenerations
 from streamsafe.gateway.engines.engines import Engines
 from streamsafe.gateway.errors import (
     Draining,
@@ -44,7 +45,6 @@ from streamsafe.gateway.generations.generation_index import GenerationIndex
 from streamsafe.gateway.generations.refusals import EngineRefusals, EngineRefused
 from streamsafe.gateway.generations.running import Running
 from streamsafe.gateway.generations.store import Store
-from streamsafe.gateway.keeping import Keeping
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.readers import Readers
 from streamsafe.gateway.relay.relay import Relay
@@ -57,7 +57,8 @@ log = logging.getLogger("streamsafe.gateway")
 
 class Registry:
     """Finds or starts, aborts and ends generations (what ended is kept or forgotten by its
-    :class:`~streamsafe.gateway.keeping.Keeping`). ``clock`` is injectable for tests.
+    :class:`~streamsafe.gateway.ended_generations.EndedGenerations`). ``clock`` is injectable for
+    tests.
 
     ``fleet`` is the replicas this process is one of
     (:class:`~streamsafe.gateway.generations.fleet.Fleet`): several gateways sharing Redis (see
@@ -85,7 +86,7 @@ class Registry:
         #: Redis is away).
         self.generations = GenerationIndex()
         fleet.held = self.generations  # what it writes back after Redis restarted
-        self._keeping = keeping = Keeping(
+        self._keeping = keeping = EndedGenerations(
             config, self.generations, self.counters, clock, fleet.alone
         )
         #: Finished generations kept for replay, and when each goes.
@@ -255,7 +256,7 @@ class Registry:
             self.fleet.closing = True
             for gen in live:
                 assert gen.task is not None
-                gen.task.cancel()  # the relay ends it aborted; Keeping.ended hands it over
+                gen.task.cancel()  # the relay ends it aborted; EndedGenerations.ended hands it over
             return len(live)
         for gen in live:
             await self.end(gen, error_body(message, "service_unavailable", 503), 503)

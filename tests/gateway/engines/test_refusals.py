@@ -28,7 +28,7 @@ from streamsafe.gateway.errors import Failure
 from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.metrics import Counters
-from streamsafe.gateway.relay.endings import REFUSAL_WAIT, BrokenAttempt, Endings
+from streamsafe.gateway.relay.endings import REFUSAL_WAIT, BrokenAttempt, GenerationFailer
 from streamsafe.gateway.upstream.kinds import KINDS
 from streamsafe.retry import MAX_RETRY_AFTER, retry_after_seconds
 from streamsafe.server import ServerThread
@@ -113,7 +113,7 @@ async def test_a_shed_is_asked_again_whoever_was_answered(in_band: bool) -> None
     # An engine that sheds load is full, not failing: the generation waits for room (the relay
     # bounds the wait by the queue timeout), committed or not.
     owner = _Owner()
-    endings = Endings(Counters(), owner, lambda: 1)
+    endings = GenerationFailer(Counters(), owner, lambda: 1)
     for committed in (False, True):
         gen = _generation(committed=committed)
         attempts = _attempts(gen)
@@ -126,7 +126,7 @@ async def test_a_shed_is_asked_again_whoever_was_answered(in_band: bool) -> None
 
 async def test_another_refusal_is_the_callers_status_until_it_committed() -> None:
     owner = _Owner()
-    endings = Endings(Counters(), owner, lambda: 1)
+    endings = GenerationFailer(Counters(), owner, lambda: 1)
     failing = b'{"error": {"message": "boom", "type": "InternalServerError", "code": 500}}'
     fresh = _generation(committed=False)
     assert await endings.refused(fresh, 500, failing, None, False, _attempts(fresh)) is None

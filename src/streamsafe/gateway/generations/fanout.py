@@ -95,7 +95,7 @@ class Fanout:
 
     def publish_one(self, payload: bytes, index: int) -> None:
         """:meth:`publish` of one single-line payload that does not end the stream (the usual
-        read, see :meth:`streamsafe.gateway.relay.stream_sink.StreamSink.one`), framed as
+        read, see :meth:`streamsafe.gateway.relay.stream_sink.StreamSink.take_one`), framed as
         OpenAI's: a route of another framing never takes that path."""
         members = self._members
         if members:

@@ -63,7 +63,8 @@ class Mirroring(Protocol):
 
 
 class Forgetting(Protocol):
-    """What drops a generation (the registry's :class:`~streamsafe.gateway.keeping.Keeping`)."""
+    """What drops a generation (the registry's
+    :class:`~streamsafe.gateway.ended_generations.EndedGenerations`)."""
 
     async def forget(self, gen: Generation) -> None:
         """Nobody can find ``gen`` any more."""

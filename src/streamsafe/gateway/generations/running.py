@@ -6,8 +6,9 @@ and the grace periods end them here, through the narrow
 :class:`~streamsafe.gateway.generations.owner.Owner` they were given at construction. An end
 moves the generation (:meth:`Generation.end <streamsafe.gateway.generations.generation.
 Generation.end>`), wakes its subscribers, counts it, ends its trace, and hands it to
-:class:`~streamsafe.gateway.keeping.Keeping`, which keeps it for replay or forgets it. Nothing
-here calls the relay, the registry or the grace periods back: the calls go one way.
+:class:`~streamsafe.gateway.ended_generations.EndedGenerations`, which keeps it for replay or
+forgets it. Nothing here calls the relay, the registry or the grace periods back: the calls go
+one way.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ __all__ = ["Keeper", "Running"]
 
 class Keeper(Protocol):
     """What becomes of a generation once it ended (the registry's
-    :class:`~streamsafe.gateway.keeping.Keeping`)."""
+    :class:`~streamsafe.gateway.ended_generations.EndedGenerations`)."""
 
     def ended(self, gen: Generation, state: State) -> None:
         """``gen`` ended in ``state`` (its subscribers were woken): tell the fleet, then keep it

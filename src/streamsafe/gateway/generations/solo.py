@@ -5,7 +5,7 @@ It runs every generation it starts and shares none: its keys and logs are in its
 finds nothing elsewhere, hands nothing over when it stops (a drain ends what still runs), and
 is never degraded. Every generation it opens keeps the role of one of this process's alone
 (:data:`~streamsafe.gateway.generations.roles.LOCAL`): no lease, no mirror, nothing to record
-elsewhere, so nothing of that is asked of it here. :class:`Alone` is the part of
+elsewhere, so nothing of that is asked of it here. :class:`LocalReach` is the part of
 it that opens generations; a replica while Redis is away opens them the same way, with a log of
 its own that it writes back later.
 """
@@ -19,10 +19,10 @@ from streamsafe.gateway.generations.fleet import ReplicaCounters
 from streamsafe.gateway.generations.generation import Generation
 from streamsafe.gateway.generations.store import EventLog, MemoryStore
 
-__all__ = ["Alone", "Solo"]
+__all__ = ["LocalReach", "Solo"]
 
 
-class Alone:
+class LocalReach:
     """Generations opened in this process only (a
     :class:`~streamsafe.gateway.generations.fleet.Reach`): keys claimed in ``store`` for as long
     as their generation, nothing found elsewhere. ``new_log`` makes a new generation's log,
@@ -65,7 +65,7 @@ def _runs_here(gen: Generation) -> None:
     """A process alone keeps no list of what it runs: the registry's index is all there is."""
 
 
-class Solo(Alone):
+class Solo(LocalReach):
     """A process alone, whose keys and logs are in ``store``: a fleet of one replica (see the
     module). No shared store: never degraded, no figures of one."""
 
@@ -87,7 +87,7 @@ class Solo(Alone):
         self.counters = ReplicaCounters()
 
     @property
-    def alone(self) -> Alone:
+    def alone(self) -> LocalReach:
         """Itself: a fleet of one is always alone."""
         return self
 

@@ -22,7 +22,7 @@ from streamsafe.gateway.upstream.connection import is_engine_death
 from streamsafe.retry import REFUSAL_STATUSES, retry_after_seconds
 from streamsafe.sse import DONE
 
-__all__ = ["REFUSAL_WAIT", "BrokenAttempt", "Endings", "dropped"]
+__all__ = ["REFUSAL_WAIT", "BrokenAttempt", "GenerationFailer", "dropped"]
 
 log = logging.getLogger("streamsafe.gateway")
 
@@ -58,7 +58,7 @@ def dropped(attempts: Attempts, why: str) -> BrokenAttempt:
     return BrokenAttempt(msg, 502)
 
 
-class Endings:
+class GenerationFailer:
     """Ends generations that fail, through their ``owner``; ``counters`` count the upstream's
     failures and the breaker's rejections, ``down_for`` says how many seconds a dead engine
     asks its callers to wait (the breaker's, or the pool's shortest)."""

@@ -32,7 +32,7 @@ from streamsafe.gateway.generations.store import LeaseLost
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.attempt_watch import AttemptWatch, UpstreamStalled, UpstreamTimeouts
 from streamsafe.gateway.relay.continuation import Partial, continuation_for, owed_end, read_partial
-from streamsafe.gateway.relay.endings import BrokenAttempt, Endings
+from streamsafe.gateway.relay.endings import BrokenAttempt, GenerationFailer
 from streamsafe.gateway.relay.messages_continuation import (
     MessagesPartial,
     messages_continuation,
@@ -76,7 +76,7 @@ class Relay:
         self.engines = engines
         self.counters = counters
         self._owner = owner
-        self._endings = Endings(counters, owner, engines.retry_after)
+        self._endings = GenerationFailer(counters, owner, engines.retry_after)
         self._streams = StreamReader(counters, owner, self._endings)
         self._clock = clock
         #: Episodes of the engine shedding load, logged as they begin and end.

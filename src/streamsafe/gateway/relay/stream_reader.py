@@ -24,7 +24,7 @@ from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.owner import Owner
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.attempt_watch import AttemptWatch
-from streamsafe.gateway.relay.endings import BrokenAttempt, Endings, dropped
+from streamsafe.gateway.relay.endings import BrokenAttempt, GenerationFailer, dropped
 from streamsafe.gateway.relay.stream_sink import StreamSink
 from streamsafe.gateway.upstream.connection import MAX_ERROR_BODY
 from streamsafe.gateway.upstream.errors import ConnectFailed, UpstreamClosed, UpstreamError
@@ -43,7 +43,7 @@ class StreamReader:
 
     __slots__ = ("_counters", "_endings", "_owner")
 
-    def __init__(self, counters: Counters, owner: Owner, endings: Endings) -> None:
+    def __init__(self, counters: Counters, owner: Owner, endings: GenerationFailer) -> None:
         self._counters = counters
         self._owner = owner
         self._endings = endings
@@ -83,7 +83,7 @@ class StreamReader:
             # A 200 alone does not commit early: vLLM refuses in-band too (a first event that is
             # an error carrying 503), which must reach a caller not yet answered as its status.
             watch.follow(conn)
-            end = conn.stream_events(sink.events, one=sink.one)
+            end = conn.stream_events(sink.events, one=sink.take_one)
             # A shared log writes what it held to its store as the stream goes (one of this
             # process's alone has nothing to write behind).
             async with contextlib.aclosing(gen.log.write_behind(end)) as behind:

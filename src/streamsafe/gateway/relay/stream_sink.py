@@ -212,7 +212,7 @@ class StreamSink:
         error = parse_error_event(self._attempts.upstream.kind, payload)
         return None if error is None else refusal_status(payload, error.status)
 
-    def one(self, payload: bytes) -> bool:
+    def take_one(self, payload: bytes) -> bool:
         """Take the usual read, one plain chunk of an answer already flowing (what
         :meth:`~streamsafe.sse.SSEDecoder.one_payload` found), with only the checks it needs:
         not an error event, a JSON object, nothing to mend (a continuation's role chunk or

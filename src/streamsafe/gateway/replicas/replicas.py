@@ -39,7 +39,7 @@ from functools import partial
 from streamsafe.gateway.errors import FleetUnsafe
 from streamsafe.gateway.generations.fleet import Followed, ReplicaCounters
 from streamsafe.gateway.generations.generation import Generation, State
-from streamsafe.gateway.generations.solo import Alone
+from streamsafe.gateway.generations.solo import LocalReach
 from streamsafe.gateway.generations.store import MemoryStore
 from streamsafe.gateway.replicas.mirrors import WRITE_BACK_WAIT, Mirrors
 from streamsafe.gateway.replicas.owned_keys import OwnedKeys
@@ -125,7 +125,7 @@ class Replicas:
         self.mirrors = Mirrors(store, lease=lease, failed=self.failed, clock=clock)
         #: Where generations are opened while Redis is away: keys in this process, logs
         #: detached from the start (written back once Redis answers), leases renewed then.
-        self.alone = Alone(
+        self.alone = LocalReach(
             MemoryStore(clock), new_log=partial(self.new_log, detached=True), own=self.own
         )
         self._renewer: asyncio.Task[None] | None = None

@@ -22,10 +22,10 @@ from streamsafe.gateway.generations.retention import Retention
 from streamsafe.gateway.generations.roles import MIRROR_KEPT
 from streamsafe.gateway.metrics import Counters
 
-__all__ = ["MIRROR_KEPT", "Keeping"]
+__all__ = ["MIRROR_KEPT", "EndedGenerations"]
 
 
-class Keeping:
+class EndedGenerations:
     """The finished generations of one registry: ``kept`` for replay, the rest forgotten from
     ``generations`` and from the fleet, as each one's role says
     (:mod:`~streamsafe.gateway.generations.roles`). Keys and logs of this process's own (a
