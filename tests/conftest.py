@@ -1,11 +1,13 @@
 """Suite-wide: every test's tier (unit, integration, real_engine: see tiers.py), a unit test
-kept from listening or starting a process; the servers tests hand to
+kept from listening or starting a process; no stream handler a test set left on the root logger;
+the servers tests hand to
 ``server_stops.stop_later`` all stopped before the session ends; and how ``make test
 TEST_PROCESSES=2`` spreads the files over two processes (pytest-xdist, ``-n 2 --dist
 loadfile``)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -45,6 +47,21 @@ def _work_unit(nodeid: str) -> str:
 def _servers_stopped_at_the_end() -> Iterator[None]:
     yield
     wait_stopped()
+
+
+@pytest.fixture(autouse=True)
+def _root_handlers_restored() -> Iterator[None]:
+    # A command run in-process (``cli.main``) sets its handler on the stderr pytest captured for
+    # that test; left on the root logger, a server thread a later test still stops in the
+    # background wrote its access line to that closed stream ("--- Logging error ---"). Only
+    # such plain stream handlers are taken off: pytest's own come and go with each phase.
+    root = logging.getLogger()
+    before, level = set(root.handlers), root.level
+    yield
+    for handler in root.handlers[:]:
+        if handler not in before and type(handler) is logging.StreamHandler:
+            root.removeHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.hookimpl(tryfirst=True)
