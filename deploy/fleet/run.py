@@ -210,7 +210,14 @@ class Fleet:
             self.reload_nginx()
             proc = self.procs[f"replica-{i}"]
             proc.send_signal(signal.SIGTERM)  # drain: running streams finish
-            proc.wait()
+            try:
+                proc.wait(self.args.drain_wait)
+            except subprocess.TimeoutExpired:
+                print(
+                    f"replica {i} did not stop within {self.args.drain_wait} s; killed", flush=True
+                )
+                proc.kill()
+                proc.wait()
             self.start_replica(i)
             self.out_of_rotation = set()
             self.reload_nginx()

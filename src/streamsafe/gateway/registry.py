@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from streamsafe.gateway.abandonment import Abandonment
 from streamsafe.gateway.admission.admission import Admission, Shed
@@ -53,6 +54,32 @@ from streamsafe.sse import DONE
 __all__ = ["Registry"]
 
 log = logging.getLogger("streamsafe.gateway")
+
+#: Seconds shutdown waits for what it stopped before it goes on without it: a process told to
+#: stop must stop, and the warning names what did not (a replica of a rolling restart once sat
+#: drained and idle for an hour, its fleet's heartbeat still running).
+CLOSE_WAIT_S = 5.0
+
+
+async def _stopped(tasks: Sequence[asyncio.Future[Any]], what: str) -> None:
+    """Wait at most :data:`CLOSE_WAIT_S` for ``tasks``; name those still running in a warning
+    (with where each one waits), and go on."""
+    _, pending = await asyncio.wait(tasks, timeout=CLOSE_WAIT_S)
+    if pending:
+        where = [
+            f"{task!r} at {frame.f_code.co_filename}:{frame.f_lineno}"
+            for task in pending
+            if isinstance(task, asyncio.Task)
+            for frame in task.get_stack(limit=1)
+        ]
+        log.warning(
+            "shutdown: %d %s still running after %.0f s, left behind: %s",
+            len(pending),
+            what,
+            CLOSE_WAIT_S,
+            "; ".join(where) or "?",
+            extra={"fields": {"event": "shutdown_stuck"}},
+        )
 
 
 class Registry:
@@ -289,6 +316,6 @@ class Registry:
         for task in tasks:
             task.cancel()
         if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        await self._keeping.settle()
+            await _stopped(tasks, "generation task(s) cancelled")
+        await _stopped([asyncio.ensure_future(self._keeping.settle())], "store bookkeeping")
         await self.fleet.close()
