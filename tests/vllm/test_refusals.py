@@ -21,7 +21,10 @@ from streamsafe_bench.vllm_engine import VLLMEngine
 pytestmark = pytest.mark.timeout(300, func_only=True)
 
 STREAMS = 24
-TOKENS = 32
+#: Short answers: a call the engine keeps refusing while the gateway's own generations run there
+#: waits for room up to the queue timeout (20 s); 24 streams of 32 tokens through a vLLM that
+#: holds 2 outlasted it on a machine with two busy loops beside the suite.
+TOKENS = 16
 
 
 def _body(vllm: VLLMEngine, i: int, **extra: Any) -> dict[str, Any]:
