@@ -89,3 +89,31 @@ def test_a_cluster_url_makes_a_cluster_client_with_the_urls_tls_and_credentials(
     # as many commands in flight as come.
     assert client.retry.get_retries() == 0
     assert all(node.max_connections == 2**31 for node in nodes.startup_nodes.values())
+
+
+def test_the_redis_py_internals_the_cluster_client_borrows_are_where_it_takes_them() -> None:
+    # CancelSafeRedisCluster replaces redis-py's private redirection loop and reads its private
+    # state: a redis-py that moved any of it must fail here, not under a slot migration.
+    import inspect
+
+    from redis.asyncio.cluster import ClusterNode, NodesManager, RedisCluster
+
+    assert "_execute_command" in inspect.getsource(RedisCluster.execute_command)
+    assert list(inspect.signature(RedisCluster._execute_command).parameters)[:2] == [
+        "self",
+        "target_node",
+    ]
+    assert "self._initialize" in inspect.getsource(RedisCluster.__init__)
+    assert isinstance(RedisCluster.RedisClusterRequestTTL, int)
+    for name in ("move_slot", "get_node_from_slot", "move_node_to_end_of_cached_nodes"):
+        assert callable(getattr(NodesManager, name)), name
+    for name in (
+        "acquire_connection",
+        "release",
+        "disconnect_if_needed",
+        "parse_response",
+        "execute_command",
+        "update_active_connections_for_reconnect",
+        "disconnect_free_connections",
+    ):
+        assert callable(getattr(ClusterNode, name)), name
