@@ -51,7 +51,7 @@ test: lint vllm llama-servers nginx
 # admission, pacing, SSE framing, sealing, the layout), each module marked by itself, no socket
 # server and no process started (a unit test that tries fails), on the project's own venv alone;
 # `integration`, the simulator, gateway, redis-server and nginx as real servers; `real_engine`,
-# the real vLLM and Llama Stack servers. test-unit: 326 tests, 38 s on 2 cores (2026-12-07).
+# the real vLLM and Llama Stack servers. test-unit: 361 tests, 35 s on 2 cores (2026-12-07).
 test-unit: $(STAMP)
 	$(BIN)/pytest -q -m unit
 
