@@ -14,37 +14,22 @@ against the clear gateway's CPU per chunk: the end-to-end ratio is within the ma
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import statistics
 import sys
 import timeit
 
-from streamsafe.engine_sim import SimConfig, Simulator
 from streamsafe.gateway.replicas.record_seal import RecordSeal
 from streamsafe.server import ServerThread
 from streamsafe_bench.measure import measure_phase
 from streamsafe_bench.processes import RedisServer, free_port, http_ok, launched
-from streamsafe_bench.tap import Tap
+from streamsafe_bench.store_load import load_options, tapped_engine
 
 
 def main() -> None:
     """Run the comparison and print it (see the module)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--streams", type=int, default=20)
-    parser.add_argument("--chunks", type=int, default=300)
-    parser.add_argument("--itl-ms", type=float, default=10.0)
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    config = SimConfig(
-        memory_tokens=max(1_000_000, args.streams * (args.chunks + 64) * 4),
-        max_num_seqs=max(args.streams, 1),
-        itl_ms=args.itl_ms,
-        itl_ms_per_seq=0.0,
-        prefill_ms_per_token=0.0,
-        default_max_tokens=args.chunks,
-    )
-    tap = Tap(Simulator(config))
+    args = load_options(__doc__.split("\n\n")[0])
+    tap = tapped_engine(args.streams, args.chunks, args.itl_ms)
     gateways = {"clear": (), "sealed": ("--redis-secret", "bench-secret")}
     redis = {name: RedisServer() for name in gateways}
     figures: dict[str, list[float]] = {name: [] for name in gateways}
