@@ -4,11 +4,13 @@ its own loopback server thread."""
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx2
+import orjson
 
 from server_stops import stop_later
 from streamsafe.engine_sim import SimConfig, Simulator
@@ -112,3 +114,30 @@ def post_stream(
 ) -> httpx2.Response:
     with httpx2.Client(timeout=10) as client:
         return client.post(url + "/v1/chat/completions", json=body, headers=headers or {})
+
+
+def raw_chat_request(body: dict[str, Any], read_timeout: float | None = None) -> bytes:
+    """One POST of ``body`` to the chat route on a connection of its own (``Connection:
+    close``), the read timeout stated as Stainless clients state it where given."""
+    raw = orjson.dumps(body)
+    stated = b"" if read_timeout is None else b"x-stainless-read-timeout: %g\r\n" % read_timeout
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+        b"\r\nconnection: close\r\n%bcontent-length: %d\r\n\r\n%b" % (stated, len(raw), raw)
+    )
+
+
+def raw_connection(url: str) -> socket.socket:
+    """A socket connected to the server at ``url`` (20 s timeout)."""
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=20)
+
+
+def raw_post(url: str, body: dict[str, Any], read_timeout: float | None = None) -> bytes:
+    """Everything the server writes for :func:`raw_chat_request`, up to its close."""
+    with raw_connection(url) as sock:
+        sock.sendall(raw_chat_request(body, read_timeout))
+        got = b""
+        while chunk := sock.recv(65536):
+            got += chunk
+    return got

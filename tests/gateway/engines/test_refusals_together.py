@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx2
-import orjson
 import pytest
-from gateway_helpers import MODEL, fast_sim, make_stack, wait_for
+from gateway_helpers import (
+    MODEL,
+    fast_sim,
+    make_stack,
+    raw_chat_request,
+    raw_connection,
+    raw_post,
+    wait_for,
+)
 
 from streamsafe import Client, RetryPolicy, ServiceUnavailableError, StreamingConfig
 from streamsafe.engine_sim import Fault
@@ -274,24 +280,15 @@ def test_a_stream_sent_again_after_its_caller_left_takes_over_the_unread_copy() 
     call's asks (at most 6), not 6 each (18 measured behind OGX)."""
     sim = fast_sim(faults=(Fault.parse(REFUSE_ALL),))
     with make_stack(sim, queue_timeout=8.0) as s:
-        raw = orjson.dumps(_chat("sent again by a server"))
-        request = (
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json"
-            b"\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%b" % (len(raw), raw)
-        )
-        host, port = s.url.removeprefix("http://").split(":")
+        body = _chat("sent again by a server")
         for attempt in range(2):  # sent, waiting at the gate, abandoned
-            with socket.create_connection((host, int(port)), timeout=20) as sock:
-                sock.sendall(request)
+            with raw_connection(s.url) as sock:
+                sock.sendall(raw_chat_request(body))
                 wait_until(lambda: s.gw.stats()["subscribers"] == 1, what="a subscriber")
                 asked = attempt + 1
                 wait_until(lambda: s.sim.stats()["requests_received"] >= asked, what="asked")  # noqa: B023
             wait_until(lambda: s.gw.stats()["subscribers"] == 0, what="the caller gone")
-        with socket.create_connection((host, int(port)), timeout=20) as sock:
-            sock.sendall(request)
-            answer = b""
-            while chunk := sock.recv(65536):
-                answer += chunk
+        answer = raw_post(s.url, body)
         assert answer.startswith(b"HTTP/1.1 503"), answer[:200]
         gw = s.gw.stats()
         assert (gw["generations_started"], gw["unread_adopted"]) == (1, 2), gw

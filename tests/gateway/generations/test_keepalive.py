@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx2
 import orjson
 import pytest
-from gateway_helpers import MODEL, chat_body, content_of, fast_sim, make_stack
+from gateway_helpers import MODEL, chat_body, content_of, fast_sim, make_stack, raw_post
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -227,7 +227,7 @@ def test_a_failure_after_interim_responses_keeps_its_own_status() -> None:
     # error status (a client may retry it as it would any), never a 200.
     sim = fast_sim(itl_ms=200.0, memory_tokens=14, publish_kv_cache=False)
     with make_stack(sim, heartbeat=0.2) as s:
-        got = _raw_post(s.url, chat_body("dies", max_tokens=12, stream=False), read_timeout=0.5)
+        got = raw_post(s.url, chat_body("dies", max_tokens=12, stream=False), read_timeout=0.5)
         assert got.startswith(b"HTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 102 Processing\r\n\r\n")
         head, body = got.rsplit(b"\r\n\r\n", 1)
         status = int(head.rsplit(b"HTTP/1.1 ", 1)[1][:3])
@@ -236,30 +236,11 @@ def test_a_failure_after_interim_responses_keeps_its_own_status() -> None:
         assert "error" in orjson.loads(body)
 
 
-def _raw_post(url: str, body: dict[str, object], read_timeout: float | None) -> bytes:
-    """Everything the gateway writes for one POST on its own connection (``Connection:
-    close``), the read timeout stated as Stainless clients state it where given."""
-    import socket
-
-    host, port = url.removeprefix("http://").split(":")
-    raw = orjson.dumps(body)
-    stated = b"" if read_timeout is None else b"x-stainless-read-timeout: %g\r\n" % read_timeout
-    with socket.create_connection((host, int(port)), timeout=20) as sock:
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
-            b"\r\nconnection: close\r\n%bcontent-length: %d\r\n\r\n%b" % (stated, len(raw), raw)
-        )
-        got = b""
-        while chunk := sock.recv(65536):
-            got += chunk
-    return got
-
-
 def test_interim_responses_go_only_to_a_client_that_states_its_read_timeout() -> None:
     with make_stack(fast_sim(itl_ms=150.0), heartbeat=0.2) as s:
         body = chat_body("raw", max_tokens=8, stream=False)
-        stated = _raw_post(s.url, body, read_timeout=0.5)
+        stated = raw_post(s.url, body, read_timeout=0.5)
         assert stated.startswith(b"HTTP/1.1 102 Processing\r\n\r\n")
         assert b"HTTP/1.1 200 OK" in stated
-        silent = _raw_post(s.url, body, read_timeout=None)
+        silent = raw_post(s.url, body, read_timeout=None)
         assert silent.startswith(b"HTTP/1.1 200 OK")
