@@ -1,18 +1,25 @@
 """The shells consult the generation's one plan (gateway/engines/attempt_plan.py): a refused
 connection is an outcome the plan turns into "the same engine after the backoff", not a loop
-inside the connection, and the history it leaves counts each request."""
+inside the connection; one ask sends one request, and the relay's one loop asks again; the
+history the plan keeps counts each request."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from streamsafe.gateway.admission.admission import Admission
+from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.engines.attempt_plan import AskKind, Outcome
-from streamsafe.gateway.engines.attempts import Attempts
+from streamsafe.gateway.engines.attempts import AskAgain, Attempts
 from streamsafe.gateway.engines.engines import Engines
 from streamsafe.gateway.engines.pool import EngineSpec
-from streamsafe.gateway.generations.generation import Generation, GenerationRequest
+from streamsafe.gateway.errors import Failure
+from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.relay.relay import Relay
 from streamsafe.gateway.upstream.kinds import KINDS
 from streamsafe.server import bind_socket
 
@@ -41,28 +48,76 @@ def _engines(*urls: str, connect_retries: int = 2) -> tuple[Engines, list[float]
     return engines, slept
 
 
-def _attempts(engines: Engines) -> Attempts:
-    """The attempts of a fresh generation for model ``m`` on ``engines``."""
+def _generation() -> Generation:
+    """A fresh streamed chat generation for model ``m``."""
     body = b'{"model": "m"}'
     request = GenerationRequest("t", "/v1/chat/completions", body, b"fp", 1, True, route=CHAT)
-    gen = Generation("gen-1", request, MemoryEventLog(), None)
-    return Attempts(engines, body, 1, gen, Counters())
+    return Generation("gen-1", request, MemoryEventLog(), None)
+
+
+def _attempts(engines: Engines) -> Attempts:
+    """The attempts of a fresh generation for model ``m`` on ``engines``."""
+    gen = _generation()
+    return Attempts(engines, gen.request.body, 1, gen, Counters())
+
+
+class _Owner:
+    """An owner that moves each generation to its end (as the registry's does)."""
+
+    def end(self, gen: Generation, state: State, failure: Failure | None = None) -> None:
+        gen.end(state, failure)
+
+    def refused(self, gen: Generation) -> None:
+        pass
+
+
+async def _run(engines: Engines, *, no_upstream_retry: bool = False) -> Generation:
+    """One generation run to its end by the relay's loop on ``engines``, with the defaults."""
+    gen = _generation()
+    if no_upstream_retry:
+        gen.request = dataclasses.replace(gen.request, no_upstream_retry=True)
+    admission = Admission(
+        max_inflight=None, max_memory_tokens=None, queue_size=10, queue_timeout=5.0
+    )
+    relay = Relay(GatewayConfig(), admission, engines, Counters(), _Owner())
+    await relay.run(gen)
+    return gen
+
+
+async def test_one_ask_sends_one_request_and_leaves_the_next_to_the_loop() -> None:
+    engines, slept = _engines(_refusing_url())
+    try:
+        attempts = _attempts(engines)
+        asked = await attempts.open_stream("/v1/chat/completions", b'{"model": "m"}', b"")
+        assert asked == AskAgain(0.05)  # the plan's backoff, for the loop to wait
+        assert [a.kind for a in attempts.plan.history] == [AskKind.FIRST]
+        assert slept == []
+        asked = await attempts.open_stream("/v1/chat/completions", b'{"model": "m"}', b"")
+        assert asked == AskAgain(0.1)
+        assert [a.kind for a in attempts.plan.history] == [
+            AskKind.FIRST,
+            AskKind.CONNECT_RETRY,
+        ]
+        assert engines.first.upstream.requests == 1  # a connect retry repeats the attempt
+    finally:
+        await engines.close()
 
 
 async def test_a_refused_connection_is_retried_by_the_plan_then_the_engine_held_down() -> None:
     engines, slept = _engines(_refusing_url())
     try:
-        attempts = _attempts(engines)
-        with pytest.raises(OSError):
-            await attempts.open_stream("/v1/chat/completions", b'{"model": "m"}', b"")
-        plan = attempts.plan
+        gen = await _run(engines)
+        assert gen.state is State.FAILED
+        assert gen.failure is not None and gen.failure.status == 503
+        plan = gen.plan
+        assert plan is not None
         assert [a.kind for a in plan.history] == [
             AskKind.FIRST,
             AskKind.CONNECT_RETRY,
             AskKind.CONNECT_RETRY,
         ]
         assert {a.outcome for a in plan.history} == {Outcome.NOT_CONNECTED}
-        assert slept == [0.05, 0.1]  # the plan's backoff, waited by the shell
+        assert slept == [0.05, 0.1]  # the plan's backoff, waited by the relay's loop
         upstream = engines.first.upstream
         assert upstream.connect_retries_done == 2 and upstream.breaker.held
         assert upstream.requests == 1  # one attempt, however many connects (its metric)
@@ -73,15 +128,13 @@ async def test_a_refused_connection_is_retried_by_the_plan_then_the_engine_held_
 async def test_no_connect_retry_where_the_request_says_none_and_the_next_engine_is_asked() -> None:
     engines, slept = _engines(_refusing_url(), _refusing_url())
     try:
-        attempts = _attempts(engines)
-        with pytest.raises(OSError):
-            await attempts.open_stream(
-                "/v1/chat/completions", b'{"model": "m"}', b"", retry_connect=False
-            )
-        history = attempts.plan.history
+        gen = await _run(engines, no_upstream_retry=True)
+        assert gen.state is State.FAILED
+        assert gen.plan is not None
+        history = gen.plan.history
         assert [a.kind for a in history] == [AskKind.FIRST, AskKind.FAILOVER]
         assert {a.engine for a in history} == {e.upstream.base_url for e in engines.shells}
         assert slept == []
-        assert attempts.plan.summary() == "failover"
+        assert gen.plan.summary() == "failover"
     finally:
         await engines.close()

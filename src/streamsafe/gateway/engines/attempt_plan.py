@@ -4,9 +4,11 @@
 urllib3's ``Retry`` is the model: an :class:`AttemptPlan` holds the bounds (:class:`PlanBounds`)
 and the history of what happened (one :class:`Ask` per request sent: its engine, its kind, its
 outcome, its clock reading). Each question (may it ask again, where, after how long) is answered
-by a verdict: :class:`Again`, carrying the next plan, or :class:`Stop`, with the reason. The I/O
-shells (:class:`~streamsafe.gateway.engines.attempts.Attempts`, the relay's repair loop) carry the
-verdicts out; none keeps a counter of its own.
+by a verdict: :class:`Again`, carrying the next plan, or :class:`Stop`, with the reason. One loop
+carries the verdicts out, the relay's (:meth:`~streamsafe.gateway.relay.relay.Relay.run`): each
+turn sends one request through :class:`~streamsafe.gateway.engines.attempts.Attempts` (the I/O
+shell that picks the engine, sends, and asks the plan), then waits or reads as the verdict says;
+none keeps a counter of its own.
 
 The asks come in rounds. A round starts with the generation's first ask, a continuation of a
 broken answer (or a request asked again after an attempt that relayed nothing), or an ask after
@@ -213,6 +215,12 @@ class AttemptPlan:
             return self
         last = dataclasses.replace(self.history[-1], outcome=outcome)
         return dataclasses.replace(self, history=(*self.history[:-1], last))
+
+    @property
+    def starts_round(self) -> bool:
+        """Whether the next ask begins a round (the first, a continuation, an ask after a wait
+        for room) rather than repeating an attempt within one."""
+        return self.next_kind in _ROUND_KINDS
 
     @property
     def asks(self) -> int:

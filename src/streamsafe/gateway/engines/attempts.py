@@ -2,11 +2,13 @@
 docs/design.md, Engine pool and Failover).
 
 :meth:`Attempts.open_stream` (a streaming completion, on the hot stream reader) and
-:meth:`Attempts.open` (anything else) pick an engine (:mod:`~streamsafe.gateway.engines.pool`),
-send, and fail over before the first token (:mod:`~streamsafe.gateway.engines.failover`), so the
-relay sees a 200 or the answer to pass on. The relay then says what happened: the first token
-came (:meth:`Attempts.served`), the attempt failed (:meth:`Attempts.failed`; ``shun`` where the
-engine stayed silent past the first-token timeout: not asked again for this generation), the
+:meth:`Attempts.open` (anything else) each send one request: they pick an engine
+(:mod:`~streamsafe.gateway.engines.pool`), send, and turn a failure before the first token into
+the generation's plan's verdict (:mod:`~streamsafe.gateway.engines.attempt_plan`): the answer to
+pass on, or :class:`AskAgain` (the same engine after a wait, another, the larger model), which
+the relay's one loop carries out. The relay then says what happened: the first token came
+(:meth:`Attempts.first_token_came`), the attempt failed (:meth:`Attempts.failed`; ``shun`` where
+the engine stayed silent past the first-token timeout: not asked again for this generation), the
 engine shed it (:meth:`Attempts.full`), the stream broke and is continued (:meth:`Attempts.cut`:
 on another engine of the same model where there is one, never on another model).
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from streamsafe.gateway.engines.answers import Refused, answer_response, unavailable
 from streamsafe.gateway.engines.attempt_plan import (
@@ -46,9 +49,17 @@ from streamsafe.gateway.upstream.connection import NotConnected, Upstream, is_en
 from streamsafe.gateway.upstream.transport import Exchange, Response
 from streamsafe.retry import REFUSAL_STATUSES, retry_after_seconds
 
-__all__ = ["Attempts"]
+__all__ = ["AskAgain", "Attempts"]
 
 log = logging.getLogger("streamsafe.gateway")
+
+
+@dataclass(frozen=True, slots=True)
+class AskAgain:
+    """An ask failed before its first token and the plan says ask again within the round:
+    after ``delay`` seconds (``None``: at once, on the engine it picks next)."""
+
+    delay: float | None
 
 
 class Attempts:
@@ -56,6 +67,7 @@ class Attempts:
 
     __slots__ = (
         "_admitted",
+        "_connecting_again",
         "_cost",
         "_counters",
         "_current",
@@ -64,7 +76,11 @@ class Attempts:
         "_failed_why",
         "_gen",
         "_held",
+        "_last",
+        "_model",
         "_outcome_told",
+        "_picked",
+        "_same_engine",
         "_shed_noted",
         "_shunned",
         "_started",
@@ -101,6 +117,14 @@ class Attempts:
         self._outcome_told = False
         #: Why the latest attempt failed over (logged with the engine it moves to).
         self._failed_why = ""
+        #: The round's state between its asks: the model it asks (a fallback after a larger
+        #: model verdict), the engine picked (kept for a same-engine or connect retry), and the
+        #: last ask's answer or error (what the round ends with where no engine is left).
+        self._model = self.model
+        self._picked: Pick | None = None
+        self._last: Refused | Exception | None = None
+        #: Whether the next ask repeats the last one's connect, or its engine (see :meth:`_ask`).
+        self._connecting_again = self._same_engine = False
         self._started = engines.clock()
         #: Every request this generation sends upstream, decided in one value: its bounds,
         #: its history (see :mod:`.attempt_plan`).
@@ -122,14 +146,15 @@ class Attempts:
         *,
         retry_connect: bool = True,
         on_engine: Callable[[Upstream], None] | None = None,
-    ) -> Exchange | Refused:
-        """POST a streaming completion on the hot stream reader: the exchange with its 200 head
-        read (its body unread, for the caller to release), or the refusal to pass on. Raises
-        ``OSError`` where no engine could be reached (``UpstreamClosed`` where one dropped the
-        request before answering). ``on_engine`` is told each engine an attempt goes to."""
+    ) -> Exchange | Refused | AskAgain:
+        """POST a streaming completion on the hot stream reader, once: the exchange with its
+        200 head read (its body unread, for the caller to release), the refusal to pass on, or
+        :class:`AskAgain` where it failed before its first token and the plan says to ask again.
+        Raises ``OSError`` where no engine could be reached (``UpstreamClosed`` where one
+        dropped the request before answering). ``on_engine`` is told the engine it goes to."""
 
         send = event_sender(path, headers)
-        return await self._failover(send, body, on_engine, retry_connect)
+        return await self._ask(send, body, on_engine, retry_connect)
 
     async def open(
         self,
@@ -140,99 +165,141 @@ class Attempts:
         headers: Mapping[str, str] | None = None,
         retry_connect: bool = True,
         on_engine: Callable[[Upstream], None] | None = None,
-    ) -> Response:
-        """Send a request (a non-streamed completion): a 200 response from some engine, its body
-        unread, or the answer to pass on. Raises the last transport error where no engine could
-        be reached. ``on_engine`` is told each engine an attempt goes to."""
+    ) -> Response | AskAgain:
+        """Send a request (a non-streamed completion), once: a 200 response, its body unread,
+        the answer to pass on, or :class:`AskAgain` (see :meth:`open_stream`). Raises the last
+        transport error where no engine could be reached. ``on_engine`` is told the engine it
+        goes to."""
 
         send = request_sender(method, path, headers)
-        opened = await self._failover(send, content or b"", on_engine, retry_connect)
-        return opened if isinstance(opened, Exchange) else answer_response(opened)
+        asked = await self._ask(send, content or b"", on_engine, retry_connect)
+        if isinstance(asked, AskAgain | Exchange):
+            return asked
+        return answer_response(asked)
 
-    async def _failover(
+    async def _ask(
         self,
         send: Sender[H],
         content: bytes,
         on_engine: Callable[[Upstream], None] | None,
         retry_connect: bool,
-    ) -> H | Refused:
-        """Pick, send, and ask again as the generation's plan says (a connection never made:
-        the same engine after a backoff; a failure before the first token: the same engine,
-        another, the larger model) until an engine answers 200 or the answer is final. The one
-        loop that sends a round's requests: nothing under it retries."""
-        # Long because it is that one loop: every request of a round goes through it, and each
-        # outcome is turned into the plan's verdict right where it is carried out.
+    ) -> H | Refused | AskAgain:
+        """One request upstream: pick its engine (the same one again where the plan said so;
+        a wait for room where the pool is full), send, and turn how it ended into the plan's
+        verdict. Nothing here asks twice: where the plan says to ask again within the round (a
+        connection never made: the same engine after a backoff; a failure before the first
+        token: the same engine, another, the larger model), :class:`AskAgain` says when, and
+        the relay's one loop asks (:meth:`~streamsafe.gateway.relay.relay.Relay.run`)."""
         engines = self._engines
-        model = self.answering_model or self.model
-        last: Refused | Exception | None = None
-        pick: Pick | Full | Unavailable | None = None
-        connecting_again = False
+        if self.plan.starts_round:
+            self._start_round()
+        engine = await self._engine()
+        if not isinstance(engine, EngineShell):
+            if isinstance(engine, Exception):
+                raise engine
+            return engine
+        upstream = engine.upstream
+        if not self._connecting_again:  # a connect retry repeats the attempt: not a new one
+            self._begin(engine)
+            upstream.requests += 1  # one request per attempt, however many connects
+        if on_engine is not None:
+            on_engine(upstream)
+        self._plan(self.plan.asked(engine.spec.url, engines.clock()))
+        assert self._picked is not None
+        served = self._picked.model  # the pool may pick a fallback of the round's model
+        body = content if served == self.model else with_model(content, served)
+        sent = await self._send(engine, send, body)
+        self._connecting_again = False
+        if isinstance(sent, Sent):
+            assert sent.handle is not None
+            return sent.handle
+        if isinstance(sent, NotConnected):
+            again = self._connect_again(engine, sent, retry_connect)
+            if again is not None:
+                return again
+            return self._failed(engine, self._not_connected(engine, sent))
+        return self._failed(engine, sent)
+
+    def _connect_again(
+        self, engine: EngineShell, failed: NotConnected, retry_connect: bool
+    ) -> AskAgain | None:
+        """No connection was made: the same engine again after the plan's backoff, where the
+        plan allows a connect retry (else ``None``)."""
+        upstream = engine.upstream
+        again = self.plan.after_not_connected(
+            retryable=failed.retryable,
+            budget_allows=self._engines.budget.allow_retry(),
+            allowed=retry_connect,
+        )
+        if not isinstance(again, Again):
+            return None
+        n = self.plan.connect_retries + 1
+        self._plan(again.plan)
+        upstream.connect_retries_done += 1
+        msg = "upstream %s: %s; retry %d in %.2f s"
+        log.info(msg, upstream.base_url, failed.why, n, again.delay)
+        self._connecting_again = True  # the pick stays: the same engine once more
+        return AskAgain(again.delay)
+
+    def _failed(self, engine: EngineShell, failed: Refused | Exception) -> Refused | AskAgain:
+        """The ask to ``engine`` ended with ``failed`` before its first token: the plan's
+        verdict, :class:`AskAgain` (the same engine after a wait, another, the larger model), or
+        ``failed`` itself as the round's end (raised where it is an error)."""
+        self._last = failed
+        self.release()  # this attempt holds nothing on the engine any more
+        model = self._model
+        verdict = self._after(failed, model)
+        if isinstance(verdict, Stop):
+            if isinstance(failed, Exception):
+                raise failed
+            return failed
+        self._plan(verdict.plan)
+        status = failed.status if isinstance(failed, Refused) else None
+        self._failed_why = f"answered {status}" if status else type(failed).__name__
+        if verdict.where is Where.SAME_ENGINE:
+            if status in REFUSAL_STATUSES:
+                self._counters.engine_sheds += 1  # waited out, as the relay's waits are
+            self._same_engine = True  # the pick stays, if its breaker still allows it then
+            return AskAgain(verdict.delay)
+        if verdict.where is Where.LARGER_MODEL:
+            self._model = self._engines.pool.fallbacks[model]
+        else:
+            self._tried.add(engine.core.index)
+        self._picked = None
+        return AskAgain(None)
+
+    def _start_round(self) -> None:
+        """A round begins (the first ask, a continuation, an ask after a wait for room): its
+        model is the answer's where one began, nothing of an earlier round is its last
+        answer, and the engine is picked afresh."""
+        self._model = self.answering_model or self.model
+        self._last = None
+        self._picked = None
+        self._connecting_again = self._same_engine = False
         self.release()  # a continuation weighs again on whichever engine it goes to
-        while True:
-            if pick is None:
-                pick = self._pick(model)
+
+    async def _engine(self) -> EngineShell | Refused | Exception:
+        """The engine of this ask: the one the last ask went to where the plan said so (and,
+        after a failure that said when, its breaker still allows it), else a pick, after
+        waiting for room where every engine of the model is full. Where none is left, what the
+        round ends with: the last engine's own answer, where it gave one."""
+        engines = self._engines
+        if self._same_engine and self._picked is not None:
+            self._same_engine = False
+            if not engines.of(self._picked.engine).breaker.allows(engines.clock()):
+                self._plan(self.plan.elsewhere())
+                self._picked = None
+        while self._picked is None:  # waits for room; sends nothing
+            pick = self._pick(self._model)
+            if isinstance(pick, Unavailable):
+                return self._last or self._unavailable(self._model, pick)
             if isinstance(pick, Full):
-                full = await engines.wait_for_room(model, self._cost, self._started)
+                full = await engines.wait_for_room(self._model, self._cost, self._started)
                 if full is not None:
                     return full
-                pick = None
                 continue
-            if isinstance(pick, Unavailable):
-                # Nowhere else to go: the last engine's own answer, where it gave one.
-                if isinstance(last, Exception):
-                    raise last
-                return last or self._unavailable(model, pick)
-            engine = engines.of(pick.engine)
-            upstream = engine.upstream
-            if not connecting_again:  # a connect retry repeats the attempt: not a new one
-                self._begin(engine)
-                upstream.requests += 1  # one request per attempt, however many connects
-                if on_engine is not None:
-                    on_engine(upstream)
-            self._plan(self.plan.asked(engine.spec.url, engines.clock()))
-            body = content if pick.model == self.model else with_model(content, pick.model)
-            sent = await self._send(engine, send, body)
-            if isinstance(sent, Sent):
-                assert sent.handle is not None
-                return sent.handle
-            if isinstance(sent, NotConnected):
-                again = self.plan.after_not_connected(
-                    retryable=sent.retryable,
-                    budget_allows=engines.budget.allow_retry(),
-                    allowed=retry_connect,
-                )
-                connecting_again = isinstance(again, Again)
-                if isinstance(again, Again):
-                    n = self.plan.connect_retries + 1
-                    self._plan(again.plan)
-                    upstream.connect_retries_done += 1
-                    msg = "upstream %s: %s; retry %d in %.2f s"
-                    log.info(msg, upstream.base_url, sent.why, n, again.delay)
-                    await engines.sleep(again.delay)
-                    continue
-                sent = self._not_connected(engine, sent)
-            last = sent
-            self.release()  # this attempt holds nothing on the engine any more
-            verdict = self._after(sent, model)
-            if isinstance(verdict, Stop):
-                if isinstance(sent, Exception):
-                    raise sent
-                return sent
-            self._plan(verdict.plan)
-            status = sent.status if isinstance(sent, Refused) else None
-            self._failed_why = f"answered {status}" if status else type(sent).__name__
-            if verdict.where is Where.SAME_ENGINE:
-                if status in REFUSAL_STATUSES:
-                    self._counters.engine_sheds += 1  # waited out, as the relay's waits are
-                await engines.sleep(verdict.delay)
-                if engine.breaker.allows(engines.clock()):
-                    continue  # pick stays: the same engine once more
-                self._plan(self.plan.elsewhere())
-            elif verdict.where is Where.LARGER_MODEL:
-                model = engines.pool.fallbacks[model]
-            else:
-                self._tried.add(engine.core.index)
-            pick = None
+            self._picked = pick
+        return engines.of(self._picked.engine)
 
     async def _send(
         self,

@@ -108,6 +108,7 @@ class AttemptWatch:
         timeouts: UpstreamTimeouts,
         total_deadline: float | None,
         stall_deadline: float | None = None,
+        since: float | None = None,
     ) -> None:
         self.timeouts = timeouts
         self._total_deadline = total_deadline
@@ -115,7 +116,10 @@ class AttemptWatch:
         #: went quiet ``timeouts.stall`` seconds before (``None``: not a continuation).
         self._stall_deadline = stall_deadline
         self._loop = asyncio.get_running_loop()
-        self._last = self._loop.time()
+        #: Until the first event, the first-token bound counts from ``since``: the start of
+        #: the round where this attempt asks again after one that failed before its first
+        #: token (the round keeps one bound, not one per request).
+        self._last = self._loop.time() if since is None else since
         self._handle: asyncio.TimerHandle | None = None
         self._source: ReadClock | None = None
         self._task: asyncio.Task[Any] | None = None

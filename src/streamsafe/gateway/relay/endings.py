@@ -141,8 +141,9 @@ class GenerationFailer:
 
     async def fail(self, gen: Generation, failure: Failure) -> None:
         """Failure before any event: answered with its real status where not yet committed."""
-        if gen.length:
-            await self.fail_mid_stream(gen, failure.as_event().decode())
+        if gen.length and gen.stream:
+            event = failure.as_event()
+            await self._end_stream(gen, event, event.decode("utf-8", "replace"))
             return
         self._owner.end(gen, State.FAILED, failure)
 
@@ -161,16 +162,17 @@ class GenerationFailer:
         """After events went out: end the log with an error event and ``[DONE]`` (vLLM's way).
         A non-streaming generation has no events to follow, so it fails with ``status``
         instead."""
-        if gen.finished:
-            return
-        log.info("%s: failed mid-stream: %s", gen.id, message)
         if gen.stream:
-            if message.startswith('{"error"'):
-                payload = message.encode()
-            else:
-                payload = error_body(message, "upstream_error", status)
-            gen.appended(await gen.log.append((payload, DONE)))
-            self._owner.end(gen, State.FAILED)
-        else:
+            await self._end_stream(gen, error_body(message, "upstream_error", status), message)
+        elif not gen.finished:
+            log.info("%s: failed: %s", gen.id, message)
             failure = Failure(status, error_body(message, "upstream_error", status))
             self._owner.end(gen, State.FAILED, failure)
+
+    async def _end_stream(self, gen: Generation, payload: bytes, why: str) -> None:
+        """End a stream's log with the error event ``payload`` and ``[DONE]``."""
+        if gen.finished:
+            return
+        log.info("%s: failed mid-stream: %s", gen.id, why)
+        gen.appended(await gen.log.append((payload, DONE)))
+        self._owner.end(gen, State.FAILED)

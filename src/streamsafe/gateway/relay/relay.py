@@ -1,8 +1,11 @@
 """The upstream reader: one task per generation that waits for admission, sends the request
 upstream and appends what comes back to the generation's log.
 
-Every attempt goes through the generation's :class:`~streamsafe.gateway.engines.attempts.Attempts`
-(the failover before the first token, one engine being a pool of one), told what each did. A
+One loop (:meth:`Relay.run`'s) sends every request of a generation upstream, one per turn,
+through the generation's :class:`~streamsafe.gateway.engines.attempts.Attempts` (one engine being
+a pool of one), told what each did, and carries out its plan's verdicts: another ask within the
+round (the same engine after a wait, another engine, the larger model, a connect retry), a wait
+at the engine's refusal gate, a continuation of a broken answer, or the end. A
 stream is read on the hot path (:mod:`streamsafe.gateway.relay.stream_reader`): payloads are relayed
 as the bytes upstream sent, never re-encoded (but for a continued stream's usage chunk, made to
 count the whole answer). What an end means for the process is not its business: it tells the
@@ -23,7 +26,7 @@ from streamsafe.gateway.admission.admission import Admission, Shed
 from streamsafe.gateway.admission.fair_queue import Waiter
 from streamsafe.gateway.admission.shed_log import ShedLog
 from streamsafe.gateway.config import GatewayConfig
-from streamsafe.gateway.engines.attempts import Attempts
+from streamsafe.gateway.engines.attempts import AskAgain, Attempts
 from streamsafe.gateway.engines.engines import Engines
 from streamsafe.gateway.errors import Failure, error_body
 from streamsafe.gateway.generations.generation import Continuation, Generation, State
@@ -181,28 +184,37 @@ class Relay:
     async def _call_upstream(
         self, gen: Generation, attempts: Attempts, cut: str | None = None
     ) -> None:
-        """The attempts of one generation: the first, then, for one that broke (cut, stalled,
-        malformed, dropped before its answer) or a continuation refused before any work, more
+        """The one loop that sends a generation's requests upstream, one per turn, as its plan
+        (``attempts.plan``) says: within a round, an ask that failed before its first token is
+        asked again where the plan says (:class:`AskAgain`: the same engine after a wait,
+        another, the larger model, a connect retry); a round that broke (cut, stalled,
+        malformed, dropped before its answer) or was refused before any work starts another,
         within ``max_continuations`` and the total timeout. A broken stream is continued from
         its log, so nothing is generated twice; an attempt that relayed nothing is asked again
-        as it was (the engine aborted what it lost). The next attempt goes to another engine of
-        the model where there is one. ``cut``: the generation broke elsewhere (its replica died)
-        and is continued first."""
+        as it was (the engine aborted what it lost). The next round goes to another engine of
+        the model where there is one. ``cut``: the generation broke elsewhere (its replica
+        died) and is continued first."""
+        # Long because it is that one loop: each turn's outcome is carried out where it is read.
+        loop = asyncio.get_running_loop()
         total = attempts.plan.bounds.total
-        repair = _Repair(None if total is None else asyncio.get_running_loop().time() + total)
+        repair = _Repair(None if total is None else loop.time() + total)
+        within_round = False  # the last turn's ask is asked again (AskAgain)
         while True:
             if cut is not None:
                 broken: BrokenAttempt | None = BrokenAttempt(cut, 502)
                 cut = None
             else:
-                if not await self._refusal_turn(gen, attempts, repair):
-                    return
-                try:
-                    broken = await self.attempt(gen, attempts, repair)
-                finally:
-                    call = attempts.refused_call
-                    if call.gate is not None:
-                        call.gate.done(call)
+                if not within_round:
+                    if not await self._refusal_turn(gen, attempts, repair):
+                        return
+                    repair.round_began = loop.time()
+                asked = await self._ask(gen, attempts, repair)
+                within_round = isinstance(asked, AskAgain)
+                if isinstance(asked, AskAgain):
+                    if asked.delay is not None:
+                        await self.engines.sleep(asked.delay)
+                    continue
+                broken = asked
             if broken is None:
                 return
             if broken.quiet_since is not None:  # it relayed events: the stall began at the last
@@ -228,6 +240,20 @@ class Relay:
             elif not await self._next_ask(gen, broken, attempts, partial):
                 return
             self._count_continuation(gen, broken, attempts)
+
+    async def _ask(
+        self, gen: Generation, attempts: Attempts, repair: _Repair
+    ) -> BrokenAttempt | AskAgain | None:
+        """One request upstream (see :meth:`attempt`); the generation's place at its engine's
+        refusal gate is given up once its round ends (not between the asks of one round)."""
+        asked: BrokenAttempt | AskAgain | None = None
+        try:
+            asked = await self.attempt(gen, attempts, repair)
+            return asked
+        finally:
+            call = attempts.refused_call
+            if call.gate is not None and not isinstance(asked, AskAgain):
+                call.gate.done(call)
 
     async def _append_owed_end(
         self, gen: Generation, attempts: Attempts, partial: Partial | MessagesPartial
@@ -393,32 +419,38 @@ class Relay:
 
     async def attempt(
         self, gen: Generation, attempts: Attempts, repair: _Repair
-    ) -> BrokenAttempt | None:
+    ) -> BrokenAttempt | AskAgain | None:
         """One upstream request for ``gen`` (its request, or the continuation it has), within the
-        upstream timeouts. Returns why it broke where another attempt may repair it (this engine
-        or, for a pool, another), ``None`` where the generation has ended (done or failed).
-        Traced as one span where tracing is on (see :mod:`.tracing`)."""
+        upstream timeouts. Returns why it broke where another round may repair it (this engine
+        or, for a pool, another), :class:`AskAgain` where it failed before its first token and
+        the plan asks again within the round, ``None`` where the generation has ended (done or
+        failed). Traced as one span where tracing is on (see :mod:`.tracing`)."""
         tracing = self.tracing
         if not tracing.enabled:
             return await self._attempt(gen, attempts, repair)
         if gen.trace is None:  # taken over from another replica: a trace of its own here
             gen.trace = tracing.generation(gen.id)
         continuing = gen.continuations > 0 and gen.length > 0
-        span = tracing.attempt(gen.trace, gen.continuations + 1, continuing)
-        broken: BrokenAttempt | None = None
+        span = tracing.attempt(gen.trace, attempts.plan.asks + 1, continuing)
+        broken: BrokenAttempt | AskAgain | None = None
         try:
             broken = await self._attempt(gen, attempts, repair)
             return broken
         finally:
             engine = gen.engine or attempts.upstream.base_url
-            why = broken.why if broken is not None else None
+            why = None
+            if isinstance(broken, AskAgain):
+                why = f"failed before its first token ({attempts.plan.summary()})"
+            elif broken is not None:
+                why = broken.why
             tracing.end_attempt(span, gen.trace, engine, gen.upstream_status, why)
 
     async def _attempt(
         self, gen: Generation, attempts: Attempts, repair: _Repair
-    ) -> BrokenAttempt | None:
+    ) -> BrokenAttempt | AskAgain | None:
         """:meth:`attempt`, untraced; a broken attempt that relayed events says when it went
-        quiet (``quiet_since``), so the next one keeps the stall's bound."""
+        quiet (``quiet_since``), so the next one keeps the stall's bound. The first-token bound
+        counts from the round's start: the asks of one round share it."""
         bounds = self.timeouts if gen.stream else self.whole_answer_timeouts
         stall = bounds.stall
         quiet = repair.quiet_since
@@ -426,15 +458,16 @@ class Relay:
             bounds,
             repair.total_deadline,
             None if stall is None or quiet is None else quiet + stall,
+            since=repair.round_began,
         )
         broken = await self._watched_attempt(gen, attempts, watch)
-        if broken is not None and watch.flowing and gen.length > 0:
+        if isinstance(broken, BrokenAttempt) and watch.flowing and gen.length > 0:
             broken.quiet_since = watch.last_read
         return broken
 
     async def _watched_attempt(
         self, gen: Generation, attempts: Attempts, watch: AttemptWatch
-    ) -> BrokenAttempt | None:
+    ) -> BrokenAttempt | AskAgain | None:
         continuing = gen.continuations > 0 and gen.length > 0
         ask = gen.continuation
         path, body = (gen.request.path, gen.request.body) if ask is None else (ask.path, ask.body)
@@ -479,6 +512,8 @@ class _Repair:
     queue, and sheds cost no continuation), and the total deadline."""
 
     total_deadline: float | None
+    #: Loop time the current round began (its asks share one first-token bound from it).
+    round_began: float | None = None
     #: Why its plan allows no more asks, where it does not (a shed then gives up at the gate).
     spent: str | None = None
     #: Loop time of the answer's last event before the latest break (``None``: none relayed

@@ -1,8 +1,9 @@
 """One attempt of a streaming completion upstream, read on the hot path.
 
 Whatever the number of engines, the attempt goes through the generation's
-:class:`~streamsafe.gateway.engines.attempts.Attempts` (the failover before the first token) and
-its response is parsed in the connection's read callback
+:class:`~streamsafe.gateway.engines.attempts.Attempts` (one request; where it failed before its
+first token and the plan asks again, :class:`~streamsafe.gateway.engines.attempts.AskAgain`
+goes back to the relay's loop) and its response is parsed in the connection's read callback
 (:mod:`streamsafe.gateway.upstream.transport`), where each read's events are checked, appended
 and the subscribers woken by a :class:`~streamsafe.gateway.relay.stream_sink.StreamSink`, with no
 task switch; the reader task only waits for the end.
@@ -19,7 +20,7 @@ import contextlib
 from collections.abc import Callable
 
 from streamsafe.gateway.engines.answers import Refused
-from streamsafe.gateway.engines.attempts import Attempts
+from streamsafe.gateway.engines.attempts import AskAgain, Attempts
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.owner import Owner
 from streamsafe.gateway.metrics import Counters
@@ -39,7 +40,8 @@ _BROKEN_STREAM = "upstream sent a broken event stream"
 
 class StreamReader:
     """Runs one streaming attempt of a generation and says how it ended: ``None`` where the
-    generation ended (done or failed), else why it broke (see :class:`BrokenAttempt`)."""
+    generation ended (done or failed), :class:`AskAgain` where it failed before its first token
+    and its plan asks again, else why it broke (see :class:`BrokenAttempt`)."""
 
     __slots__ = ("_counters", "_endings", "_owner")
 
@@ -56,7 +58,7 @@ class StreamReader:
         watch: AttemptWatch,
         continuing: bool,
         attempts: Attempts,
-    ) -> BrokenAttempt | None:
+    ) -> BrokenAttempt | AskAgain | None:
         """One attempt, read on the connection's read callback."""
         req = gen.request
         trace = gen.trace
@@ -72,6 +74,8 @@ class StreamReader:
             return dropped(attempts, str(exc))
         except OSError as exc:
             return await self._endings.unreachable(gen, exc)
+        if isinstance(opened, AskAgain):
+            return opened
         if isinstance(opened, Refused):
             gen.upstream_status = opened.status
             return await self._endings.refused(
@@ -102,7 +106,7 @@ class StreamReader:
         watch: AttemptWatch,
         continuing: bool,
         attempts: Attempts,
-    ) -> Response | BrokenAttempt | None:
+    ) -> Response | BrokenAttempt | AskAgain | None:
         """Send a non-streamed request ``body`` to ``path`` through ``attempts``: the accepted
         response, its body unread, for the caller to close; else how the attempt ended (see
         :meth:`attempt`). Its engine's health is asked while it is quiet, as a stream's is (a
@@ -121,6 +125,8 @@ class StreamReader:
             return await self._endings.unreachable(gen, exc)
         except UpstreamError as exc:
             return dropped(attempts, type(exc).__name__)
+        if isinstance(response, AskAgain):
+            return response
         status = response.status
         if status == 200:
             return response
