@@ -165,7 +165,7 @@ class Repairs:
             await self._endings.fail_broken(gen, broken)
             self._owner.refused(gen)
             return True
-        stranded = attempts.stranded()
+        stranded = attempts.choice.stranded()
         if stranded is not None:
             # Every engine that could go on is down or silent: a clear error now, not a wait
             # for a timeout on an engine known gone (docs/design.md, Failover).
@@ -194,7 +194,8 @@ class Repairs:
         elif self.config.engine_refusals == "answer":
             return True  # a refusal is the caller's answer: nobody waits here
         else:
-            found = self.engines.refusing(attempts.answering_model or attempts.model)
+            choice = attempts.choice
+            found = self.engines.refusing(choice.answering_model or choice.model)
             if found is None:
                 return True
             gate = found
