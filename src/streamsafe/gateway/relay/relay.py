@@ -45,7 +45,8 @@ from streamsafe.gateway.relay.messages_continuation import (
 from streamsafe.gateway.relay.stream_reader import StreamReader
 from streamsafe.gateway.tracing import Tracing
 from streamsafe.gateway.upstream.errors import UpstreamError
-from streamsafe.gateway.upstream.transport import Answer, Exchange, Response
+from streamsafe.gateway.upstream.exchange import Exchange
+from streamsafe.gateway.upstream.transport import Answer, Response
 from streamsafe.gateway.upstream.wire import Wire
 from streamsafe.retry import REFUSAL_STATUSES
 
