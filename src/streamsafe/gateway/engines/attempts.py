@@ -47,7 +47,8 @@ from streamsafe.gateway.engines.sends import (
 from streamsafe.gateway.generations.generation import Generation
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.upstream.connection import NotConnected, Upstream, is_engine_death
-from streamsafe.gateway.upstream.transport import Exchange, Response
+from streamsafe.gateway.upstream.exchange import Exchange
+from streamsafe.gateway.upstream.transport import Response
 from streamsafe.retry import REFUSAL_STATUSES, retry_after_seconds
 
 __all__ = ["AskAgain", "Attempts"]

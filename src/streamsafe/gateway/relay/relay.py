@@ -38,7 +38,8 @@ from streamsafe.gateway.relay.repairs import Repair, Repairs
 from streamsafe.gateway.relay.stream_reader import StreamReader
 from streamsafe.gateway.tracing import Tracing
 from streamsafe.gateway.upstream.errors import UpstreamError
-from streamsafe.gateway.upstream.transport import Answer, Exchange, Response
+from streamsafe.gateway.upstream.exchange import Exchange
+from streamsafe.gateway.upstream.transport import Answer, Response
 
 __all__ = ["BrokenAttempt", "Relay"]
 
