@@ -16,7 +16,7 @@ import orjson
 
 from streamsafe.gateway.admission.admission import request_cost
 from streamsafe.gateway.errors import BadRequest
-from streamsafe.gateway.generations.generation import GenerationRequest
+from streamsafe.gateway.generations.request import GenerationRequest
 from streamsafe.gateway.relay.continuation import with_token_ids
 from streamsafe.gateway.serving.body_work import MAX_JSON_CONTAINERS, exceeds_containers
 from streamsafe.gateway.upstream.kinds import CompletionRoute, Wire
