@@ -30,7 +30,6 @@ from streamsafe.gateway.engines.engines import Engines
 from streamsafe.gateway.errors import Failure, error_body
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.owner import Owner
-from streamsafe.gateway.generations.request import Continuation
 from streamsafe.gateway.generations.store import LeaseLost
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.attempt_watch import AttemptWatch, UpstreamStalled, UpstreamTimeouts
