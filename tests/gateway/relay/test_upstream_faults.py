@@ -397,6 +397,23 @@ async def test_attempt_watch_raises_a_stall_past_the_first_token_deadline() -> N
     assert info.value.phase == "first_token"
 
 
+async def test_an_ask_again_within_a_round_keeps_the_round_s_first_token_bound() -> None:
+    # The asks of one round (a failover, a same-engine retry) share one first-token bound from
+    # the round's start: an ask made when it has passed ends at once, not a whole bound later.
+    from streamsafe.gateway.relay.attempt_watch import (
+        AttemptWatch,
+        UpstreamStalled,
+        UpstreamTimeouts,
+    )
+
+    loop = asyncio.get_running_loop()
+    timeouts = UpstreamTimeouts(first_token=30.0, idle=None, total=None)
+    with pytest.raises(UpstreamStalled) as info:
+        async with AttemptWatch(timeouts, None, since=loop.time() - 30.0):
+            await asyncio.Event().wait()  # the engine asked again never answers either
+    assert info.value.phase == "first_token"
+
+
 async def test_attempt_watch_idle_deadline_moves_with_every_chunk_and_then_fires() -> None:
     from streamsafe.gateway.relay.attempt_watch import (
         AttemptWatch,

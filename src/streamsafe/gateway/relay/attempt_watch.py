@@ -94,6 +94,7 @@ class AttemptWatch:
         "_handle",
         "_last",
         "_loop",
+        "_since",
         "_source",
         "_stall_deadline",
         "_task",
@@ -119,6 +120,7 @@ class AttemptWatch:
         #: Until the first event, the first-token bound counts from ``since``: the start of
         #: the round where this attempt asks again after one that failed before its first
         #: token (the round keeps one bound, not one per request).
+        self._since = since
         self._last = self._loop.time() if since is None else since
         self._handle: asyncio.TimerHandle | None = None
         self._source: ReadClock | None = None
@@ -236,7 +238,7 @@ class AttemptWatch:
         self._task = asyncio.current_task()
         assert self._task is not None
         self._cancelling = self._task.cancelling()
-        self._last = self._loop.time()
+        self._last = self._loop.time() if self._since is None else self._since
         self._arm()
         return self
 
