@@ -21,7 +21,8 @@ from streamsafe.gateway.generations.response_ids import note_first_event
 from streamsafe.gateway.replicas.generation_record import key_of, request_of
 from streamsafe.gateway.replicas.record_seal import Unreadable
 from streamsafe.gateway.replicas.redis_log import ReplicatedLog
-from streamsafe.gateway.replicas.store_redis import REDIS_ERRORS, RedisStore
+from streamsafe.gateway.replicas.redis_server import REDIS_ERRORS
+from streamsafe.gateway.replicas.store_redis import RedisStore
 from streamsafe.sse import DONE
 
 __all__ = ["WRITE_BACK_WAIT", "Mirrors"]
