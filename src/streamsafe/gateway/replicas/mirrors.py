@@ -125,9 +125,9 @@ class Mirrors:
     def tell_presence(self, gen: Generation) -> None:
         """Tell ``gen``'s owner whether it has subscribers here now, not at the next renewal."""
         coro = (
-            self.store.set_presence([gen.id], self.lease * 2)
+            self.store.presence.announce([gen.id], self.lease * 2)
             if gen.subscribers > 0
-            else self.store.clear_presence(gen.id)
+            else self.store.presence.withdraw(gen.id)
         )
         task = asyncio.get_running_loop().create_task(self._quietly(coro))
         self._presence.add(task)

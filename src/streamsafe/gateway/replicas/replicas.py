@@ -227,7 +227,7 @@ class Replicas:
         if self.degraded:
             return False
         try:
-            return await self.store.remote_subscribers(gen.id) > 0
+            return await self.store.presence.remote_subscribers(gen.id) > 0
         except REDIS_ERRORS as exc:
             self.failed(exc)
             return False
@@ -261,8 +261,8 @@ class Replicas:
         if state_lost is not None:
             self.failed(state_lost)
         lost = await self.store.renew_leases(list(self._owned), self.lease)
-        await self.store.set_presence(self.mirrors.followed(), self.lease * 2)
-        self.fleet_replicas = await self.store.heartbeat(self.lease * 2)
+        await self.store.presence.announce(self.mirrors.followed(), self.lease * 2)
+        self.fleet_replicas = await self.store.presence.heartbeat(self.lease * 2)
         self.redis_used_memory = await self.store.server.used_memory() or 0
         restarted = self.watch.restarted(await self.store.server.run_id())
         if restarted is not None:

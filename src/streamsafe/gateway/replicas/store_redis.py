@@ -36,19 +36,20 @@ A replica that has subscribers of a generation another replica writes waits for 
 (:class:`~streamsafe.gateway.replicas.redis_tail.RedisTail`) follows every such log and state
 stream of that bucket at once, so followers cost no connection each (one Redis: one loop). The
 scripts are in :mod:`~streamsafe.gateway.replicas.redis_scripts`; the server as a whole (does it
-answer, did it restart, its memory) in :mod:`~streamsafe.gateway.replicas.redis_server`.
+answer, did it restart, its memory) in :mod:`~streamsafe.gateway.replicas.redis_server`; the
+replicas' heartbeats and their presence as readers in :mod:`~streamsafe.gateway.replicas.presence`.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterable, Mapping
 from functools import partial
 from typing import Any
 
 from streamsafe._redis_url import parse_redis_url
 from streamsafe.gateway.replicas.fleet_marker import FleetMarker
+from streamsafe.gateway.replicas.presence import Presence
 from streamsafe.gateway.replicas.record_seal import RecordSeal
 from streamsafe.gateway.replicas.redis_client import RedisClient, connect
 from streamsafe.gateway.replicas.redis_keys import CLUSTER_BUCKETS, KeyLayout
@@ -116,6 +117,9 @@ class RedisStore:
         #: The server as a whole: does it answer, did it restart, how much memory it uses
         #: (:mod:`~streamsafe.gateway.replicas.redis_server`).
         self.server = RedisServer(self.redis)
+        #: This replica's heartbeat, and its presence as a reader of generations others run
+        #: (:mod:`~streamsafe.gateway.replicas.presence`).
+        self.presence = Presence(self.redis, self._scripts, self.keys, self.replica_id)
 
     # -- key names ------------------------------------------------------------------------------
 
@@ -307,38 +311,6 @@ class RedisStore:
             for name in (self.log_key(gen_id), self.state_key(gen_id), self.meta_key(gen_id)):
                 pipe.pexpire(name, px)
             await pipe.execute()
-
-    # -- subscribers on other replicas ------------------------------------------------------------
-
-    async def set_presence(self, gen_ids: Iterable[str], ttl: float) -> None:
-        """Say that this replica has subscribers of ``gen_ids`` for the next ``ttl`` seconds
-        (one pipeline), so their owner does not abort them as abandoned."""
-        ids = list(gen_ids)
-        if not ids:
-            return
-        until = int((time.time() + ttl) * 1000)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for gen_id in ids:
-                pipe.zadd(self.presence_key(gen_id), {self.replica_id: until})
-                pipe.pexpire(self.presence_key(gen_id), ms(ttl))
-            await pipe.execute()
-
-    async def clear_presence(self, gen_id: str) -> None:
-        """This replica has no subscriber of ``gen_id`` any more."""
-        await self.redis.zrem(self.presence_key(gen_id), self.replica_id)
-
-    async def remote_subscribers(self, gen_id: str) -> int:
-        """How many other replicas say they have subscribers of ``gen_id`` now."""
-        now = int(time.time() * 1000)
-        members: Any = await self.redis.zrangebyscore(self.presence_key(gen_id), now, "+inf")
-        return sum(1 for m in members if text(m) != self.replica_id)
-
-    async def heartbeat(self, ttl: float) -> int:
-        """Say this replica is alive for ``ttl`` seconds; return how many replicas are (one
-        script on a sorted set scored by when each heartbeat lapses, gone with the last
-        replica)."""
-        now = int(time.time() * 1000)
-        return await self._scripts.heartbeat(self.keys.heartbeat_key(), self.replica_id, now, ttl)
 
     # -- the unkeyed-retry index ----------------------------------------------------------------
 
