@@ -35,8 +35,9 @@ from fleet_helpers import (
 from redis.exceptions import RedisError
 
 from streamsafe.engine_sim import expected_text
+from streamsafe.gateway.replicas.fleet_marker import StateLost
 from streamsafe.gateway.replicas.redis_keys import slot
-from streamsafe.gateway.replicas.store_redis import RedisStore, StateLost
+from streamsafe.gateway.replicas.store_redis import RedisStore
 from waiting import wait_until, wait_until_async
 
 pytestmark = pytest.mark.timeout(120)
@@ -113,7 +114,7 @@ async def test_claims_logs_and_followers_spread_over_every_node(
     # The body index and its bucket's marker are read in one round trip on one node.
     await a.index_fingerprint("tenant", b"\x01" * 32, "gen-a0", 60)
     assert await b.find_fingerprint("tenant", b"\x01" * 32) == "gen-a0"
-    assert len((await a.run_id() or "").split(",")) == len(cluster.nodes)
+    assert len((await a.server.run_id() or "").split(",")) == len(cluster.nodes)
     # Three hundred commands in flight to one node (redis-py's cluster client refused the
     # 101st: MaxConnectionsError).
     assert await asyncio.gather(*(b.owner(keys[0]) for _ in range(300))) == ["gen-a0"] * 300
@@ -129,7 +130,7 @@ async def test_a_node_back_empty_is_lost_state_for_its_buckets_and_a_restart() -
             keys = [f"key-{i}" for i in range(40)]
             for i, key in enumerate(keys):
                 assert await store.claim(key, f"gen-{i}") is None
-            run_before = await store.run_id()
+            run_before = await store.server.run_id()
             victim = own.nodes[1]
             on_victim = [k for k in keys if own.node_of(slot(store.claim_key(k))) is victim]
             elsewhere = [k for k in keys if k not in on_victim]
@@ -154,7 +155,7 @@ async def test_a_node_back_empty_is_lost_state_for_its_buckets_and_a_restart() -
 
             said = await wait_until_async(claim_on_victim, 10)
             assert said.startswith("redis lost the fleet's state") and "in bucket" in said
-            assert await store.run_id() not in (None, run_before)
+            assert await store.server.run_id() not in (None, run_before)
         finally:
             await store.close()
     finally:

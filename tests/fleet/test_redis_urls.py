@@ -81,17 +81,17 @@ async def test_rediss_reaches_the_server_with_the_ca_and_not_without(
 ) -> None:
     trusting = RedisStore(tls_redis.url, ca_certs=ca.ca_file)
     assert trusting.target.tls
-    assert await trusting.ping()
+    assert await trusting.server.ping()
     assert await trusting.claim("rediss-key", "gen-1") is None  # free: claimed now
     assert await trusting.claim("rediss-key", "gen-2") == "gen-1"
     await trusting.close()
     # The system's CAs do not know the test's: the certificate is refused.
     stranger = RedisStore(tls_redis.url)
-    assert not await stranger.ping()
+    assert not await stranger.server.ping()
     await stranger.close()
     # Without its client certificate the server refuses the gateway.
     anonymous = RedisStore(f"rediss://127.0.0.1:{tls_redis.port}/0", ca_certs=ca.ca_file)
-    assert not await anonymous.ping()
+    assert not await anonymous.server.ping()
     await anonymous.close()
 
 
@@ -144,7 +144,7 @@ def unix_redis(tmp_path: Path) -> Iterator[Path]:
 
 async def test_a_unix_socket_url_reaches_redis(unix_redis: Path) -> None:
     store = RedisStore(f"unix://{unix_redis}?db=3", prefix="unix:")
-    assert await store.ping()
+    assert await store.server.ping()
     assert await store.claim("unix-key", "gen-u") is None
     await store.close()
     with redis.Redis(unix_socket_path=str(unix_redis), db=3) as direct:

@@ -16,10 +16,11 @@ from streamsafe.gateway.generations.fleet import Followed
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.request import GenerationRequest
 from streamsafe.gateway.generations.store import LeaseLost
+from streamsafe.gateway.replicas.fleet_marker import StateLost
 from streamsafe.gateway.replicas.record_seal import Unsealable
 from streamsafe.gateway.replicas.redis_log import LogConflict, LogLost
 from streamsafe.gateway.replicas.replicas import Replicas
-from streamsafe.gateway.replicas.store_redis import RedisStore, StateLost
+from streamsafe.gateway.replicas.store_redis import RedisStore
 from streamsafe.gateway.upstream.kinds import KINDS
 from waiting import wait_until_async
 
@@ -420,11 +421,11 @@ async def test_redis_restart_surfaces_errors_then_recovers(own_redis: RedisProce
         assert await waiting  # followers are woken to re-read and meet the error themselves
         with pytest.raises((RedisError, OSError)):
             await store.claim("k", "gen-2")
-        assert not await store.ping()
+        assert not await store.server.ping()
         own_redis.start()
 
         async def back() -> bool:
-            return await store.ping()
+            return await store.server.ping()
 
         await eventually(back, within=20)
         assert await store.owner("k") is None  # a restarted Redis without persistence is empty
@@ -491,14 +492,15 @@ async def test_a_generation_that_ends_while_the_write_back_runs_has_its_end_reco
 ) -> None:
     store = make_store()
     replicas = _replica(store)
-    replicas.degraded = True  # Redis was away: both started then, their logs detached
+    replicas.outage.degraded = True  # Redis was away: both started then, their logs detached
     gens = []
     for i in range(2):
         gen = _generation(replicas, i, None, detached=True)
         replicas.own(gen)
         await gen.log.append([b"{}"])
         gens.append(gen)
-    one = replicas._write_back_one
+    outage = replicas.outage
+    one = outage._write_back_one
 
     async def then_the_first_ends(gen: Generation) -> None:
         await one(gen)
@@ -506,8 +508,8 @@ async def test_a_generation_that_ends_while_the_write_back_runs_has_its_end_reco
             gen.end(State.DONE)
             await replicas.finished(gen)
 
-    replicas._write_back_one = then_the_first_ends  # type: ignore[method-assign]
-    await replicas._write_back()
+    outage._write_back_one = then_the_first_ends  # type: ignore[method-assign]
+    await outage._write_back()
     record = await store.generation("gen-0")
     assert record is not None and record["state"] == b"done"
     assert 0 < await store.redis.pttl(store.log_key("gen-0")) <= 60_000

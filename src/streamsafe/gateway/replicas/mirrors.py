@@ -21,7 +21,8 @@ from streamsafe.gateway.generations.response_ids import note_first_event
 from streamsafe.gateway.replicas.generation_record import key_of, request_of
 from streamsafe.gateway.replicas.record_seal import Unreadable
 from streamsafe.gateway.replicas.redis_log import ReplicatedLog
-from streamsafe.gateway.replicas.store_redis import REDIS_ERRORS, RedisStore
+from streamsafe.gateway.replicas.redis_server import REDIS_ERRORS
+from streamsafe.gateway.replicas.store_redis import RedisStore
 from streamsafe.sse import DONE
 
 __all__ = ["WRITE_BACK_WAIT", "Mirrors"]
@@ -124,9 +125,9 @@ class Mirrors:
     def tell_presence(self, gen: Generation) -> None:
         """Tell ``gen``'s owner whether it has subscribers here now, not at the next renewal."""
         coro = (
-            self.store.set_presence([gen.id], self.lease * 2)
+            self.store.presence.announce([gen.id], self.lease * 2)
             if gen.subscribers > 0
-            else self.store.clear_presence(gen.id)
+            else self.store.presence.withdraw(gen.id)
         )
         task = asyncio.get_running_loop().create_task(self._quietly(coro))
         self._presence.add(task)

@@ -23,7 +23,10 @@ retry that lands on another replica is not recognised. Every failure is counted
 (``redis_errors``) and ``redis_degraded`` is 1 while Redis is away; a probe brings the replica
 back to Redis when it answers, and the generations it still runs, those it started meanwhile
 included, are written back to Redis (record, lease and the whole log), so a mirror elsewhere that
-lost them can go on and a retry or resume on any replica finds them.
+lost them can go on and a retry or resume on any replica finds them
+(:mod:`~streamsafe.gateway.replicas.outage`). A Redis that restarted, or lost the fleet's state,
+or that this replica cannot read (another secret), is watched for in
+:mod:`~streamsafe.gateway.replicas.state_watch`.
 """
 
 from __future__ import annotations
@@ -31,37 +34,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 
 from streamsafe.gateway.errors import FleetUnsafe
 from streamsafe.gateway.generations.fleet import Followed, ReplicaCounters
-from streamsafe.gateway.generations.generation import Generation, State
+from streamsafe.gateway.generations.generation import Generation
 from streamsafe.gateway.generations.solo import LocalReach
 from streamsafe.gateway.generations.store import MemoryStore
-from streamsafe.gateway.replicas.mirrors import WRITE_BACK_WAIT, Mirrors
+from streamsafe.gateway.replicas.fleet_marker import StateLost
+from streamsafe.gateway.replicas.mirrors import Mirrors
+from streamsafe.gateway.replicas.outage import Outage
 from streamsafe.gateway.replicas.owned_keys import OwnedKeys
 from streamsafe.gateway.replicas.record_seal import Unreadable, Unsealable
 from streamsafe.gateway.replicas.redis_log import ReplicatedLog
+from streamsafe.gateway.replicas.redis_server import REDIS_ERRORS
 from streamsafe.gateway.replicas.roles import Mirror, Shared, SharedOwner
-from streamsafe.gateway.replicas.store_redis import REDIS_ERRORS, RedisStore, StateLost
+from streamsafe.gateway.replicas.state_watch import StateWatch
+from streamsafe.gateway.replicas.store_redis import RedisStore
 
-__all__ = ["RedisRestarted", "Replicas"]
-
-
-class RedisRestarted(Exception):
-    """Redis answers with a new run id: it restarted, and may have lost everything."""
-
+__all__ = ["Replicas"]
 
 log = logging.getLogger("streamsafe.gateway")
-
-#: Why a replica whose secret cannot open the fleet's check is not ready, and refuses.
-_UNREADABLE = (
-    "this replica cannot read the records the other gateway replicas write in redis:"
-    " its --redis-secret is not theirs (every replica needs the same one, or none)"
-)
 
 
 class Replicas:
@@ -90,16 +85,11 @@ class Replicas:
         if orphan_ttl < 3 * lease:
             raise ValueError("orphan_ttl must be at least three leases")
         self.store = store
-        store.marker_ttl = orphan_ttl  # the fleet's marker lapses as its other keys do
+        store.marker.ttl = orphan_ttl  # the fleet's marker lapses as its other keys do
         self.lease = lease
         self.keep_finished = keep_finished
-        self._clock = clock
-        #: Until when (``clock``) no generation a retry may duplicate starts here: Redis lost
-        #: the fleet's state, and the replicas write back what they hold meanwhile.
-        self._lost_until: float | None = None
-        #: Why this replica cannot read the records the others write (another
-        #: ``--redis-secret``, or none where theirs are sealed); ``None`` where it can.
-        self._unreadable: str | None = None
+        #: Whether Redis still holds the fleet's state, and this replica reads it.
+        self.watch = StateWatch(store, lease=lease, clock=clock)
         #: Seconds every key of a running generation outlives this replica's last renewal of it
         #: (see :mod:`~streamsafe.gateway.replicas.owned_keys`).
         self.orphan_ttl = orphan_ttl
@@ -108,15 +98,16 @@ class Replicas:
             store, lease=lease, keep_finished=keep_finished, orphan_ttl=orphan_ttl, clock=clock
         )
         self.counters = ReplicaCounters()
-        #: True while Redis is unreachable: new generations are this replica's only.
-        self.degraded = False
+        #: The generations this replica runs, by id.
+        self._owned: dict[str, Generation] = {}
+        #: Redis away and back: failures counted, the probe, the write-back.
+        self.outage = Outage(store, self.keys, self._owned, self.counters)
         #: True once this replica shuts down: what it runs is handed over, not ended.
         self.closing = False
         #: Replicas whose heartbeat is live in Redis (this one included), as last seen.
         self.fleet_replicas = 0
         #: Bytes Redis used, as last seen (``INFO memory``).
         self.redis_used_memory = 0
-        self._owned: dict[str, Generation] = {}
         # The roles a generation has here (see replicas/roles.py), set where it moves.
         self._shared = Shared(self)
         self._owner = SharedOwner(self)
@@ -129,13 +120,9 @@ class Replicas:
             MemoryStore(clock), new_log=partial(self.new_log, detached=True), own=self.own
         )
         self._renewer: asyncio.Task[None] | None = None
-        self._probe: asyncio.Task[None] | None = None
-        #: Generations that ended while Redis was away, to record once it is back.
-        self._unsynced: dict[str, Generation] = {}
         #: The generations this process holds (the registry's index), for a write-back after
         #: Redis restarted: those this replica ran and keeps for replay.
         self.held: Iterable[Generation] = ()
-        self._redis_run: str | None = None  # Redis's run id, as last seen
 
     @property
     def replica_id(self) -> str:
@@ -144,128 +131,37 @@ class Replicas:
 
     # -- Redis failures -------------------------------------------------------------------------
 
+    @property
+    def degraded(self) -> bool:
+        """True while Redis is unreachable: new generations are this replica's only."""
+        return self.outage.degraded
+
     def failed(self, exc: BaseException) -> None:
         """Redis failed under an operation: count it, go on with per-replica state, and probe
-        until it answers again (where Redis lost the fleet's state, :meth:`_state_lost` too)."""
+        until it answers again (:class:`~streamsafe.gateway.replicas.outage.Outage`). Where
+        Redis lost the fleet's state, what this replica keeps for replay is written back too,
+        and new generations a retry may duplicate wait (:meth:`StateWatch.lost`)."""
         if isinstance(exc, StateLost):
-            self._state_lost(exc)
-        self.counters.redis_errors += 1
-        if not self.degraded:
-            log.warning(
-                "redis degraded: unreachable (%s); serving with per-replica state",
-                exc,
-                extra={"fields": {"event": "redis_degraded"}},
-            )
-            self.degraded = True
-        if self._probe is None or self._probe.done():
-            self._probe = asyncio.get_running_loop().create_task(self._probe_until_back())
-
-    def _state_lost(self, exc: StateLost) -> None:
-        """Redis lost the fleet's state (flushed, restarted empty): every claim, record and log
-        is gone, so a key found free may be one a replica still holds. This replica writes back
-        what it holds (as after an outage), and for :data:`WRITE_BACK_WAIT` (two leases at
-        least) the others have done so too, which they do within a third of a lease of seeing
-        it: until then no generation a retry may duplicate starts here (:meth:`refusal`). A
-        replica alone in the fleet (as its last heartbeat saw it) waits for nobody: what it
-        holds, a retry here finds in its own index."""
-        self._resync_held()
-        wait = max(WRITE_BACK_WAIT, 2 * self.lease) if self.fleet_replicas > 1 else 0.0
-        if wait:
-            self._lost_until = self._clock() + wait
-        log.error(
-            "%s: the replicas write back what they hold; new generations wait %g s",
-            exc,
-            wait,
-            extra={"fields": {"event": "redis_state_lost"}},
-        )
+            self.outage.resync(self.held)
+            self.watch.lost(exc, self.fleet_replicas)
+        self.outage.failed(exc)
 
     def refusal(self) -> FleetUnsafe | None:
-        """Why a generation that may duplicate one the fleet holds (under a key, a retry, a
-        resume) must not start now; ``None`` where it may. A replica that cannot read the
-        fleet's records (another ``--redis-secret``) finds neither their keys (named by hashes
-        under the secret) nor what they hold: none starts there."""
-        if self.store.reads_fleet is False:
-            return FleetUnsafe(_UNREADABLE, math.ceil(self.lease))
-        if self._lost_until is None:
-            return None
-        left = self._lost_until - self._clock()
-        if left <= 0:
-            self._lost_until = None
-            return None
-        msg = (
-            "redis lost the gateway replicas' shared state (flushed or restarted empty); they"
-            " are writing back what they hold, and no new generation starts until then, so that"
-            f" none runs twice; retry in {math.ceil(left)} s"
-        )
-        return FleetUnsafe(msg, math.ceil(left))
+        """Why a generation that may duplicate one the fleet holds must not start now; ``None``
+        where it may (see :meth:`StateWatch.refusal`)."""
+        return self.watch.refusal()
 
     @property
     def trouble(self) -> str | None:
-        """Why this replica is not ready to share generations (``/ready`` answers 503): it
-        cannot read the others' records, or Redis lost the fleet's state moments ago."""
-        if self._unreadable is not None:
-            return self._unreadable
-        refused = self.refusal()
-        return None if refused is None else refused.message
-
-    async def _probe_until_back(self) -> None:
-        delay = 0.05
-        while not await self.store.ping():
-            await asyncio.sleep(delay)
-            delay = min(1.0, delay * 2)
-        try:
-            await self._write_back()
-        except REDIS_ERRORS as exc:
-            self.counters.redis_errors += 1
-            log.warning("redis failed again while generations were written back: %s", exc)
-            self._probe = None
-            self.failed(exc)
-            return
-        self.degraded = False
-        log.info(
-            "redis restored: reachable again; generations are shared again",
-            extra={"fields": {"event": "redis_restored"}},
-        )
-
-    async def _write_back(self) -> None:
-        """Put the generations this replica runs, or finished while Redis was away, back into
-        Redis (record, lease, key, whole log, final state), for a Redis that restarted empty or
-        lost writes meanwhile; mirrors elsewhere then go on from where their copy ends. That
-        includes the generations started while Redis was away (their logs detached from the
-        start): a retry or resume on another replica finds them once they are back."""
-        done: set[str] = set()
-        while True:
-            # Generations started meanwhile (while this ran, Redis still counted as away) are
-            # written back too, and so are the ends of those that finished meanwhile, written
-            # back already or not: each pass takes what is left. The last look and the return
-            # have no await between them.
-            todo = [gen for gen in self._owned.values() if gen.id not in done]
-            todo += self._unsynced.values()
-            if not todo:
-                return
-            done.update(gen.id for gen in todo)
-            for gen in todo:
-                await self._write_back_one(gen)
-
-    async def _write_back_one(self, gen: Generation) -> None:
-        """Write one generation back (see :meth:`_write_back`)."""
-        log_ = gen.log
-        if not isinstance(log_, ReplicatedLog):
-            self._unsynced.pop(gen.id, None)
-            return
-        if not await self.keys.write_back(gen, log_):
-            log_.detached = False  # its next append meets the lease taken meanwhile
-            self._unsynced.pop(gen.id, None)
-            return  # another replica took it over while Redis was away: it writes now
-        if gen.id in self._unsynced:
-            await self.keys.record_end(gen)
-            del self._unsynced[gen.id]  # kept for the next write-back where that failed
+        """Why this replica is not ready to share generations (``/ready`` answers 503; see
+        :attr:`StateWatch.trouble`)."""
+        return self.watch.trouble
 
     # -- owning ---------------------------------------------------------------------------------
 
     def new_log(self, gen_id: str, detached: bool = False) -> ReplicatedLog:
         """The log of a generation this replica starts; ``detached`` while Redis is away (the
-        log stays in this process until :meth:`_write_back` writes it to Redis)."""
+        log stays in this process until the write-back after the outage writes it to Redis)."""
         log_ = self.store.replicated_log(
             gen_id, writer=True, lease=self.lease, keep=self.orphan_ttl
         )
@@ -305,14 +201,7 @@ class Replicas:
         While Redis is away this waits for the write-back."""
         self._owned.pop(gen.id, None)
         gen.role = self._shared
-        if self.degraded:
-            self._unsynced[gen.id] = gen
-            return
-        try:
-            await self.keys.record_end(gen)
-        except REDIS_ERRORS as exc:
-            self._unsynced[gen.id] = gen
-            self.failed(exc)
+        await self.outage.record_end(gen)
 
     async def let_go(self, gen: Generation) -> None:
         """``gen``, which this replica ran and kept for replay, is no longer kept (evicted, or
@@ -338,7 +227,7 @@ class Replicas:
         if self.degraded:
             return False
         try:
-            return await self.store.remote_subscribers(gen.id) > 0
+            return await self.store.presence.remote_subscribers(gen.id) > 0
         except REDIS_ERRORS as exc:
             self.failed(exc)
             return False
@@ -368,12 +257,20 @@ class Replicas:
         marker before it serves for long)."""
         # The marker first: who waits after Redis lost the fleet's state depends on the fleet
         # as the last heartbeat saw it (a flush took the heartbeats with it).
-        state_lost = await self._check_fleet()
+        state_lost = await self.watch.check()
+        if state_lost is not None:
+            self.failed(state_lost)
         lost = await self.store.renew_leases(list(self._owned), self.lease)
-        await self.store.set_presence(self.mirrors.followed(), self.lease * 2)
-        self.fleet_replicas = await self.store.heartbeat(self.lease * 2)
-        self.redis_used_memory = await self.store.used_memory() or 0
-        if self._restarted(await self.store.run_id()) or state_lost:
+        await self.store.presence.announce(self.mirrors.followed(), self.lease * 2)
+        self.fleet_replicas = await self.store.presence.heartbeat(self.lease * 2)
+        self.redis_used_memory = await self.store.server.used_memory() or 0
+        restarted = self.watch.restarted(await self.store.server.run_id())
+        if restarted is not None:
+            # Taken as an outage that just ended: what this replica runs and keeps for replay
+            # is written back.
+            self.outage.resync(self.held)
+            self.failed(restarted)
+        if restarted is not None or state_lost is not None:
             return
         if self.keys.keep_due():
             await self._keep_owned()
@@ -381,53 +278,6 @@ class Replicas:
             if gen_id in self._owned:
                 self.counters.leases_lost += 1
                 log.warning("%s: lease lost to another replica", gen_id)
-
-    def _restarted(self, run_id: str | None) -> bool:
-        """Whether Redis restarted since it was last seen (its run id changed). It may have come
-        back empty: the claims, records and logs of what this replica runs and keeps for replay
-        are gone, so a retry with the same Idempotency-Key would start its generation again. A
-        restart is taken as an outage that just ended: what this replica runs, and the finished
-        generations it keeps for replay, are written back (:meth:`_write_back`)."""
-        last, self._redis_run = self._redis_run, run_id or self._redis_run
-        if last is None or run_id is None or run_id == last:
-            return False
-        self._resync_held()
-        self.failed(RedisRestarted(f"redis restarted (run id {last[:8]} -> {run_id[:8]})"))
-        return True
-
-    def _resync_held(self) -> None:
-        """Have the finished generations this replica ran and keeps for replay written back
-        with the rest (:meth:`_write_back`): their ends are recorded again with their keys."""
-        for gen in self.held:
-            log_ = gen.log
-            if (
-                gen.state is State.DONE
-                and gen.id not in self._owned
-                and isinstance(log_, ReplicatedLog)
-                and log_.remote.lease_holder == self.replica_id
-            ):
-                self._unsynced[gen.id] = gen  # its end is recorded again with its keys
-
-    async def _check_fleet(self) -> bool:
-        """Read the fleet's marker (written where there is none): True where it is not the one
-        this replica knew (Redis lost the fleet's state, :meth:`failed` told). A check this
-        replica's secret cannot open says it cannot read the others' records: ``/ready``
-        answers 503 (:attr:`trouble`) until it can."""
-        store = self.store
-        epochs = await store.fleet_marker()
-        known, store.epochs = store.epochs, epochs
-        if store.reads_fleet:
-            if self._unreadable is not None:
-                log.info("this replica reads the fleet's records again")
-            self._unreadable = None
-        elif self._unreadable is None:
-            self._unreadable = _UNREADABLE
-            log.error("%s", self._unreadable, extra={"fields": {"event": "redis_secret_mismatch"}})
-        if known is None or epochs == known:
-            return False
-        new = ", ".join(sorted({e for e, k in zip(epochs, known, strict=True) if e != k}))
-        self.failed(StateLost(f"redis lost the fleet's state (its marker is new: {new})"))
-        return True
 
     async def _keep_owned(self) -> None:
         """Renew the lifetime of every key of the generations this replica runs."""
@@ -486,7 +336,7 @@ class Replicas:
 
     async def close(self) -> None:
         """Stop following and renewing; give up the leases this replica holds."""
-        tasks = [t for t in (self._renewer, self._probe, *self.mirrors.followers()) if t]
+        tasks = [t for t in (self._renewer, self.outage.probe, *self.mirrors.followers()) if t]
         for task in tasks:
             task.cancel()
         for task in tasks:

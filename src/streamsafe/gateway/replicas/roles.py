@@ -28,10 +28,14 @@ class Sharing(Protocol):
     """What the roles ask of the replicas that moves generations between them
     (:class:`~streamsafe.gateway.replicas.replicas.Replicas`, which this module sits below)."""
 
-    degraded: bool
     closing: bool
     lease: float
     mirrors: Mirrors
+
+    @property
+    def degraded(self) -> bool:
+        """True while Redis is unreachable."""
+        ...
 
     @property
     def store(self) -> Store:

@@ -27,51 +27,41 @@ runs on a Redis Cluster too):
   the replicas' secret (empty without one). A claim and a look-up by body check their bucket's
   epoch in the same round trip: a Redis that lost the marker (flushed, restarted empty, a
   cluster node that came back empty) lost every claim with it, and a key found free then may be
-  one a replica still holds (:class:`StateLost`). Every replica renews its lifetime, so it
-  lapses ``orphan_ttl`` after the last one, as every other key does.
+  one a replica still holds (:class:`~streamsafe.gateway.replicas.fleet_marker.StateLost`).
+  Every replica renews its lifetime, so it lapses ``orphan_ttl`` after the last one, as every
+  other key does (:mod:`~streamsafe.gateway.replicas.fleet_marker`).
 
 A replica that has subscribers of a generation another replica writes waits for it with
 :meth:`RedisStore.wait`: one ``XREAD BLOCK`` loop per bucket
 (:class:`~streamsafe.gateway.replicas.redis_tail.RedisTail`) follows every such log and state
 stream of that bucket at once, so followers cost no connection each (one Redis: one loop). The
-scripts are in :mod:`~streamsafe.gateway.replicas.redis_scripts`.
+scripts are in :mod:`~streamsafe.gateway.replicas.redis_scripts`; the server as a whole (does it
+answer, did it restart, its memory) in :mod:`~streamsafe.gateway.replicas.redis_server`; the
+replicas' heartbeats and their presence as readers in :mod:`~streamsafe.gateway.replicas.presence`.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterable, Mapping
 from functools import partial
 from typing import Any
 
-from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
-
 from streamsafe._redis_url import parse_redis_url
-from streamsafe.gateway.replicas.record_seal import RecordSeal, Unreadable
+from streamsafe.gateway.replicas.fleet_marker import FleetMarker
+from streamsafe.gateway.replicas.presence import Presence
+from streamsafe.gateway.replicas.record_seal import RecordSeal
 from streamsafe.gateway.replicas.redis_client import RedisClient, connect
 from streamsafe.gateway.replicas.redis_keys import CLUSTER_BUCKETS, KeyLayout
 from streamsafe.gateway.replicas.redis_log import RedisEventLog, ReplicatedLog
 from streamsafe.gateway.replicas.redis_scripts import Scripts, ms, text
+from streamsafe.gateway.replicas.redis_server import RedisServer
 from streamsafe.gateway.replicas.redis_tail import RedisTail
 
-__all__ = ["REDIS_ERRORS", "RedisStore", "StateLost"]
+__all__ = ["RedisStore"]
 
-#: What a lost Redis raises (connection errors are RedisError; a closed socket may be OSError).
-REDIS_ERRORS = (RedisError, OSError)
 #: Default key prefix: one Redis may serve several fleets under different prefixes.
 DEFAULT_PREFIX = "ss:"
-
-
-class StateLost(Exception):
-    """Redis no longer holds the fleet's marker this replica knew (flushed, or restarted empty):
-    it lost the claims, records and logs of the generations the replicas hold, so nothing it
-    says is free may be taken as free until they wrote them back."""
-
-
-#: What the fleet's check seals (see :meth:`RedisStore.fleet_check`).
-_CHECK = b"streamsafe fleet check"
 
 
 class RedisStore:
@@ -120,15 +110,16 @@ class RedisStore:
         )
         self._scripts = Scripts(self.redis)
         self._tail = RedisTail(self.redis, partial(connect, target), self.nudge_key)
-        #: The fleet epoch this replica knows, one per bucket (``None`` until it first read the
-        #: marker, and after it found one gone).
-        self.epochs: tuple[str, ...] | None = None
-        #: Seconds the fleet's marker outlives its last renewal (the replicas' ``orphan_ttl``).
-        self.marker_ttl = 3600.0
-        #: Whether this replica reads the fleet's records, as the marker's check last said
-        #: (``None`` until it was read). Where it does not, it does not find the others' keys
-        #: either (they are named with another secret's hash).
-        self.reads_fleet: bool | None = None
+        #: The fleet's marker as this replica knows it: whether Redis still holds the fleet's
+        #: state, and whether this replica reads its records
+        #: (:mod:`~streamsafe.gateway.replicas.fleet_marker`).
+        self.marker = FleetMarker(self.redis, self._scripts, self.keys, self.seal)
+        #: The server as a whole: does it answer, did it restart, how much memory it uses
+        #: (:mod:`~streamsafe.gateway.replicas.redis_server`).
+        self.server = RedisServer(self.redis)
+        #: This replica's heartbeat, and its presence as a reader of generations others run
+        #: (:mod:`~streamsafe.gateway.replicas.presence`).
+        self.presence = Presence(self.redis, self._scripts, self.keys, self.replica_id)
 
     # -- key names ------------------------------------------------------------------------------
 
@@ -171,15 +162,15 @@ class RedisStore:
 
     async def claim(self, key: str, gen_id: str, ttl: float | None = None) -> str | None:
         """``SET key gen_id NX [PX ttl]``; the current owner if the key was taken. Raises
-        :class:`StateLost` (and claims nothing) where the fleet's marker is not the one this
-        replica knew: Redis lost the claims."""
+        :class:`~.fleet_marker.StateLost` (and claims nothing) where the fleet's marker is not
+        the one this replica knew: Redis lost the claims."""
         name = self.claim_key(key)
         bucket = self.keys.bucket_of(name)
-        epoch = (self.epochs or await self._known_epochs())[bucket]
+        epoch = await self.marker.epoch(bucket)
         px = 0 if ttl is None else ms(ttl)
         got = await self._scripts.claim(name, self.keys.fleet_key(bucket), gen_id, px, epoch)
         if got[0] == -1:
-            self._lost(bucket, epoch, got[1])
+            self.marker.lost(bucket, epoch, got[1])
         return None if got[0] == 1 else text(got[1])
 
     async def owner(self, key: str) -> str | None:
@@ -321,38 +312,6 @@ class RedisStore:
                 pipe.pexpire(name, px)
             await pipe.execute()
 
-    # -- subscribers on other replicas ------------------------------------------------------------
-
-    async def set_presence(self, gen_ids: Iterable[str], ttl: float) -> None:
-        """Say that this replica has subscribers of ``gen_ids`` for the next ``ttl`` seconds
-        (one pipeline), so their owner does not abort them as abandoned."""
-        ids = list(gen_ids)
-        if not ids:
-            return
-        until = int((time.time() + ttl) * 1000)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for gen_id in ids:
-                pipe.zadd(self.presence_key(gen_id), {self.replica_id: until})
-                pipe.pexpire(self.presence_key(gen_id), ms(ttl))
-            await pipe.execute()
-
-    async def clear_presence(self, gen_id: str) -> None:
-        """This replica has no subscriber of ``gen_id`` any more."""
-        await self.redis.zrem(self.presence_key(gen_id), self.replica_id)
-
-    async def remote_subscribers(self, gen_id: str) -> int:
-        """How many other replicas say they have subscribers of ``gen_id`` now."""
-        now = int(time.time() * 1000)
-        members: Any = await self.redis.zrangebyscore(self.presence_key(gen_id), now, "+inf")
-        return sum(1 for m in members if text(m) != self.replica_id)
-
-    async def heartbeat(self, ttl: float) -> int:
-        """Say this replica is alive for ``ttl`` seconds; return how many replicas are (one
-        script on a sorted set scored by when each heartbeat lapses, gone with the last
-        replica)."""
-        now = int(time.time() * 1000)
-        return await self._scripts.heartbeat(self.keys.heartbeat_key(), self.replica_id, now, ttl)
-
     # -- the unkeyed-retry index ----------------------------------------------------------------
 
     async def index_fingerprint(
@@ -363,17 +322,17 @@ class RedisStore:
 
     async def find_fingerprint(self, tenant: str, fingerprint: bytes) -> str | None:
         """The newest generation with this body for ``tenant``, if any. Raises
-        :class:`StateLost` where the fleet's marker is not the one this replica knew (the index
-        was lost with it: none found says nothing)."""
+        :class:`~.fleet_marker.StateLost` where the fleet's marker is not the one this replica
+        knew (the index was lost with it: none found says nothing)."""
         name = self.fingerprint_key(tenant, fingerprint)
         bucket = self.keys.bucket_of(name)
-        epoch = (self.epochs or await self._known_epochs())[bucket]
+        epoch = await self.marker.epoch(bucket)
         async with self.redis.pipeline(transaction=False) as pipe:  # one slot: one node
             pipe.get(name)
             pipe.hget(self.keys.fleet_key(bucket), "epoch")
             found, now = await pipe.execute()
         if text(now) != epoch:
-            self._lost(bucket, epoch, now)
+            self.marker.lost(bucket, epoch, now)
         return text(found)
 
     async def unindex_fingerprint(self, tenant: str, fingerprint: bytes, gen_id: str) -> None:
@@ -395,89 +354,7 @@ class RedisStore:
         entries = ((self.log_key(gen_id), length), (self.state_key(gen_id), state_changes))
         return await self._tail.wait(self.keys.gen_bucket(gen_id), entries, max_wait)
 
-    # -- the fleet's marker ---------------------------------------------------------------------
-
-    def fleet_check(self) -> bytes:
-        """What this replica writes as the fleet's check: a constant sealed with its secret
-        (empty without one). A replica whose secret cannot open the check, or that has none
-        where the check is sealed, cannot read the records the others write."""
-        return b"" if self.seal is None else self.seal.seal("fleet", "check", _CHECK)
-
-    def opens(self, check: bytes) -> bool:
-        """Whether this replica reads the records of a fleet whose check is ``check``."""
-        if self.seal is None or not check:
-            return self.seal is None and not check
-        try:
-            return self.seal.open("fleet", "check", check) == _CHECK
-        except Unreadable:
-            return False
-
-    async def fleet_marker(self) -> tuple[str, ...]:
-        """The fleet's epoch in every bucket (one pipeline), its marker written with a new
-        epoch and this replica's check where Redis holds none; its lifetime renewed
-        (``marker_ttl``). Whether this replica reads the fleet's records is what every bucket's
-        check says (:attr:`reads_fleet`)."""
-        epoch = os.urandom(8).hex()
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for key in self.keys.fleet_keys():
-                self._scripts.fleet_in(pipe, key, epoch, self.fleet_check(), self.marker_ttl)
-            markers = await pipe.execute()
-        self.reads_fleet = all(self.opens(check or b"") for _, check in markers)
-        return tuple(text(epoch) or "" for epoch, _ in markers)
-
-    async def _known_epochs(self) -> tuple[str, ...]:
-        """The fleet's epochs, read (or written) for a replica that knows none yet."""
-        self.epochs = await self.fleet_marker()
-        return self.epochs
-
-    def _lost(self, bucket: int, known: str, now: Any) -> None:
-        self.epochs = None  # the next claim reads (or writes) the marker anew
-        found = text(now) or "none"
-        where = f" in bucket {bucket}" if self.keys.buckets > 1 else ""
-        msg = (
-            f"redis lost the fleet's state (fleet marker{where} {found}, this replica knew {known})"
-        )
-        raise StateLost(msg)
-
     # -- lifecycle ------------------------------------------------------------------------------
-
-    async def ping(self) -> bool:
-        """True if Redis answers."""
-        try:
-            return bool(await self.redis.ping())
-        except REDIS_ERRORS:
-            return False
-
-    async def run_id(self) -> str | None:
-        """The Redis server's run id (``INFO server``), new at every start: a change says Redis
-        restarted (and may have come back empty); ``None`` if unknown. On a cluster, the run
-        ids of its primaries together: a primary that restarted, or a replica promoted in a
-        failover, changes it."""
-        values = await self._info("server", "run_id")
-        if values is None:
-            return None
-        return ",".join(sorted(str(v) for v in values))
-
-    async def used_memory(self) -> int | None:
-        """Bytes Redis uses (``INFO memory``; a cluster's primaries together), for fleet-level
-        figures; ``None`` if unknown."""
-        values = await self._info("memory", "used_memory")
-        return None if values is None else sum(int(v) for v in values)
-
-    async def _info(self, section: str, field: str) -> list[Any] | None:
-        """``field`` of ``INFO section`` of every data node (one, or a cluster's primaries);
-        ``None`` where one did not answer or say it."""
-        try:
-            if isinstance(self.redis, RedisCluster):
-                nodes = RedisCluster.PRIMARIES
-                found: Any = await self.redis.info(section, target_nodes=nodes)
-                infos = list(found.values())
-            else:
-                infos = [await self.redis.info(section)]
-        except REDIS_ERRORS:
-            return None
-        values = [info.get(field) for info in infos]
-        return None if not values or None in values else values
 
     async def close(self) -> None:
         """Stop following and close the connections."""
