@@ -14,7 +14,8 @@ from server_stops import stop_later
 from streamsafe.engine_sim import Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.dashboard import DEFAULT_PATH, dashboard, queries, render
-from streamsafe.gateway.metrics import PREFIX, series
+from streamsafe.gateway.exposition import series
+from streamsafe.gateway.metrics import PREFIX
 from streamsafe.server import ServerThread
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

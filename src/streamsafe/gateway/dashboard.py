@@ -1,6 +1,6 @@
 """A Grafana dashboard for the gateway, generated from its metric definitions.
 
-Every series :mod:`~streamsafe.gateway.metrics` defines gets a panel, so a series added there
+Every series :func:`~streamsafe.gateway.exposition.series` lists gets a panel, so a series added
 is on the dashboard at the next ``make docs``: a counter as its rate, a gauge as its value, a
 per-engine series per ``engine``, a histogram as its p50/p95/p99, a per-route histogram as its
 p95 by route (and its rate by route, model and status), a per-route counter by route and
@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from streamsafe.gateway.metrics import PREFIX, series
+from streamsafe.gateway.exposition import series
+from streamsafe.gateway.metrics import PREFIX
 
 __all__ = ["DEFAULT_PATH", "ROWS", "dashboard", "main", "queries"]
 
