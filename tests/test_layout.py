@@ -221,13 +221,15 @@ SERVER_RANKS = {
     "flow": 1,
     "request": 1,
     "cycle": 2,
-    "protocol": 3,
-    "run": 4,
-    "__init__": 5,
+    "deadlines": 3,
+    "protocol": 4,
+    "run": 5,
+    "__init__": 6,
 }
 #: What the rest of the package may import of the server: the runner (re-exported by the
 #: package), the ASGI helpers the apps are written against and the TLS options. The connection's
-#: insides (protocol, cycle, request, flow, unfinished, uvicorn_link, limits) stay the server's.
+#: insides (protocol, deadlines, cycle, request, flow, unfinished, uvicorn_link, limits) stay the
+#: server's.
 SERVER_FACE = {"streamsafe.server", "streamsafe.server.asgi", "streamsafe.server.tls"}
 
 

@@ -13,7 +13,8 @@ from fleet_helpers import RedisProcess
 from redis.exceptions import RedisError
 
 from streamsafe.gateway.generations.fleet import Followed
-from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
+from streamsafe.gateway.generations.generation import Generation, State
+from streamsafe.gateway.generations.request import GenerationRequest
 from streamsafe.gateway.generations.store import LeaseLost
 from streamsafe.gateway.replicas.record_seal import Unsealable
 from streamsafe.gateway.replicas.redis_log import LogConflict, LogLost

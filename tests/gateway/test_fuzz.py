@@ -30,7 +30,8 @@ from streamsafe import _logging
 from streamsafe.engine_sim import Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.engines.pool import parse_engine, parse_fallback
-from streamsafe.gateway.generations.generation import Generation, GenerationRequest
+from streamsafe.gateway.generations.generation import Generation
+from streamsafe.gateway.generations.request import GenerationRequest
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.replicas.generation_record import record_of, request_of
 from streamsafe.gateway.replicas.record_seal import RecordSeal, Unreadable

@@ -14,7 +14,9 @@ import pytest
 
 from conftest import MODEL, LlamaStackTier
 from streamsafe.engine_sim import Fault, expected_text
-from streamsafe.gateway.upstream.kinds import KINDS, Wire, ends_answer, parse_error_event
+from streamsafe.gateway.upstream.answer_end import ends_answer
+from streamsafe.gateway.upstream.error_events import parse_error_event
+from streamsafe.gateway.upstream.kinds import KINDS, Wire
 from streamsafe.sse import SSEDecoder
 from waiting import wait_until, wait_until_async
 

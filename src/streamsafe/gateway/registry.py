@@ -36,14 +36,10 @@ from streamsafe.gateway.errors import (
 )
 from streamsafe.gateway.generations.finder import GenerationFinder, claim_key
 from streamsafe.gateway.generations.fleet import Fleet, Reach
-from streamsafe.gateway.generations.generation import (
-    Generation,
-    GenerationRequest,
-    State,
-    new_generation_id,
-)
+from streamsafe.gateway.generations.generation import Generation, State, new_generation_id
 from streamsafe.gateway.generations.generation_index import GenerationIndex
 from streamsafe.gateway.generations.refusals import EngineRefusals, EngineRefused
+from streamsafe.gateway.generations.request import GenerationRequest
 from streamsafe.gateway.generations.running import Running
 from streamsafe.gateway.generations.store import Store
 from streamsafe.gateway.metrics import Counters

@@ -20,7 +20,8 @@ bytes, and what the body holds must never be parsed as a request. Trailer fields
 like a header section and never merged into the headers the app sees. A kept-alive connection
 idle for ``ServerLimits.keep_alive_timeout`` is closed. The connections of one client address
 with a request still arriving are bounded (:mod:`streamsafe.server.unfinished`), and a request
-body must keep up ``ServerLimits.min_body_rate``.
+body must keep up ``ServerLimits.min_body_rate`` (those deadlines and that count:
+:mod:`streamsafe.server.deadlines`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 import httptools
@@ -40,6 +40,7 @@ from streamsafe.server.asgi import (
     RESET_EXTENSION,
 )
 from streamsafe.server.cycle import RequestCycle
+from streamsafe.server.deadlines import Deadlines
 from streamsafe.server.flow import HIGH_WATER, FlowControl, reset
 from streamsafe.server.limits import (
     FIRST_BYTE_S,
@@ -64,9 +65,10 @@ __all__ = ["HttpProtocol", "limited_protocol"]
 _SPENT = httptools.HttpRequestParser(object())
 
 
-class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
+class HttpProtocol(UvicornLink, FlowControl, Deadlines, asyncio.Protocol):
     """One HTTP/1.1 connection (see the module docstring), built by uvicorn's ``Server`` for each
-    accepted one (what they share: :class:`~streamsafe.server.uvicorn_link.UvicornLink`);
+    accepted one (what they share: :class:`~streamsafe.server.uvicorn_link.UvicornLink`; its
+    deadlines: :class:`~streamsafe.server.deadlines.Deadlines`);
     ``limits`` is set on the subclass :func:`limited_protocol` makes, with ``unfinished``, the
     server's count of connections owing a request."""
 
@@ -331,110 +333,7 @@ class HttpProtocol(UvicornLink, FlowControl, asyncio.Protocol):
         for cycle in (self.current, *self.pipeline):
             cycle.keep_alive = False
 
-    # -- timers -----------------------------------------------------------------------------------
-
-    def _arm(self, delay: float, callback: Callable[[], None]) -> None:
-        self._disarm()
-        self._timer = self.loop.call_later(delay, callback)
-
-    def _disarm(self) -> None:
-        self._idle = False
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _idle_timeout(self) -> None:
-        self._timer = None
-        self._idle = False
-        if self.current is None and not self._got_bytes:
-            self.transport.close()
-
-    def _first_byte_deadline(self) -> None:
-        """A new connection that sent nothing in its first ``FIRST_BYTE_S`` holds a place with no
-        request: it counts as owing one from now on, and past its address's share it is refused.
-        Then the header deadline runs on, counted from the accept."""
-        self._timer = None
-        if not self._got_bytes and not self._owe():
-            self.closed()
-            self._reject(503, self._unfinished_message())
-            return
-        left = self.limits.header_timeout - FIRST_BYTE_S
-        if left > 0:
-            self._arm(left, self._header_deadline)
-        else:
-            self._header_deadline()
-
-    def _header_deadline(self) -> None:
-        self._timer = None
-        if self._in_headers and self._got_bytes:
-            self._reject(408, "the request headers did not arrive in time")
-        elif self._in_headers and self.current is None:
-            # A connection that never sent a byte: close it as a kept-alive one is closed.
-            self.transport.close()
-
-    def _body_due(self) -> float:
-        """When the body being read must be whole: ``body_timeout`` after its head, moved on a
-        second for every ``min_body_rate`` bytes that came."""
-        limits = self.limits
-        if not limits.min_body_rate:
-            return float("inf")
-        return self._body_began + limits.body_timeout + self._body_bytes / limits.min_body_rate
-
-    def _arm_body_deadline(self, now: float) -> None:
-        """Arm the body's timer: the next read is due within ``body_timeout``, the whole body
-        by :meth:`_body_due`."""
-        idle_left = self._body_read + self.limits.body_timeout - now
-        self._arm(max(0.0, min(idle_left, self._body_due() - now)), self._body_deadline)
-
-    def _body_deadline(self) -> None:
-        self._timer = None
-        cycle = self.parsing
-        if cycle is None or not cycle.more_body or self.transport.is_closing():
-            return
-        now = self.loop.time()
-        if self.read_paused:
-            # The app is not reading: not the client's delay. The body's time starts again.
-            self._body_began = self._body_read = now
-            self._body_bytes = 0
-            self._arm_body_deadline(now)
-            return
-        if now >= self._body_read + self.limits.body_timeout:
-            message = "the request body stopped arriving"
-        elif now >= self._body_due():
-            rate = self.limits.min_body_rate
-            message = f"the request body arrived slower than {rate:g} bytes a second"
-        else:  # the timer fired a little early
-            self._arm_body_deadline(now)
-            return
-        if cycle.started:
-            cycle.lost()
-            self.transport.close()
-        else:
-            cycle.lost()
-            self._reject(408, message)
-
-    # -- requests still arriving, per client address ----------------------------------------------
-
-    def _owe(self) -> bool:
-        """This connection owes a request (one began, or it sent nothing in its first second):
-        counted for its address; ``False`` where the address already holds its share of the
-        cap."""
-        if not self._owing:
-            self._owing = self.unfinished.begin(self._client_key)
-        return self._owing
-
-    def _settle(self) -> None:
-        """This connection no longer owes a request: it is whole, answered, or gone."""
-        if self._owing:
-            self._owing = False
-            self.unfinished.end(self._client_key)
-
-    def _unfinished_message(self) -> str:
-        held = self.limits.max_unfinished_per_client
-        return (
-            f"this client address holds {held} connections with requests still arriving, its "
-            "limit: finish them or open fewer connections at once"
-        )
+    # -- refusals and closes ----------------------------------------------------------------------
 
     def _reset(self) -> None:
         """Reset the connection: SO_LINGER 0 makes the close a TCP RST."""

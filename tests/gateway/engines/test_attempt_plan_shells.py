@@ -16,7 +16,8 @@ from streamsafe.gateway.engines.attempts import AskAgain, Attempts
 from streamsafe.gateway.engines.engines import Engines
 from streamsafe.gateway.engines.pool import EngineSpec
 from streamsafe.gateway.errors import Failure
-from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
+from streamsafe.gateway.generations.generation import Generation, State
+from streamsafe.gateway.generations.request import GenerationRequest
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.relay import Relay

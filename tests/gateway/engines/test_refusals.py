@@ -25,7 +25,8 @@ from streamsafe.gateway.engines.engines import Engines
 from streamsafe.gateway.engines.failover import refusal_status
 from streamsafe.gateway.engines.pool import EngineSpec
 from streamsafe.gateway.errors import Failure
-from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
+from streamsafe.gateway.generations.generation import Generation, State
+from streamsafe.gateway.generations.request import GenerationRequest
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.endings import REFUSAL_WAIT, BrokenAttempt, GenerationFailer

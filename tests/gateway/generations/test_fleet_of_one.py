@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from streamsafe.gateway.generations.fleet import Fleet
-from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
+from streamsafe.gateway.generations.generation import Generation, State
+from streamsafe.gateway.generations.request import GenerationRequest
 from streamsafe.gateway.generations.roles import LOCAL
 from streamsafe.gateway.generations.solo import Solo
 from streamsafe.gateway.generations.store import MemoryStore

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from streamsafe.engine_sim import Fault, expected_text
 from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.generations.fanout import Fanout
-from streamsafe.gateway.generations.generation import Generation, GenerationRequest
+from streamsafe.gateway.generations.generation import Generation
 from streamsafe.gateway.generations.keepalive import KEEPALIVE_LINE, TICK, QuietWait, quiet_beat
+from streamsafe.gateway.generations.request import GenerationRequest
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.upstream.kinds import KINDS
 from streamsafe.sse import SSEDecoder

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from streamsafe.gateway.errors import Failure
 from streamsafe.gateway.generations import lifecycle
-from streamsafe.gateway.generations.generation import Generation, GenerationRequest
+from streamsafe.gateway.generations.generation import Generation
 from streamsafe.gateway.generations.lifecycle import (
     ENDING,
     FINISHED,
@@ -27,6 +27,7 @@ from streamsafe.gateway.generations.lifecycle import (
     State,
     after,
 )
+from streamsafe.gateway.generations.request import GenerationRequest
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.upstream.kinds import KINDS
 

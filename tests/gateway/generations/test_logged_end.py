@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
+from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.logged_end import LoggedEnd, logged_end
+from streamsafe.gateway.generations.request import GenerationRequest
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.upstream.kinds import KINDS, CompletionRoute, Wire
 

@@ -18,8 +18,9 @@ from gateway_helpers import wait_for
 
 from server_stops import stop_later
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
+from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.generation_index import GenerationIndex
+from streamsafe.gateway.generations.request import GenerationRequest
 from streamsafe.gateway.generations.response_ids import note_first_event
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.upstream.kinds import KINDS

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamsafe.gateway.generations.event_log import MemoryEventLog
-from streamsafe.gateway.generations.generation import Generation, GenerationRequest
+from streamsafe.gateway.generations.generation import Generation
+from streamsafe.gateway.generations.request import GenerationRequest
 from streamsafe.gateway.generations.retention import Retention
 from streamsafe.gateway.upstream.kinds import KINDS
 

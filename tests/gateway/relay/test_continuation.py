@@ -9,7 +9,7 @@ from gateway_helpers import chat_body, content_of, fast_sim, make_stack, post_st
 from streamsafe.engine_sim import Fault, Simulator, expected_text
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.generations.event_log import MemoryEventLog
-from streamsafe.gateway.generations.generation import Continuation, GenerationRequest
+from streamsafe.gateway.generations.request import Continuation, GenerationRequest
 from streamsafe.gateway.relay.continuation import (
     Partial,
     Reshape,

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from streamsafe.gateway.generations.generation import Generation, GenerationRequest
+from streamsafe.gateway.generations.generation import Generation
+from streamsafe.gateway.generations.request import GenerationRequest
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.upstream.connection import Upstream
 from streamsafe.gateway.upstream.errors import ConnectFailed, UpstreamClosed, UpstreamError

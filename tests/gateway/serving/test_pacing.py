@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from streamsafe.gateway.admission.fair_queue import AdmissionCore
 from streamsafe.gateway.config import GatewayConfig
-from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
+from streamsafe.gateway.generations.generation import Generation, State
+from streamsafe.gateway.generations.request import GenerationRequest
 from streamsafe.gateway.generations.store import MemoryEventLog
 from streamsafe.gateway.generations.waiting import wait_for_change
 from streamsafe.gateway.serving.pacing import (

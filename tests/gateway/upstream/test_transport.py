@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from streamsafe.engine_sim import SimConfig, Simulator
-from streamsafe.gateway.upstream import transport
+from streamsafe.gateway.upstream import exchange
 from streamsafe.gateway.upstream.connect_failure import connect_failure
 from streamsafe.gateway.upstream.errors import (
     ConnectFailed,
@@ -292,7 +292,7 @@ def test_a_connection_whose_answer_was_left_unread_past_the_high_water_reads_aga
 ) -> None:
     # Past the read high water the socket stops being read; an answer that came whole in that
     # read, released unread, leaves it so, and the next exchange on it must read again.
-    monkeypatch.setattr(transport, "_READ_HIGH_WATER", 1024)
+    monkeypatch.setattr(exchange, "_READ_HIGH_WATER", 1024)
     heads: list[bytes] = []
     large = b"x" * 4096  # one loopback write, one read: past the high water and complete
 

@@ -8,13 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamsafe.gateway.upstream.kinds import (
-    KINDS,
-    ErrorEvent,
-    describe_kind,
-    ends_answer,
-    parse_error_event,
-)
+from streamsafe.gateway.upstream.answer_end import ends_answer
+from streamsafe.gateway.upstream.error_events import ErrorEvent, parse_error_event
+from streamsafe.gateway.upstream.kinds import KINDS, describe_kind
 from streamsafe.gateway.upstream.probe import (
     KIND_NAMES,
     ProbeResult,

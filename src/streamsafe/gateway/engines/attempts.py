@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from streamsafe.gateway.engines.answers import Refused, answer_response, unavailable
+from streamsafe.gateway.engines.answers import Refused, answer_response
 from streamsafe.gateway.engines.attempt_plan import (
     Again,
     AttemptPlan,
@@ -29,9 +29,10 @@ from streamsafe.gateway.engines.attempt_plan import (
     Verdict,
     Where,
 )
+from streamsafe.gateway.engines.engine_choice import EngineChoice
 from streamsafe.gateway.engines.engine_shell import EngineShell
 from streamsafe.gateway.engines.engines import Engines
-from streamsafe.gateway.engines.pool import Full, Pick, Unavailable
+from streamsafe.gateway.engines.pool import Unavailable
 from streamsafe.gateway.engines.refusal_gate import RefusalGate, RefusedCall
 from streamsafe.gateway.engines.sends import (
     H,
@@ -46,7 +47,8 @@ from streamsafe.gateway.engines.sends import (
 from streamsafe.gateway.generations.generation import Generation
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.upstream.connection import NotConnected, Upstream, is_engine_death
-from streamsafe.gateway.upstream.transport import Exchange, Response
+from streamsafe.gateway.upstream.exchange import Exchange
+from streamsafe.gateway.upstream.transport import Response
 from streamsafe.retry import REFUSAL_STATUSES, retry_after_seconds
 
 __all__ = ["AskAgain", "Attempts"]
@@ -77,16 +79,11 @@ class Attempts:
         "_gen",
         "_held",
         "_last",
-        "_model",
         "_outcome_told",
-        "_picked",
         "_same_engine",
         "_shed_noted",
-        "_shunned",
         "_started",
-        "_tried",
-        "answering_model",
-        "model",
+        "choice",
         "plan",
         "refused_call",
     )
@@ -102,13 +99,9 @@ class Attempts:
         self._engines = engines
         self._gen = gen
         self._counters = counters
-        #: The model the request body names (a fallback may answer instead).
-        self.model = model_of(body)
-        #: The model whose engine sent the first token: a continuation stays in it.
-        self.answering_model: str | None = None
+        #: Where its asks go: the model, the engines left, the pick (see :mod:`.engine_choice`).
+        self.choice = EngineChoice(engines, model_of(body), cost)
         self._cost = cost
-        self._tried: set[int] = set()
-        self._shunned: set[int] = set()
         self._current: EngineShell | None = None
         #: The engine a cut stream is leaving (its continuation's engine is logged with it).
         self._cut_from: EngineShell | None = None
@@ -117,11 +110,8 @@ class Attempts:
         self._outcome_told = False
         #: Why the latest attempt failed over (logged with the engine it moves to).
         self._failed_why = ""
-        #: The round's state between its asks: the model it asks (a fallback after a larger
-        #: model verdict), the engine picked (kept for a same-engine or connect retry), and the
-        #: last ask's answer or error (what the round ends with where no engine is left).
-        self._model = self.model
-        self._picked: Pick | None = None
+        #: The last ask's answer or error in the round: what the round ends with where no
+        #: engine is left.
         self._last: Refused | Exception | None = None
         #: Whether the next ask repeats the last one's connect, or its engine (see :meth:`_ask`).
         self._connecting_again = self._same_engine = False
@@ -205,9 +195,10 @@ class Attempts:
         if on_engine is not None:
             on_engine(upstream)
         self._plan(self.plan.asked(engine.spec.url, engines.clock()))
-        assert self._picked is not None
-        served = self._picked.model  # the pool may pick a fallback of the round's model
-        body = content if served == self.model else with_model(content, served)
+        choice = self.choice
+        assert choice.picked is not None
+        served = choice.picked.model  # the pool may pick a fallback of the round's model
+        body = content if served == choice.model else with_model(content, served)
         sent = await self._send(engine, send, body)
         self._connecting_again = False
         if isinstance(sent, Sent):
@@ -247,8 +238,7 @@ class Attempts:
         ``failed`` itself as the round's end (raised where it is an error)."""
         self._last = failed
         self.release()  # this attempt holds nothing on the engine any more
-        model = self._model
-        verdict = self._after(failed, model)
+        verdict = self._after(failed)
         if isinstance(verdict, Stop):
             if isinstance(failed, Exception):
                 raise failed
@@ -262,44 +252,36 @@ class Attempts:
             self._same_engine = True  # the pick stays, if its breaker still allows it then
             return AskAgain(verdict.delay)
         if verdict.where is Where.LARGER_MODEL:
-            self._model = self._engines.pool.fallbacks[model]
+            self.choice.larger_model()
         else:
-            self._tried.add(engine.core.index)
-        self._picked = None
+            self.choice.tried(engine)
         return AskAgain(None)
 
     def _start_round(self) -> None:
         """A round begins (the first ask, a continuation, an ask after a wait for room): its
         model is the answer's where one began, nothing of an earlier round is its last
         answer, and the engine is picked afresh."""
-        self._model = self.answering_model or self.model
+        self.choice.start_round()
         self._last = None
-        self._picked = None
         self._connecting_again = self._same_engine = False
         self.release()  # a continuation weighs again on whichever engine it goes to
 
     async def _engine(self) -> EngineShell | Refused | Exception:
         """The engine of this ask: the one the last ask went to where the plan said so (and,
-        after a failure that said when, its breaker still allows it), else a pick, after
-        waiting for room where every engine of the model is full. Where none is left, what the
-        round ends with: the last engine's own answer, where it gave one."""
+        after a failure that said when, its breaker still allows it), else a pick (see
+        :meth:`EngineChoice.choose`). Where none is left, what the round ends with: the last
+        engine's own answer, where it gave one."""
         engines = self._engines
-        if self._same_engine and self._picked is not None:
+        choice = self.choice
+        if self._same_engine and choice.picked is not None:
             self._same_engine = False
-            if not engines.of(self._picked.engine).breaker.allows(engines.clock()):
+            if not engines.of(choice.picked.engine).breaker.allows(engines.clock()):
                 self._plan(self.plan.elsewhere())
-                self._picked = None
-        while self._picked is None:  # waits for room; sends nothing
-            pick = self._pick(self._model)
-            if isinstance(pick, Unavailable):
-                return self._last or self._unavailable(self._model, pick)
-            if isinstance(pick, Full):
-                full = await engines.wait_for_room(self._model, self._cost, self._started)
-                if full is not None:
-                    return full
-                continue
-            self._picked = pick
-        return engines.of(self._picked.engine)
+                choice.picked = None
+        found = await choice.choose(self._started, first=self.plan.attempts == 0)
+        if isinstance(found, Unavailable):
+            return self._last or choice.unavailable(found)
+        return found
 
     async def _send(
         self,
@@ -348,7 +330,7 @@ class Attempts:
         self._fail(engine, type(cause).__name__)
         return cause
 
-    def _after(self, failed: Refused | Exception, model: str) -> Verdict:
+    def _after(self, failed: Refused | Exception) -> Verdict:
         """The plan's verdict on an attempt that ended with ``failed`` before its first token
         (see :meth:`AttemptPlan.after_failure`)."""
         engines = self._engines
@@ -359,7 +341,7 @@ class Attempts:
             retry_after=retry_after_seconds(refused.retry_after, time.time()) if refused else None,
             now=engines.clock(),
             budget_allows=engines.budget.allow_retry(),
-            larger_model=model in engines.pool.fallbacks and self.answering_model is None,
+            larger_model=self.choice.may_grow(),
         )
 
     def _plan(self, plan: AttemptPlan) -> None:
@@ -371,27 +353,6 @@ class Attempts:
     def attempts(self) -> int:
         """Attempts of the current round (its plan's: a continuation's round has its own)."""
         return self.plan.attempts
-
-    def _pick(self, model: str) -> Pick | Full | Unavailable:
-        """The engine for the next attempt: one not tried yet by this generation where there is
-        one, else (before any attempt of this request) one it was cut on; never one it shunned.
-        A continuation keeps to the model that began the answer."""
-        engines = self._engines
-        now = engines.clock()
-        fallback = self.answering_model is None
-        exclude = self._tried | self._shunned
-        pick = engines.pool.pick(model, now, exclude, self._cost, fallback=fallback)
-        if isinstance(pick, Unavailable) and self._tried and self.attempts == 0:
-            # Only engines it was cut on are left (a pool of one): use them.
-            pick = engines.pool.pick(model, now, self._shunned, self._cost, fallback=fallback)
-        return pick
-
-    def _unavailable(self, model: str, pick: Unavailable) -> Refused:
-        silent = any(
-            e.index in self._shunned and not e.breaker.held
-            for e in self._engines.pool.serving(model)
-        )
-        return unavailable(model, pick, silent)
 
     def _begin(self, engine: EngineShell) -> None:
         """An attempt goes to ``engine``: counted, logged where a cut stream moves, and its
@@ -441,8 +402,7 @@ class Attempts:
         engine = self._current
         if engine is None:
             return
-        if self.answering_model is None:
-            self.answering_model = self._engines.pool.answering(self.model, engine.core)
+        self.choice.answered_by(engine)
         self._plan(self.plan.ended(Outcome.SERVED))
         engine.upstream.succeeded()
         self.admitted()
@@ -473,7 +433,7 @@ class Attempts:
         if engine is None:
             return
         if shun:
-            self._shunned.add(engine.core.index)
+            self.choice.shun(engine)
         self._plan(self.plan.ended(Outcome.FAILED))
         if not self._outcome_told:
             self._fail(engine, why)
@@ -510,7 +470,7 @@ class Attempts:
         last = self.plan.history[-1].outcome if self.plan.history else None
         if last is None or last is Outcome.SERVED:
             self._plan(self.plan.ended(Outcome.FAILED))
-        self._tried.add(engine.core.index)
+        self.choice.tried(engine)
         self._cut_from = engine
 
     def again(self, *, shed: bool) -> str | None:
@@ -523,29 +483,16 @@ class Attempts:
         self._plan(verdict.plan)
         return None
 
-    def stranded(self) -> str | None:
-        """Why no engine can take the next attempt of this generation, where none can (see
-        :meth:`~streamsafe.gateway.engines.pool.Pool.stranded`): of the answer's model once it
-        began, else of the model asked for or its fallbacks."""
-        pool = self._engines.pool
-        models = [self.answering_model] if self.answering_model else pool.chain(self.model)
-        return pool.stranded(models, self._shunned)
-
     def elsewhere(self) -> bool:
         """True where another engine of the model takes traffic now (a refusal made in-band,
         which the failover did not see, is then asked there)."""
-        model = self.answering_model or self.model
-        current = self._current.core if self._current is not None else None
-        return self._engines.pool.others_take_traffic(model, current, self._engines.clock())
+        return self.choice.elsewhere(self._current)
 
     @property
     def engine(self) -> EngineShell:
         """The engine of the latest attempt (before any, the first engine of the model, else
         the first engine)."""
-        if self._current is not None:
-            return self._current
-        serving = self._engines.serving(self.model)
-        return serving[0] if serving else self._engines.first
+        return self._current if self._current is not None else self.choice.first_engine()
 
     @property
     def gate(self) -> RefusalGate:

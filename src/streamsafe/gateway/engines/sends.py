@@ -15,7 +15,7 @@ import orjson
 from streamsafe.gateway.engines.answers import Refused
 from streamsafe.gateway.upstream.connection import MAX_ERROR_BODY, Upstream
 from streamsafe.gateway.upstream.errors import ConnectFailed
-from streamsafe.gateway.upstream.transport import Exchange
+from streamsafe.gateway.upstream.exchange import Exchange
 
 __all__ = [
     "H",

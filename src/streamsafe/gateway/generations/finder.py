@@ -17,8 +17,9 @@ from typing import Protocol
 from streamsafe.gateway.config import CollapseSetting, GatewayConfig
 from streamsafe.gateway.errors import KeyReused, LiveDuplicate
 from streamsafe.gateway.generations.fleet import Reach
-from streamsafe.gateway.generations.generation import Generation, GenerationRequest, State
+from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.generation_index import GenerationIndex
+from streamsafe.gateway.generations.request import GenerationRequest
 from streamsafe.gateway.metrics import Counters
 
 __all__ = ["Forgetting", "GenerationFinder", "Mirroring", "claim_key"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from streamsafe.gateway.errors import ERROR_PREFIXES
 from streamsafe.gateway.generations.generation import Generation, State
-from streamsafe.gateway.upstream.kinds import ends_answer
+from streamsafe.gateway.upstream.answer_end import ends_answer
 from streamsafe.sse import DONE
 
 __all__ = ["LoggedEnd", "logged_end"]

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from streamsafe.gateway.errors import ERROR_PREFIXES
-from streamsafe.gateway.generations.generation import Continuation, GenerationRequest
+from streamsafe.gateway.generations.request import Continuation, GenerationRequest
 from streamsafe.gateway.generations.store import EventLog
 from streamsafe.gateway.relay.continuation_plan import plan_continuation
 from streamsafe.gateway.relay.replay import Replay, answer_pieces
@@ -250,7 +250,7 @@ class Reshape:
 
     __slots__ = ("_chat", "_stamp")
 
-    #: Never differs from the answer it continues (a :class:`~.generation.Rewrite`).
+    #: Never differs from the answer it continues (a :class:`~.request.Rewrite`).
     diverged: str | None = None
     passed = False
 

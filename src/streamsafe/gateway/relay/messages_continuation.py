@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from streamsafe.gateway.generations.generation import Continuation, GenerationRequest
+from streamsafe.gateway.generations.request import Continuation, GenerationRequest
 from streamsafe.gateway.generations.store import EventLog
 from streamsafe.gateway.upstream.wire import ANTHROPIC_ERROR_PREFIXES
 from streamsafe.sse import DONE
@@ -110,7 +110,7 @@ def messages_owed_end(partial: MessagesPartial) -> tuple[bytes, ...]:
 
 class SkipDelivered:
     """Turns the events of the answer asked again into the rest of the cut one (a
-    :class:`~streamsafe.gateway.generations.generation.Rewrite`): drops what the caller has
+    :class:`~streamsafe.gateway.generations.request.Rewrite`): drops what the caller has
     (``message_start``, the blocks' starts and stops, their content up to what was delivered,
     pings), passes the rest as it comes, a delta that straddles the cut trimmed to its new
     part. An answer that does not begin as the delivered one did sets :attr:`diverged`."""

@@ -4,7 +4,7 @@ Whatever the number of engines, the attempt goes through the generation's
 :class:`~streamsafe.gateway.engines.attempts.Attempts` (one request; where it failed before its
 first token and the plan asks again, :class:`~streamsafe.gateway.engines.attempts.AskAgain`
 goes back to the relay's loop) and its response is parsed in the connection's read callback
-(:mod:`streamsafe.gateway.upstream.transport`), where each read's events are checked, appended
+(:mod:`streamsafe.gateway.upstream.exchange`), where each read's events are checked, appended
 and the subscribers woken by a :class:`~streamsafe.gateway.relay.stream_sink.StreamSink`, with no
 task switch; the reader task only waits for the end.
 
@@ -27,9 +27,9 @@ from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.attempt_watch import AttemptWatch
 from streamsafe.gateway.relay.endings import BrokenAttempt, GenerationFailer, dropped
 from streamsafe.gateway.relay.stream_sink import StreamSink
+from streamsafe.gateway.upstream.answer_end import ends_answer
 from streamsafe.gateway.upstream.connection import MAX_ERROR_BODY
 from streamsafe.gateway.upstream.errors import ConnectFailed, UpstreamClosed, UpstreamError
-from streamsafe.gateway.upstream.kinds import ends_answer
 from streamsafe.gateway.upstream.transport import Response
 from streamsafe.sse import DONE
 

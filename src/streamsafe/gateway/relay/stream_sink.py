@@ -1,5 +1,5 @@
 """What the relay does with each network read of an upstream stream, in the connection's read
-callback (see :mod:`streamsafe.gateway.upstream.transport`): check the payloads, append them to
+callback (see :mod:`streamsafe.gateway.upstream.exchange`): check the payloads, append them to
 the generation's log and publish them (written at once to the subscribers that keep up, see
 :mod:`streamsafe.gateway.generations.fanout`), with no task switch per chunk. One path whatever
 the log's role: a log shared with other replicas takes the payloads as one of this process's
@@ -22,7 +22,8 @@ from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.relay.attempt_watch import AttemptWatch
 from streamsafe.gateway.relay.continuation import is_role_chunk, whole_usage
 from streamsafe.gateway.upstream.connection import is_engine_death
-from streamsafe.gateway.upstream.kinds import Wire, parse_error_event
+from streamsafe.gateway.upstream.error_events import parse_error_event
+from streamsafe.gateway.upstream.kinds import Wire
 from streamsafe.gateway.upstream.wire import ANTHROPIC_ERROR_PREFIXES
 from streamsafe.sse import DONE
 

@@ -3,7 +3,7 @@ written by the replica that runs it (:func:`record_of`) and read back by the oth
 (:func:`request_of`, :func:`key_of`).
 
 The record holds the generation's request whole: every field of
-:class:`~streamsafe.gateway.generations.generation.GenerationRequest` by its name (its route's
+:class:`~streamsafe.gateway.generations.request.GenerationRequest` by its name (its route's
 too), so a replica that takes it over rebuilds the very request, and a field added to the
 request reaches the record with no second list to keep (the round trip is property-tested). Its
 secret fields (the prompt, the provider data it carries, the caller's idempotency key, the
@@ -20,7 +20,8 @@ from typing import Any
 
 import orjson
 
-from streamsafe.gateway.generations.generation import Generation, GenerationRequest
+from streamsafe.gateway.generations.generation import Generation
+from streamsafe.gateway.generations.request import GenerationRequest
 from streamsafe.gateway.replicas.record_seal import SEALED, RecordSeal, Unreadable, Unsealable
 from streamsafe.gateway.upstream.kinds import CompletionRoute, Wire
 

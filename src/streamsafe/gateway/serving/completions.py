@@ -24,9 +24,10 @@ from streamsafe.gateway.errors import (
     shutting_down,
 )
 from streamsafe.gateway.generations.framing import framing_for
-from streamsafe.gateway.generations.generation import Generation, GenerationRequest
+from streamsafe.gateway.generations.generation import Generation
 from streamsafe.gateway.generations.generation_index import GenerationIndex
 from streamsafe.gateway.generations.refusals import EngineRefused
+from streamsafe.gateway.generations.request import GenerationRequest
 from streamsafe.gateway.metrics import Counters
 from streamsafe.gateway.serving.access import Access
 from streamsafe.gateway.serving.api_keys import ApiKeys, reads_stored_state

@@ -33,7 +33,8 @@ from streamsafe.gateway.serving.access import Access
 from streamsafe.gateway.serving.api_keys import ANONYMOUS, STATE_FIELDS, ApiKeys
 from streamsafe.gateway.serving.passthrough import ClientGone, pass_through, read_small_body
 from streamsafe.gateway.serving.requests import read_request_body
-from streamsafe.gateway.upstream.kinds import Wire, cost_view
+from streamsafe.gateway.upstream.kinds import Wire
+from streamsafe.gateway.upstream.request_views import cost_view
 from streamsafe.gateway.upstream.routes import Cost, Route
 from streamsafe.request_cost import MAX_REQUEST_COST, InvalidField
 from streamsafe.server.asgi import Receive, Scope, Send

@@ -16,10 +16,11 @@ import orjson
 
 from streamsafe.gateway.admission.admission import request_cost
 from streamsafe.gateway.errors import BadRequest
-from streamsafe.gateway.generations.generation import GenerationRequest
+from streamsafe.gateway.generations.request import GenerationRequest
 from streamsafe.gateway.relay.continuation import with_token_ids
 from streamsafe.gateway.serving.body_work import MAX_JSON_CONTAINERS, exceeds_containers
-from streamsafe.gateway.upstream.kinds import CompletionRoute, Wire, cost_view
+from streamsafe.gateway.upstream.kinds import CompletionRoute, Wire
+from streamsafe.gateway.upstream.request_views import cost_view
 from streamsafe.request_cost import MAX_REQUEST_COST, InvalidField, is_deterministic
 from streamsafe.server.asgi import BodyTooLarge, Disconnected, Receive, Scope, header, read_body
 from streamsafe.tokens import estimate_input_tokens

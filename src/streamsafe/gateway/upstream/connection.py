@@ -34,10 +34,11 @@ import orjson
 from streamsafe._url_userinfo import basic_authorization, split_userinfo
 from streamsafe.gateway.upstream.connect_failure import connect_failure, is_tls_failure
 from streamsafe.gateway.upstream.errors import ConnectFailed, UpstreamError
+from streamsafe.gateway.upstream.exchange import Exchange
 from streamsafe.gateway.upstream.health import EngineHealth
 from streamsafe.gateway.upstream.kinds import KINDS, UpstreamKind, describe_kind
 from streamsafe.gateway.upstream.probe import ProbeResult, describe_probes, probe_kind
-from streamsafe.gateway.upstream.transport import ConnectionPool, Exchange, header_lines
+from streamsafe.gateway.upstream.transport import ConnectionPool, header_lines
 from streamsafe.retry import RetryBudget
 
 __all__ = [
@@ -282,7 +283,7 @@ class Upstream(EngineHealth):
         connect_once: bool = False,
     ) -> Exchange:
         """POST a streaming completion on the hot path
-        (:mod:`streamsafe.gateway.upstream.transport`) and return the exchange once the request
+        (:mod:`streamsafe.gateway.upstream.exchange`) and return the exchange once the request
         is written; connect retries as :meth:`open`. ``headers``: header lines of the request's own.
         Raises :class:`ConnectFailed` when no connection could be made."""
         lines = _JSON_LINE + headers if headers else _JSON_LINE

@@ -38,33 +38,30 @@ vLLM (and the simulator) ends streams with ``data: [DONE]``, reports a mid-strea
 ``data: {"error": {...}}`` then ``[DONE]``, answers ``/health`` (503 once the engine is dead) and
 continues a partial chat answer with ``continue_final_message``. A generic OpenAI-compatible
 server is assumed to offer none of vLLM's extras.
+
+The events of a stream are read elsewhere, by wire format: whether one closes the answer
+(:mod:`~streamsafe.gateway.upstream.answer_end`), the error one reports
+(:mod:`~streamsafe.gateway.upstream.error_events`); and a request is read for its cost as the
+OpenAI request it stands for (:mod:`~streamsafe.gateway.upstream.request_views`).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import orjson
-
 # Telling kinds apart is :mod:`~streamsafe.gateway.upstream.probe`'s.
 from streamsafe.gateway.upstream.probe import KindName
-from streamsafe.gateway.upstream.wire import ANTHROPIC_ERROR_PREFIXES, Wire
+from streamsafe.gateway.upstream.wire import Wire
 
 __all__ = [
     "KINDS",
     "POOLING_PATHS",
     "CompletionRoute",
-    "ErrorEvent",
     "KindName",
     "UpstreamKind",
     "Wire",
-    "cost_view",
     "describe_kind",
-    "ends_answer",
-    "messages_view",
-    "parse_error_event",
 ]
 
 
@@ -285,163 +282,6 @@ KINDS: Mapping[KindName, UpstreamKind] = {
         masks_errors=False,
     ),
 }
-
-
-def cost_view(wire: Wire, body: Mapping[str, object]) -> tuple[Mapping[str, object], bool]:
-    """``body`` as the OpenAI request it stands for, and whether that is a chat, for reading
-    its engine memory and whether its answer is determined
-    (:mod:`streamsafe.request_cost`, which reads the numbers as vLLM and Llama Stack do:
-    leniently). Responses' ``input`` and ``max_output_tokens`` read as a chat's messages and
-    limit; Llama Stack's native requests name their prompt ``content``, their limit
-    ``sampling_params.max_tokens`` (Llama Stack sends its provider's ``max_tokens``, 4096 by
-    default, where none is given) and greedy sampling ``sampling_params.strategy``."""
-    if wire is Wire.OPENAI_CHAT:
-        return body, True
-    if wire is Wire.OPENAI_COMPLETION or wire is Wire.OPENAI_POOLING:
-        return body, False
-    if wire is Wire.ANTHROPIC_MESSAGES:
-        return messages_view(body), True
-    if wire is Wire.OPENAI_RESPONSES:
-        given = body.get("input")
-        messages = given if isinstance(given, list) else [{"role": "user", "content": given}]
-        view: dict[str, object] = {
-            "messages": messages,
-            "max_tokens": body.get("max_output_tokens"),
-        }
-        view.update((k, body[k]) for k in ("temperature", "seed") if k in body)
-        return view, True
-    params = body.get("sampling_params")
-    params = params if isinstance(params, dict) else {}
-    limit = params.get("max_tokens")
-    view = {"max_tokens": 4096 if limit is None else limit}
-    strategy = params.get("strategy")
-    if isinstance(strategy, dict) and strategy.get("type") == "greedy":
-        view["temperature"] = 0
-    if wire is Wire.LLAMA_STACK_CHAT:
-        view["messages"] = body.get("messages")
-        return view, True
-    view["prompt"] = body.get("content")
-    return view, False
-
-
-def messages_view(body: Mapping[str, object]) -> dict[str, object]:
-    """An Anthropic Messages request as the OpenAI chat vLLM makes of it: ``system`` the first
-    message, the same ``max_tokens`` and ``temperature`` (Anthropic has no ``seed``)."""
-    given = body.get("messages")
-    messages = list(given) if isinstance(given, list) else []
-    system = body.get("system")
-    if system:
-        messages.insert(0, {"role": "system", "content": system})
-    view: dict[str, object] = {"messages": messages, "max_tokens": body.get("max_tokens")}
-    if "temperature" in body:
-        view["temperature"] = body["temperature"]
-    return view
-
-
-# -- the end of an answer ---------------------------------------------------------------------
-
-# Byte patterns, not a JSON parse: this runs on the last event of every stream. Servers write
-# compact JSON (pydantic, orjson, vLLM) or json.dumps' ", " / ": " style; both are matched.
-_OPENAI_FINISHED = (b'"finish_reason":"', b'"finish_reason": "')
-# The Responses API's terminal events (a nested object's "type" never starts with "response.").
-_RESPONSE_ENDED = tuple(
-    b'"type":%s"response.%s"' % (space, end)
-    for end in (b"completed", b"incomplete", b"failed")
-    for space in (b"", b" ")
-)
-_MESSAGE_STOPPED = (b'"type":"message_stop"', b'"type": "message_stop"')
-_LS_CHAT_COMPLETE = (b'"event_type":"complete"', b'"event_type": "complete"')
-_LS_COMPLETION_STOPPED = (b'"stop_reason":"', b'"stop_reason": "')
-
-
-def ends_answer(wire: Wire, payload: bytes) -> bool:
-    """True if the event ``payload`` (an SSE ``data`` field) closes a whole answer in ``wire``:
-    a ``finish_reason`` (OpenAI), ``message_stop`` (Anthropic), ``response.completed``,
-    ``.incomplete`` or ``.failed`` (the Responses API), the ``complete`` event (Llama Stack
-    chat), a ``stop_reason`` (Llama Stack completion). A stream that ends on any other event
-    was cut short."""
-    if wire is Wire.OPENAI_RESPONSES:
-        patterns = _RESPONSE_ENDED
-    elif wire is Wire.ANTHROPIC_MESSAGES:
-        patterns = _MESSAGE_STOPPED
-    elif wire is Wire.LLAMA_STACK_CHAT:
-        patterns = _LS_CHAT_COMPLETE
-    elif wire is Wire.LLAMA_STACK_COMPLETION:
-        patterns = _LS_COMPLETION_STOPPED
-    else:
-        patterns = _OPENAI_FINISHED
-    return any(p in payload for p in patterns)
-
-
-# -- errors after the response started --------------------------------------------------------
-
-_STATUS_PREFIX = re.compile(r"^\s*(\d{3})\s*:\s*")
-_ERROR_PREFIXES = (b'{"error"', b'{ "error"', *ANTHROPIC_ERROR_PREFIXES)
-#: Anthropic's error types and the statuses they stand for (its documented pairs); any other
-#: type (vLLM's ``internal_error`` under a stream included) reads as 500.
-_ANTHROPIC_STATUSES = {
-    "invalid_request_error": 400,
-    "authentication_error": 401,
-    "permission_error": 403,
-    "not_found_error": 404,
-    "request_too_large": 413,
-    "rate_limit_error": 429,
-    "api_error": 500,
-    "internal_error": 500,
-    "overloaded_error": 529,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorEvent:
-    """An error reported inside a stream.
-
-    ``status``: the HTTP status it stands for (Llama Stack's prefix, vLLM's ``code``; 500 where
-    none is given). ``upstream_failure``: the upstream or the engine failed (status >= 500), as
-    opposed to a problem with the request. ``message``: the upstream's text.
-    """
-
-    status: int
-    message: str
-
-    @property
-    def upstream_failure(self) -> bool:
-        """True for failures of the upstream or the engine behind it (5xx)."""
-        return self.status >= 500
-
-
-def parse_error_event(kind: UpstreamKind, payload: bytes) -> ErrorEvent | None:
-    """The error an SSE ``data`` payload reports, or ``None`` if it is not an error event.
-
-    Llama Stack masks every failure as ``{"error": {"message": "500: Internal server error:
-    ..."}}``; the status is the message's prefix. vLLM sends ``{"error": {"message", "type",
-    "code"}}`` (``code`` the status) or a flat ``{"message", "code", ...}`` object.
-    """
-    if not payload.startswith(_ERROR_PREFIXES):
-        return None
-    try:
-        body = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return ErrorEvent(500, payload[:1000].decode("utf-8", "replace"))
-    error = body.get("error") if isinstance(body, dict) else None
-    if isinstance(error, str):
-        return ErrorEvent(500, error)
-    if not isinstance(error, dict):
-        return None
-    message = str(error.get("message") or error.get("detail") or "")
-    status = 500
-    if body.get("type") == "error":  # Anthropic's shape: the error's type says the status
-        status = _ANTHROPIC_STATUSES.get(str(error.get("type")), 500)
-    code = error.get("code")
-    if isinstance(code, int) and 400 <= code <= 599:
-        status = code
-    elif isinstance(code, str) and code.isdigit() and 400 <= int(code) <= 599:
-        status = int(code)
-    if kind.masks_errors:
-        match = _STATUS_PREFIX.match(message)
-        if match is not None and 400 <= int(match.group(1)) <= 599:
-            status = int(match.group(1))
-    return ErrorEvent(status, message)
 
 
 def describe_kind(kind: UpstreamKind) -> str:
