@@ -31,14 +31,14 @@ from streamsafe.gateway.errors import (
     send_internal_error,
     shutting_down,
 )
-from streamsafe.gateway.exposition import CONTENT_TYPE, EngineReading, Metrics
 from streamsafe.gateway.generations.fleet import Fleet
 from streamsafe.gateway.generations.generation import State
 from streamsafe.gateway.generations.store import MemoryStore
-from streamsafe.gateway.histograms import Histograms
-from streamsafe.gateway.metrics import Readings, stats_document
+from streamsafe.gateway.metrics.counters import Readings, stats_document
+from streamsafe.gateway.metrics.exposition import CONTENT_TYPE, EngineReading, Metrics
+from streamsafe.gateway.metrics.histograms import Histograms
+from streamsafe.gateway.metrics.route_metrics import RouteMetrics
 from streamsafe.gateway.registry import Registry
-from streamsafe.gateway.route_metrics import RouteMetrics
 from streamsafe.gateway.serving.access import (
     Access,
     access_log,

@@ -10,8 +10,8 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
-from streamsafe.gateway.histograms import Histogram, HistogramSpec
-from streamsafe.gateway.metrics import PREFIX
+from streamsafe.gateway.metrics.counters import PREFIX
+from streamsafe.gateway.metrics.histograms import Histogram, HistogramSpec
 
 __all__ = [
     "LEARNED_MODELS",

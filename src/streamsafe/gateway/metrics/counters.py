@@ -3,10 +3,10 @@
 Each series is a field of :class:`Counters` (incremented by the gateway as things happen) or of
 :class:`Readings` (read from admission, the registry and the upstream at scrape time); its help
 text sits in the field's metadata, so adding a series is one line. :func:`stats_document` is
-the ``/stats`` body; :mod:`streamsafe.gateway.exposition` shows the same series, with the
-per-engine ones and the histograms (:mod:`streamsafe.gateway.histograms`,
-:mod:`streamsafe.gateway.route_metrics`), as ``/metrics``. The hot path pays nothing for
-metrics: plain ints, no per-chunk ``Counter.inc()`` and its lock.
+the ``/stats`` body; :mod:`streamsafe.gateway.metrics.exposition` shows the same series, with
+the per-engine ones and the histograms (:mod:`streamsafe.gateway.metrics.histograms`,
+:mod:`streamsafe.gateway.metrics.route_metrics`), as ``/metrics``. The hot path pays nothing
+for metrics: plain ints, no per-chunk ``Counter.inc()`` and its lock.
 """
 
 from __future__ import annotations

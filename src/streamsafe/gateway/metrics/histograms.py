@@ -1,6 +1,6 @@
 """The histograms the gateway observes once per request, when its access line is written,
 never per chunk: their specs (:data:`HISTOGRAMS`) and their counts, plain numbers read at
-scrape time (:mod:`streamsafe.gateway.exposition`).
+scrape time (:mod:`streamsafe.gateway.metrics.exposition`).
 """
 
 from __future__ import annotations

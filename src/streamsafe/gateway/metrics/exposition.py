@@ -1,10 +1,10 @@
 """``/metrics``: every series the gateway exports, in Prometheus's text exposition.
 
-The unlabelled series are :mod:`streamsafe.gateway.metrics`'s; per-engine series
+The unlabelled series are :mod:`streamsafe.gateway.metrics.counters`'s; per-engine series
 (:data:`ENGINE_SERIES`, label ``engine``) come from :class:`EngineReading` values, one per engine
 of the pool (a gateway with one upstream is a pool of one); the histograms are
-:mod:`streamsafe.gateway.histograms`'s, the per-route series
-:mod:`streamsafe.gateway.route_metrics`'s. Prometheus reads all of it through a custom
+:mod:`streamsafe.gateway.metrics.histograms`'s, the per-route series
+:mod:`streamsafe.gateway.metrics.route_metrics`'s. Prometheus reads all of it through a custom
 collector at scrape time, so the hot path pays nothing for metrics. Each gateway has its own
 Prometheus registry, so several gateways in one process (tests, benchmarks) do not collide.
 """
@@ -23,9 +23,9 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 
-from streamsafe.gateway.histograms import HISTOGRAMS, Histograms
-from streamsafe.gateway.metrics import PREFIX, SERIES
-from streamsafe.gateway.route_metrics import ROUTE_COUNTERS, ROUTE_HISTOGRAMS, RouteMetrics
+from streamsafe.gateway.metrics.counters import PREFIX, SERIES
+from streamsafe.gateway.metrics.histograms import HISTOGRAMS, Histograms
+from streamsafe.gateway.metrics.route_metrics import ROUTE_COUNTERS, ROUTE_HISTOGRAMS, RouteMetrics
 
 __all__ = [
     "CONTENT_TYPE",
