@@ -71,7 +71,7 @@ bench: $(STAMP) peers
 # metric definitions; tests/test_docs.py and tests/gateway/test_dashboard.py fail when stale.
 docs: $(STAMP)
 	$(BIN)/python -m streamsafe._clidoc --write docs/cli.md
-	$(BIN)/python -m streamsafe.gateway.dashboard --write deploy/grafana/streamsafe-gateway.json
+	$(BIN)/python -m streamsafe.gateway.metrics.dashboard --write deploy/grafana/streamsafe-gateway.json
 
 # The peers `streamsafe bench peers` measures against: the LiteLLM proxy in its own virtualenv (its
 # dependencies would clash with ours), pinned in streamsafe_bench/peer_servers.py, and Debian's

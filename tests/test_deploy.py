@@ -25,7 +25,7 @@ import yaml
 from streamsafe._config_file import apply
 from streamsafe._version import __version__
 from streamsafe.cli import build_parser
-from streamsafe.gateway.metrics import exported_names
+from streamsafe.gateway.metrics.exposition import exported_names
 from streamsafe.gateway.serving import drain
 from streamsafe_bench.processes import RedisServer, ServerProcess
 from waiting import wait_until

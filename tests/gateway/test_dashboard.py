@@ -13,8 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from server_stops import stop_later
 from streamsafe.engine_sim import Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
-from streamsafe.gateway.dashboard import DEFAULT_PATH, dashboard, queries, render
-from streamsafe.gateway.metrics import PREFIX, series
+from streamsafe.gateway.metrics.counters import PREFIX
+from streamsafe.gateway.metrics.dashboard import DEFAULT_PATH, dashboard, queries, render
+from streamsafe.gateway.metrics.exposition import series
 from streamsafe.server import ServerThread
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ from server_stops import stop_later
 from streamsafe.engine_sim import Simulator
 from streamsafe.gateway import Gateway, GatewayConfig
 from streamsafe.gateway.admission.shed_log import ShedLog
-from streamsafe.gateway.metrics import exported_names
+from streamsafe.gateway.metrics.exposition import exported_names
 from streamsafe.server import ServerThread, bind_socket
 from waiting import wait_until_async
 

@@ -9,7 +9,8 @@ import pytest
 from gateway_helpers import MODEL, chat_body, make_stack
 from prometheus_client.parser import text_string_to_metric_families
 
-from streamsafe.gateway.metrics import LEARNED_MODELS, RouteMetrics, exported_names
+from streamsafe.gateway.metrics.exposition import exported_names
+from streamsafe.gateway.metrics.route_metrics import LEARNED_MODELS, RouteMetrics
 from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)

@@ -17,7 +17,7 @@ from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.ended_generations import EndedGenerations
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.owner import Owner
-from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.metrics.counters import Counters
 
 __all__ = ["Abandonment"]
 

@@ -1,4 +1,5 @@
-"""The gateway as a plain ASGI app: its parts put together, its readings, and routing.
+"""The gateway as a plain ASGI app: its parts (built by :mod:`streamsafe.gateway.assembly`)
+put together, its readings, and routing.
 
 A request for a completion becomes a subscription to a generation
 (:mod:`streamsafe.gateway.serving.completions`): :mod:`streamsafe.gateway.serving.requests`
@@ -17,15 +18,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable
 from typing import Any
 
 import orjson
 
-from streamsafe.gateway.admission.admission import Admission
+from streamsafe.gateway.assembly import build_admission, build_engines, build_fleet
 from streamsafe.gateway.config import GatewayConfig
-from streamsafe.gateway.engines.engines import Engines
-from streamsafe.gateway.engines.pool import parse_engine, parse_fallback
 from streamsafe.gateway.errors import (
     BadRequest,
     send_bad_request,
@@ -34,20 +33,12 @@ from streamsafe.gateway.errors import (
 )
 from streamsafe.gateway.generations.fleet import Fleet
 from streamsafe.gateway.generations.generation import State
-from streamsafe.gateway.generations.solo import Solo
 from streamsafe.gateway.generations.store import MemoryStore
-from streamsafe.gateway.metrics import (
-    CONTENT_TYPE,
-    EngineReading,
-    Histograms,
-    Metrics,
-    Readings,
-    RouteMetrics,
-    stats_document,
-)
+from streamsafe.gateway.metrics.counters import Readings, stats_document
+from streamsafe.gateway.metrics.exposition import CONTENT_TYPE, EngineReading, Metrics
+from streamsafe.gateway.metrics.histograms import Histograms
+from streamsafe.gateway.metrics.route_metrics import RouteMetrics
 from streamsafe.gateway.registry import Registry
-from streamsafe.gateway.replicas.replicas import Replicas
-from streamsafe.gateway.replicas.store_redis import RedisStore
 from streamsafe.gateway.serving.access import (
     Access,
     access_log,
@@ -63,7 +54,6 @@ from streamsafe.gateway.serving.engine_routes import answer_models, answer_ready
 from streamsafe.gateway.serving.messages_errors import MESSAGES_PATHS, anthropic_errors
 from streamsafe.gateway.serving.passthrough import shared_route
 from streamsafe.gateway.serving.paths import canonical_path
-from streamsafe.gateway.serving.requests import tenant_id
 from streamsafe.gateway.tracing import Tracing
 from streamsafe.gateway.upstream.breaker import BreakerState
 from streamsafe.gateway.upstream.routes import Handling, find_route, operator_route, route_label
@@ -100,22 +90,12 @@ class Gateway:
             raise ValueError("GatewayConfig.upstream is required (streamsafe serve starts one)")
         self._api_keys = ApiKeys(config)
         # One upstream is a pool of one engine: the same picks, failover, breaker and reader.
-        self.engines = _engines(config, config.engines or (config.upstream,))
+        self.engines = build_engines(config, config.upstream)
         #: The first engine's connections: its kind is the gateway's (see Engines.first).
         self.upstream = self.engines.first.upstream
-        self.admission = Admission(
-            max_inflight=config.max_inflight,
-            max_memory_tokens=config.max_memory_tokens,
-            queue_size=config.queue_size,
-            queue_timeout=config.queue_timeout,
-            weights={tenant_id(k.strip().encode()): w for k, w in config.tenant_weights},
-        )
+        self.admission = build_admission(config)
         #: The replicas this process is one of: the Redis fleet, or itself alone.
-        self.fleet: Fleet = (
-            _replicas(config, config.redis_url)
-            if store is None and config.redis_url is not None
-            else Solo(store or MemoryStore())
-        )
+        self.fleet: Fleet = build_fleet(config, store)
         self.registry = Registry(config, self.fleet, self.admission, self.engines)
         self.tracing = Tracing(config.tracing)
         self.histograms = Histograms()
@@ -410,42 +390,3 @@ def _allow(method: str, path: str, allowed: str) -> None:
     if method != allowed and not (method == "HEAD" and allowed == "GET"):
         allow = b"GET, HEAD" if allowed == "GET" else allowed.encode()
         raise BadRequest(405, f"{path} accepts {allowed} only", headers=[(b"allow", allow)])
-
-
-def _engines(config: GatewayConfig, specs: Sequence[str]) -> Engines:
-    """The engine pool of ``specs`` (``config``'s engines, or its one upstream), set up as
-    ``config`` says."""
-    return Engines(
-        [parse_engine(text) for text in specs],
-        fallbacks=dict(parse_fallback(text) for text in config.fallback_models),
-        connect_timeout=config.connect_timeout,
-        connect_retries=config.connect_retries,
-        connect_backoff=config.connect_backoff,
-        max_keepalive=config.max_keepalive,
-        api_key=config.upstream_api_key,
-        kind=config.upstream_kind,
-        ca_bundle=config.upstream_ca_bundle,
-        max_attempts=config.failover_attempts,
-        probe_interval=config.probe_interval,
-        queue_timeout=config.queue_timeout,
-        continuations=config.max_continuations,
-        total_timeout=config.total_timeout,
-        answer_refusals=config.engine_refusals == "answer",
-    )
-
-
-def _replicas(config: GatewayConfig, redis_url: str) -> Replicas:
-    """This replica in the fleet that shares its generations through Redis at ``redis_url``."""
-    redis_store = RedisStore(redis_url, secret=config.redis_secret, ca_certs=config.redis_ca_certs)
-    if config.redis_secret is None:
-        log.warning(
-            "no Redis secret: prompts and answers are kept in Redis in clear and provider "
-            "data not at all (another replica cannot continue a generation that carried it); "
-            "give every replica the same --redis-secret to seal them"
-        )
-    return Replicas(
-        redis_store,
-        lease=config.lease,
-        keep_finished=config.keep_finished,
-        orphan_ttl=config.orphan_ttl,
-    )

@@ -1,5 +1,6 @@
-"""The gateway's command line: its options on a parser (each group's are in
-:mod:`streamsafe.gateway.cli_options`), the configuration and limits they describe, and running
+"""The gateway's command line: its options on a parser, in the groups of :data:`GROUPS` (what
+it talks to in :mod:`streamsafe.gateway.cli_options`, what it admits and how long it waits in
+:mod:`streamsafe.gateway.cli_bounds`), the configuration and limits they describe, and running
 the gateway in the foreground.
 
 ``streamsafe serve`` is assembled in :mod:`streamsafe.serve_cli`, which adds the in-process
@@ -15,17 +16,39 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from streamsafe.gateway.cli_options import GROUPS, add_general
+from streamsafe.gateway.cli_bounds import add_admission, add_tenants, add_timeouts
+from streamsafe.gateway.cli_options import (
+    Options,
+    add_general,
+    add_listening,
+    add_replicas,
+    add_upstreams,
+)
 
 if TYPE_CHECKING:
     from streamsafe.gateway.app import Gateway
 
-__all__ = ["add_arguments", "build_config", "build_limits", "serve"]
+__all__ = ["GROUPS", "add_arguments", "build_config", "build_limits", "serve"]
+
+
+#: The groups of ``streamsafe serve --help``, in order: (title, what they hold, their options).
+GROUPS: tuple[tuple[str, str, Callable[[Options], None]], ...] = (
+    ("listening", "where the gateway listens and what one connection may cost", add_listening),
+    ("upstreams", "the engines behind it", add_upstreams),
+    (
+        "admission",
+        "what enters the engine, when streams commit, what is kept for replay",
+        add_admission,
+    ),
+    ("timeouts", "upstream attempts, client connections, the drain at shutdown", add_timeouts),
+    ("replicas", "several gateways sharing one Redis", add_replicas),
+    ("tenants", "API keys", add_tenants),
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> dict[str, Any]:
     """Add the gateway's options to ``p``, in groups (``--help`` shows them so, see
-    :mod:`streamsafe.gateway.cli_options`); the groups, by title, for options added after
+    :data:`GROUPS`); the groups, by title, for options added after
     (``streamsafe serve`` adds its simulator's)."""
     add_general(p)
     groups = {}

@@ -1,5 +1,9 @@
-"""The options of ``streamsafe serve``, one function per group of its ``--help``, in the order
-:data:`GROUPS` gives; :func:`streamsafe.gateway.cli.add_arguments` puts them on a parser.
+"""The options of ``streamsafe serve`` outside every group, and the groups that say what the
+gateway talks to: where it listens, the engines behind it (and what is done when one refuses
+or fails), the replicas it shares generations with. What it admits and how long it waits are
+:mod:`streamsafe.gateway.cli_bounds`'s; :data:`streamsafe.gateway.cli.GROUPS` orders the groups
+of ``--help`` and :func:`streamsafe.gateway.cli.add_arguments` puts them on a parser. Here too:
+what a number option takes, for both.
 
 Each option's help states its default; ``docs/cli.md`` is generated from it (``make docs``).
 """
@@ -8,20 +12,30 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from streamsafe._option_numbers import Number
 from streamsafe.server.tls import add_tls_options
 
-__all__ = ["GROUPS", "Options", "add_general"]
+__all__ = [
+    "COUNT",
+    "NUMBER",
+    "PORT",
+    "POSITIVE",
+    "POSITIVE_COUNT",
+    "Options",
+    "add_general",
+    "add_listening",
+    "add_replicas",
+    "add_upstreams",
+]
 
 # What each number option takes; refused at start, before anything runs (exit code 2).
-_PORT = Number(integer=True, least=0, most=65535)
-_COUNT = Number(integer=True, least=0)
-_POSITIVE_COUNT = Number(integer=True, least=1)
-_NUMBER = Number(least=0)
-_POSITIVE = Number(least=0, above=True)
+PORT = Number(integer=True, least=0, most=65535)
+COUNT = Number(integer=True, least=0)
+POSITIVE_COUNT = Number(integer=True, least=1)
+NUMBER = Number(least=0)
+POSITIVE = Number(least=0, above=True)
 
 
 class Options(Protocol):
@@ -52,11 +66,11 @@ def add_general(p: Options) -> None:
 def add_listening(group: Options) -> None:
     """Where the gateway listens and what one connection may cost; the admin key."""
     group.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    group.add_argument("--port", type=_PORT, default=8000, help="port (default 8000)")
+    group.add_argument("--port", type=PORT, default=8000, help="port (default 8000)")
     add_tls_options(group)
     group.add_argument(
         "--max-connections",
-        type=_COUNT,
+        type=COUNT,
         default=4096,
         help="open connections at once; past it 503 (default 4096; 0: no cap)",
     )
@@ -70,19 +84,19 @@ def add_listening(group: Options) -> None:
     )
     group.add_argument(
         "--max-header-kb",
-        type=_POSITIVE_COUNT,
+        type=POSITIVE_COUNT,
         default=64,
         help="largest request header section, KiB; past it 431 (default 64)",
     )
     group.add_argument(
         "--max-header-line-kb",
-        type=_POSITIVE_COUNT,
+        type=POSITIVE_COUNT,
         default=16,
         help="largest header line, KiB; past it 431 (default 16)",
     )
     group.add_argument(
         "--max-body-kb",
-        type=_POSITIVE_COUNT,
+        type=POSITIVE_COUNT,
         default=4096,
         help="largest request body, KiB (default 4096)",
     )
@@ -175,210 +189,23 @@ def _add_engine_failures(group: Options) -> None:
     )
     group.add_argument(
         "--failover-attempts",
-        type=_POSITIVE_COUNT,
+        type=POSITIVE_COUNT,
         default=3,
         help="with a pool: attempts of a request before its first token, across engines "
         "(default 3)",
     )
     group.add_argument(
         "--probe-interval",
-        type=_POSITIVE,
+        type=POSITIVE,
         default=1.0,
         help="seconds between /health probes of a dead engine (default 1)",
     )
     group.add_argument(
         "--max-continuations",
-        type=_COUNT,
+        type=COUNT,
         default=5,
         help="times a broken upstream attempt is made again: a chat stream continued, a "
         "request dropped before its answer asked again (default 5; 0: never)",
-    )
-
-
-def add_admission(group: Options) -> None:
-    """What enters the engine and what waits, when streams commit, and how long work
-    outlives its callers."""
-    _add_limits(group)
-    _add_commit(group)
-    _add_keeping(group)
-
-
-def _add_limits(group: Options) -> None:
-    """What the engine is given at once, and the queue in front of it."""
-    group.add_argument(
-        "--max-inflight",
-        type=_COUNT,
-        default=256,
-        help="generations upstream at once (default 256; 0 for no limit)",
-    )
-    group.add_argument(
-        "--max-memory-tokens",
-        type=_COUNT,
-        default=0,
-        help="engine memory budget in tokens, prompt + max_tokens (default 0: no limit)",
-    )
-    group.add_argument(
-        "--default-max-tokens",
-        type=_POSITIVE_COUNT,
-        default=1024,
-        help="max_tokens assumed when a request gives none (default 1024)",
-    )
-    group.add_argument(
-        "--queue-size",
-        type=_COUNT,
-        default=1024,
-        help="requests waiting for admission (default 1024)",
-    )
-    group.add_argument(
-        "--queue-timeout",
-        type=_NUMBER,
-        default=20.0,
-        help="seconds a request may wait for admission (default 20)",
-    )
-
-
-def _add_commit(group: Options) -> None:
-    """When a response commits (its headers go out), and what keeps a waiting one alive."""
-    group.add_argument(
-        "--commit",
-        choices=("early", "first-token"),
-        default="early",
-        help="when a stream's headers go out (default early)",
-    )
-    group.add_argument(
-        "--heartbeat",
-        type=_NUMBER,
-        default=5.0,
-        help="seconds between keep-alive comments while a stream waits for its first token, "
-        "and of silence after which one goes out mid-stream (default 5; 0 for none)",
-    )
-    group.add_argument(
-        "--json-keepalive",
-        action="store_true",
-        help="keep waiting non-streaming calls alive with whitespace (a later failure is then "
-        "a 200 with an error body)",
-    )
-
-
-def _add_keeping(group: Options) -> None:
-    """How long work outlives its callers: the grace before abandoned work is aborted, what
-    is kept for replay, a duplicate of live work."""
-    group.add_argument(
-        "--grace",
-        type=_NUMBER,
-        default=5.0,
-        help="seconds before abandoned work is aborted (default 5; 0 allowed)",
-    )
-    group.add_argument(
-        "--keep-finished",
-        type=_NUMBER,
-        default=300.0,
-        help="seconds finished generations are kept for replay (default 300)",
-    )
-    group.add_argument(
-        "--max-kept-mb",
-        type=_NUMBER,
-        default=64.0,
-        help="memory for finished generations, MiB (default 64)",
-    )
-    group.add_argument(
-        "--max-kept",
-        type=_COUNT,
-        default=20_000,
-        help="finished generations kept for replay, at most (default 20000)",
-    )
-    group.add_argument(
-        "--on-live-duplicate",
-        choices=("attach", "409"),
-        default="attach",
-        help="answer to a duplicate of a live keyed request (default attach)",
-    )
-
-
-def add_timeouts(group: Options) -> None:
-    """An upstream attempt's deadlines, a client connection's, the drain at shutdown."""
-    _add_upstream_timeouts(group)
-    _add_connection_timeouts(group)
-    group.add_argument(
-        "--drain-timeout",
-        type=_NUMBER,
-        default=30.0,
-        help="on SIGTERM or Ctrl-C, seconds running streams get to finish while new work is "
-        "refused with 503; then they end with an error event (with --redis: handed to another "
-        "replica) and the process exits (default 30)",
-    )
-
-
-def _add_upstream_timeouts(group: Options) -> None:
-    """How long an attempt upstream, a caller's wait for the next token and a generation may
-    take."""
-    group.add_argument(
-        "--first-token-timeout",
-        type=_NUMBER,
-        default=60.0,
-        help="seconds from sending upstream to a stream's first event before the attempt is "
-        "closed and asked of another engine of the model (never of the same one again; with "
-        "none, 504) (default 60; 0: none; non-streamed calls: total timeout only)",
-    )
-    group.add_argument(
-        "--idle-timeout",
-        type=_NUMBER,
-        default=35.0,
-        help="seconds of upstream silence mid-stream before it is cut and continued, on another "
-        "engine of the model where there is one (default 35: a 30 s stall is waited out; an "
-        "engine that is gone is found sooner by its health check; 0: none)",
-    )
-    group.add_argument(
-        "--stall-timeout",
-        type=_NUMBER,
-        default=45.0,
-        help="seconds a caller waits for the next token of an answer that went quiet, through "
-        "its cut and continuations, before it ends with a clear error (default 45; 0: none, "
-        "each continuation then has the first-token timeout)",
-    )
-    group.add_argument(
-        "--total-timeout",
-        type=_NUMBER,
-        default=600.0,
-        help="seconds a generation may take upstream in all (default 600; 0: none)",
-    )
-
-
-def _add_connection_timeouts(group: Options) -> None:
-    """How long a client connection may take to send its request, read the response, idle."""
-    group.add_argument(
-        "--header-timeout",
-        type=_POSITIVE,
-        default=10.0,
-        help="seconds for a request's headers to arrive; past it 408 (default 10)",
-    )
-    group.add_argument(
-        "--body-timeout",
-        type=_POSITIVE,
-        default=10.0,
-        help="seconds between reads of an unfinished body; past it 408 (default 10)",
-    )
-    group.add_argument(
-        "--min-body-rate",
-        type=float,
-        default=1024.0,
-        help="bytes a second a request body must keep up after its first --body-timeout "
-        "seconds (its deadline moves on 1 s per this many bytes); past it 408 (default 1024; "
-        "0: none)",
-    )
-    group.add_argument(
-        "--send-timeout",
-        type=_POSITIVE,
-        default=30.0,
-        help="seconds a response may wait for a client that stopped reading; past it the "
-        "connection is reset (default 30)",
-    )
-    group.add_argument(
-        "--keep-alive-timeout",
-        type=_POSITIVE,
-        default=5.0,
-        help="seconds a kept-alive connection may sit idle before it is closed; above a load "
-        "balancer's own idle timeout, so that it, not the gateway, closes (default 5)",
     )
 
 
@@ -411,57 +238,17 @@ def add_replicas(group: Options) -> None:
     )
     group.add_argument(
         "--lease",
-        type=_POSITIVE,
+        type=POSITIVE,
         default=3.0,
         help="seconds a replica's lease on a generation lasts; a dead replica's generations are "
         "taken over after it (default 3)",
     )
     group.add_argument(
         "--orphan-ttl",
-        type=_POSITIVE,
+        type=POSITIVE,
         default=3600.0,
         metavar="SECONDS",
         help="seconds the Redis keys of a running generation outlive their replica's last "
         "renewal: what a dead replica's generation that nobody took over leaves in Redis is "
         "gone after it (default 3600; at least three leases)",
     )
-
-
-def add_tenants(group: Options) -> None:
-    """API keys, what a tenant may pass through, each tenant's share of admission."""
-    group.add_argument(
-        "--api-key",
-        action="append",
-        default=[],
-        help="accepted API key (repeatable; also STREAMSAFE_API_KEYS, comma-separated)",
-    )
-    group.add_argument(
-        "--tenant-passthrough",
-        choices=("refuse", "shared"),
-        default="refuse",
-        help="with API keys, what a tenant may pass through to the upstream: refuse (default) "
-        "passes only the model list, /v1/health and /v1/version, and answers the rest 403, "
-        "as every tenant reaches the upstream under one identity; shared passes every route",
-    )
-    group.add_argument(
-        "--tenant-weight",
-        action="append",
-        default=[],
-        metavar="KEY=WEIGHT",
-        help="share of admission of an API key's tenant (repeatable; default 1 each)",
-    )
-
-
-#: The groups of ``streamsafe serve --help``, in order: (title, what they hold, their options).
-GROUPS: tuple[tuple[str, str, Callable[[Options], None]], ...] = (
-    ("listening", "where the gateway listens and what one connection may cost", add_listening),
-    ("upstreams", "the engines behind it", add_upstreams),
-    (
-        "admission",
-        "what enters the engine, when streams commit, what is kept for replay",
-        add_admission,
-    ),
-    ("timeouts", "upstream attempts, client connections, the drain at shutdown", add_timeouts),
-    ("replicas", "several gateways sharing one Redis", add_replicas),
-    ("tenants", "API keys", add_tenants),
-)

@@ -20,7 +20,7 @@ from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.generation_index import GenerationIndex
 from streamsafe.gateway.generations.retention import Retention
 from streamsafe.gateway.generations.roles import MIRROR_KEPT
-from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.metrics.counters import Counters
 
 __all__ = ["MIRROR_KEPT", "EndedGenerations"]
 

@@ -42,7 +42,7 @@ from streamsafe.gateway.generations.refusals import EngineRefusals, EngineRefuse
 from streamsafe.gateway.generations.request import GenerationRequest
 from streamsafe.gateway.generations.running import Running
 from streamsafe.gateway.generations.store import Store
-from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.metrics.counters import Counters
 from streamsafe.gateway.readers import Readers
 from streamsafe.gateway.relay.relay import Relay
 from streamsafe.sse import DONE

@@ -19,7 +19,7 @@ from streamsafe.gateway.errors import Failure
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.request import GenerationRequest
 from streamsafe.gateway.generations.store import MemoryEventLog
-from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.metrics.counters import Counters
 from streamsafe.gateway.relay.relay import Relay
 from streamsafe.gateway.upstream.kinds import KINDS
 from streamsafe.server import bind_socket

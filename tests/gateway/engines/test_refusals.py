@@ -28,7 +28,7 @@ from streamsafe.gateway.errors import Failure
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.request import GenerationRequest
 from streamsafe.gateway.generations.store import MemoryEventLog
-from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.metrics.counters import Counters
 from streamsafe.gateway.relay.endings import REFUSAL_WAIT, BrokenAttempt, GenerationFailer
 from streamsafe.gateway.upstream.kinds import KINDS
 from streamsafe.retry import MAX_RETRY_AFTER, retry_after_seconds

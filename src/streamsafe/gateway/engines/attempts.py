@@ -45,7 +45,7 @@ from streamsafe.gateway.engines.sends import (
     with_model,
 )
 from streamsafe.gateway.generations.generation import Generation
-from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.metrics.counters import Counters
 from streamsafe.gateway.upstream.connection import NotConnected, Upstream, is_engine_death
 from streamsafe.gateway.upstream.exchange import Exchange
 from streamsafe.gateway.upstream.transport import Response

@@ -20,7 +20,7 @@ from streamsafe.gateway.generations.fleet import Reach
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.generation_index import GenerationIndex
 from streamsafe.gateway.generations.request import GenerationRequest
-from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.metrics.counters import Counters
 
 __all__ = ["Forgetting", "GenerationFinder", "Mirroring", "claim_key"]
 

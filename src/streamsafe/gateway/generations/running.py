@@ -21,7 +21,7 @@ from streamsafe.gateway.config import GatewayConfig
 from streamsafe.gateway.errors import Failure
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.refusals import EngineRefusals
-from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.metrics.counters import Counters
 from streamsafe.gateway.tracing import Tracing
 
 __all__ = ["Keeper", "Running"]

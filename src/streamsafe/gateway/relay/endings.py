@@ -15,7 +15,7 @@ from streamsafe.gateway.engines.attempts import Attempts
 from streamsafe.gateway.errors import Failure, error_body, upstream_refusal
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.owner import Owner
-from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.metrics.counters import Counters
 from streamsafe.gateway.relay.attempt_watch import UpstreamStalled
 from streamsafe.gateway.upstream.connect_failure import connect_failure
 from streamsafe.gateway.upstream.connection import is_engine_death

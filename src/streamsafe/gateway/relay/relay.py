@@ -31,7 +31,7 @@ from streamsafe.gateway.errors import Failure, error_body
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.owner import Owner
 from streamsafe.gateway.generations.store import LeaseLost
-from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.metrics.counters import Counters
 from streamsafe.gateway.relay.attempt_watch import AttemptWatch, UpstreamStalled, UpstreamTimeouts
 from streamsafe.gateway.relay.endings import BrokenAttempt, GenerationFailer
 from streamsafe.gateway.relay.repairs import Repair, Repairs

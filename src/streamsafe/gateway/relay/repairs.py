@@ -25,7 +25,7 @@ from streamsafe.gateway.errors import Failure, error_body
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.owner import Owner
 from streamsafe.gateway.generations.request import Continuation
-from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.metrics.counters import Counters
 from streamsafe.gateway.relay.continuation import Partial, continuation_for, owed_end, read_partial
 from streamsafe.gateway.relay.endings import BrokenAttempt, GenerationFailer
 from streamsafe.gateway.relay.messages_continuation import (

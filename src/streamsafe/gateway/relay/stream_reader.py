@@ -23,7 +23,7 @@ from streamsafe.gateway.engines.answers import Refused
 from streamsafe.gateway.engines.attempts import AskAgain, Attempts
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.owner import Owner
-from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.metrics.counters import Counters
 from streamsafe.gateway.relay.attempt_watch import AttemptWatch
 from streamsafe.gateway.relay.endings import BrokenAttempt, GenerationFailer, dropped
 from streamsafe.gateway.relay.stream_sink import StreamSink

@@ -18,7 +18,7 @@ from streamsafe.gateway.errors import ERROR_PREFIXES
 from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.generations.owner import Owner
 from streamsafe.gateway.generations.response_ids import note_first_event
-from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.metrics.counters import Counters
 from streamsafe.gateway.relay.attempt_watch import AttemptWatch
 from streamsafe.gateway.relay.continuation import is_role_chunk, whole_usage
 from streamsafe.gateway.upstream.connection import is_engine_death

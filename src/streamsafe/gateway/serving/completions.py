@@ -28,7 +28,7 @@ from streamsafe.gateway.generations.generation import Generation
 from streamsafe.gateway.generations.generation_index import GenerationIndex
 from streamsafe.gateway.generations.refusals import EngineRefused
 from streamsafe.gateway.generations.request import GenerationRequest
-from streamsafe.gateway.metrics import Counters
+from streamsafe.gateway.metrics.counters import Counters
 from streamsafe.gateway.serving.access import Access
 from streamsafe.gateway.serving.api_keys import ApiKeys, reads_stored_state
 from streamsafe.gateway.serving.body_work import BodyWorker

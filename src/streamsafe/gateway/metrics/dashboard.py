@@ -1,15 +1,15 @@
 """A Grafana dashboard for the gateway, generated from its metric definitions.
 
-Every series :mod:`~streamsafe.gateway.metrics` defines gets a panel, so a series added there
-is on the dashboard at the next ``make docs``: a counter as its rate, a gauge as its value, a
-per-engine series per ``engine``, a histogram as its p50/p95/p99, a per-route histogram as its
-p95 by route (and its rate by route, model and status), a per-route counter by route and
+Every series :func:`~streamsafe.gateway.metrics.exposition.series` lists gets a panel, so a
+series added is on the dashboard at the next ``make docs``: a counter as its rate, a gauge as its
+value, a per-engine series per ``engine``, a histogram as its p50/p95/p99, a per-route histogram
+as its p95 by route (and its rate by route, model and status), a per-route counter by route and
 model. Rows group them as an operator
 reads them (traffic, latency, admission, engines, replicas); a series no row names lands in
-"Other". The queries name only series the gateway exports (``tests/test_dashboard.py`` checks
-each against ``/metrics``), summed over the instances the ``instance`` variable selects.
+"Other". The queries name only series the gateway exports (``tests/gateway/test_dashboard.py``
+checks each against ``/metrics``), summed over the instances the ``instance`` variable selects.
 
-``python -m streamsafe.gateway.dashboard --write [PATH]`` writes it (default
+``python -m streamsafe.gateway.metrics.dashboard --write [PATH]`` writes it (default
 ``deploy/grafana/streamsafe-gateway.json``); import that file into Grafana and pick the
 Prometheus data source that scrapes the gateways' ``/metrics``.
 """
@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from streamsafe.gateway.metrics import PREFIX, series
+from streamsafe.gateway.metrics.counters import PREFIX
+from streamsafe.gateway.metrics.exposition import series
 
 __all__ = ["DEFAULT_PATH", "ROWS", "dashboard", "main", "queries"]
 
@@ -202,8 +203,8 @@ def dashboard() -> dict[str, Any]:
     return {
         "title": "streamsafe gateway",
         "uid": "streamsafe-gateway",
-        "description": "Generated from streamsafe.gateway.metrics by streamsafe.gateway.dashboard; "
-        "do not edit by hand (make docs regenerates it).",
+        "description": "Generated from streamsafe.gateway.metrics by "
+        "streamsafe.gateway.metrics.dashboard; do not edit by hand (make docs regenerates it).",
         "tags": ["streamsafe"],
         "timezone": "browser",
         "schemaVersion": 39,
@@ -284,9 +285,9 @@ def render() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m streamsafe.gateway.dashboard [--write [PATH]]``: print the dashboard, or
+    """``python -m streamsafe.gateway.metrics.dashboard [--write [PATH]]``: print the dashboard, or
     write it (default :data:`DEFAULT_PATH`)."""
-    ap = argparse.ArgumentParser(prog="python -m streamsafe.gateway.dashboard")
+    ap = argparse.ArgumentParser(prog="python -m streamsafe.gateway.metrics.dashboard")
     ap.add_argument("--write", nargs="?", const=DEFAULT_PATH, default=None, metavar="PATH")
     args = ap.parse_args(argv)
     text = render()
