@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from streamsafe.gateway.engines.answers import Refused, answer_response
+from streamsafe.gateway.engines.attempt_outcomes import AttemptOutcomes
 from streamsafe.gateway.engines.attempt_plan import (
     Again,
     AttemptPlan,
@@ -33,7 +34,7 @@ from streamsafe.gateway.engines.engine_choice import EngineChoice
 from streamsafe.gateway.engines.engine_shell import EngineShell
 from streamsafe.gateway.engines.engines import Engines
 from streamsafe.gateway.engines.pool import Unavailable
-from streamsafe.gateway.engines.refusal_gate import RefusalGate, RefusedCall
+from streamsafe.gateway.engines.refusal_gate import RefusedCall
 from streamsafe.gateway.engines.sends import (
     H,
     Sender,
@@ -64,24 +65,20 @@ class AskAgain:
     delay: float | None
 
 
-class Attempts:
-    """One generation's attempts across the engines (see the module)."""
+class Attempts(AttemptOutcomes):
+    """One generation's attempts across the engines (see the module); what the relay tells
+    of each is :class:`~streamsafe.gateway.engines.attempt_outcomes.AttemptOutcomes`."""
 
     __slots__ = (
-        "_admitted",
         "_connecting_again",
         "_cost",
         "_counters",
         "_current",
-        "_cut_from",
         "_engines",
         "_failed_why",
         "_gen",
-        "_held",
         "_last",
-        "_outcome_told",
         "_same_engine",
-        "_shed_noted",
         "_started",
         "choice",
         "plan",
@@ -384,125 +381,6 @@ class Attempts:
         self.release()
         self._held = engine
         engine.load.memory += self._cost
-
-    # -- what the relay tells -----------------------------------------------------------------
-
-    def release(self) -> None:
-        """The generation ended (or moved): its memory no longer weighs on its engine."""
-        held, self._held = self._held, None
-        if held is not None:
-            held.load.memory -= self._cost
-            self._engines.room_made()
-            if self._admitted:  # it ran there: the engine has room for one more
-                held.gate.room_made()
-
-    def first_token_came(self) -> None:
-        """The first token arrived: the engine works (its breaker closes), and the answer's
-        model is set (a continuation stays in it)."""
-        engine = self._current
-        if engine is None:
-            return
-        self.choice.answered_by(engine)
-        self._plan(self.plan.ended(Outcome.SERVED))
-        engine.upstream.succeeded()
-        self.admitted()
-
-    def admitted(self) -> None:
-        """The engine took the current attempt (a first token; for a plain call, its 200):
-        its refusal gate opens, and the generation no longer waits to be refused. Told once
-        per attempt."""
-        engine = self._current
-        if engine is None or self._admitted:
-            return
-        self._admitted = True
-        engine.gate.admitted(self.refused_call, runs=True)
-        gen = self._gen
-        if gen.refused:
-            gen.refused = False
-            gen.wake()
-
-    def answered_whole(self) -> None:
-        """The answer ended whole."""
-        self.first_token_came()
-
-    def failed(self, why: str, *, shun: bool = False) -> None:
-        """The current attempt failed on the engine's side (a 5xx, a reset, a stall, an error
-        event standing for a 5xx); ``shun`` where the engine held the request silent past the
-        first-token timeout: it is not asked again for this generation."""
-        engine = self._current
-        if engine is None:
-            return
-        if shun:
-            self.choice.shun(engine)
-        self._plan(self.plan.ended(Outcome.FAILED))
-        if not self._outcome_told:
-            self._fail(engine, why)
-
-    def full(self, retry_after: float | None, status: int = 503) -> None:
-        """The current engine shed the attempt with ``status`` (429 or 503, as a status or
-        in-band): full, not failing, so its breaker is not told; new work goes to other engines
-        for the ``Retry-After`` it sent (a second where it sent none), and this generation waits
-        at the engine's refusal gate."""
-        engine = self._current
-        if engine is None or self._shed_noted:
-            return  # told once per attempt (the failover and the relay both see a status)
-        self._shed_noted = self._outcome_told = True
-        self._plan(self.plan.ended(Outcome.REFUSED))
-        engine.upstream.abandoned()
-        engine.core.said_full(self._engines.clock(), retry_after)
-        engine.gate.refused(self.refused_call, status, retry_after)
-
-    def engine_died(self, why: str) -> None:
-        """The current engine said it died: held down until its ``/health`` answers."""
-        engine = self._current
-        if engine is not None:
-            self._plan(self.plan.ended(Outcome.FAILED))
-            self._fail(engine, why, dead=True)
-
-    def cut(self) -> None:
-        """The attempt broke and another follows: counted against the engine (where nothing
-        else was), and the next attempt goes elsewhere where possible."""
-        engine = self._current
-        if engine is None:
-            return
-        if not self._outcome_told:
-            self._fail(engine, "stream cut")
-        last = self.plan.history[-1].outcome if self.plan.history else None
-        if last is None or last is Outcome.SERVED:
-            self._plan(self.plan.ended(Outcome.FAILED))
-        self.choice.tried(engine)
-        self._cut_from = engine
-
-    def again(self, *, shed: bool) -> str | None:
-        """The attempt broke, or the engine shed it (``shed``): whether the generation may ask
-        again, as its plan says (a wait for room at the engine's gate where shed, else a
-        continuation); ``None`` where it may (the plan starts the round), else why not."""
-        verdict = self.plan.after_break(shed=shed)
-        if isinstance(verdict, Stop):
-            return verdict.reason
-        self._plan(verdict.plan)
-        return None
-
-    def elsewhere(self) -> bool:
-        """True where another engine of the model takes traffic now (a refusal made in-band,
-        which the failover did not see, is then asked there)."""
-        return self.choice.elsewhere(self._current)
-
-    @property
-    def engine(self) -> EngineShell:
-        """The engine of the latest attempt (before any, the first engine of the model, else
-        the first engine)."""
-        return self._current if self._current is not None else self.choice.first_engine()
-
-    @property
-    def gate(self) -> RefusalGate:
-        """The refusal gate of the latest attempt's engine (see :attr:`engine`)."""
-        return self.engine.gate
-
-    @property
-    def upstream(self) -> Upstream:
-        """The connections of the latest attempt's engine (see :attr:`engine`)."""
-        return self.engine.upstream
 
 
 def _moved(
