@@ -86,11 +86,9 @@ class Gateway:
         self, config: GatewayConfig | None = None, *, store: MemoryStore | None = None
     ) -> None:
         self.config = config = config or GatewayConfig()
-        if config.upstream is None:
-            raise ValueError("GatewayConfig.upstream is required (streamsafe serve starts one)")
         self._api_keys = ApiKeys(config)
         # One upstream is a pool of one engine: the same picks, failover, breaker and reader.
-        self.engines = build_engines(config, config.upstream)
+        self.engines = build_engines(config)
         #: The first engine's connections: its kind is the gateway's (see Engines.first).
         self.upstream = self.engines.first.upstream
         self.admission = build_admission(config)

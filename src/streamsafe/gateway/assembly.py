@@ -24,10 +24,12 @@ __all__ = ["build_admission", "build_engines", "build_fleet"]
 log = logging.getLogger("streamsafe.gateway")
 
 
-def build_engines(config: GatewayConfig, upstream: str) -> Engines:
-    """The engine pool of ``config``'s engines, or of its one ``upstream``: one upstream is a
-    pool of one engine, with the same picks, failover, breaker and reader."""
-    return _engines(config, config.engines or (upstream,))
+def build_engines(config: GatewayConfig) -> Engines:
+    """The engine pool of ``config``'s engines, or of its one upstream: one upstream is a pool of
+    one engine, with the same picks, failover, breaker and reader."""
+    if config.upstream is None:
+        raise ValueError("GatewayConfig.upstream is required (streamsafe serve starts one)")
+    return _engines(config, config.engines or (config.upstream,))
 
 
 def build_admission(config: GatewayConfig) -> Admission:

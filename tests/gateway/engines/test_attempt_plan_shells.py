@@ -5,6 +5,7 @@ history the plan keeps counts each request."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import pytest
@@ -90,11 +91,12 @@ async def test_one_ask_sends_one_request_and_leaves_the_next_to_the_loop() -> No
     try:
         attempts = _attempts(engines)
         asked = await attempts.open_stream("/v1/chat/completions", b'{"model": "m"}', b"")
-        assert asked == AskAgain(0.05)  # the plan's backoff, for the loop to wait
+        assert isinstance(asked, AskAgain)
+        assert asked.delay == 0.05  # the plan's backoff, for the loop to wait
         assert [a.kind for a in attempts.plan.history] == [AskKind.FIRST]
         assert slept == []
         asked = await attempts.open_stream("/v1/chat/completions", b'{"model": "m"}', b"")
-        assert asked == AskAgain(0.1)
+        assert isinstance(asked, AskAgain) and asked.delay == 0.1
         assert [a.kind for a in attempts.plan.history] == [
             AskKind.FIRST,
             AskKind.CONNECT_RETRY,
@@ -139,3 +141,48 @@ async def test_no_connect_retry_where_the_request_says_none_and_the_next_engine_
         assert gen.plan.summary() == "failover"
     finally:
         await engines.close()
+
+
+async def test_a_wait_before_asking_again_keeps_the_round_s_first_token_bound() -> None:
+    # An engine answers 500 and says to come back in a second (a same-engine retry): the wait
+    # runs under the round's first-token bound, which passes first, so the engine is not asked
+    # a second time and the caller gets the stall, not a second request.
+    asked = 0
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal asked
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        await reader.readexactly(length)
+        asked += 1
+        body = b'{"error": {"message": "busy", "type": "InternalServerError", "code": 500}}'
+        writer.write(
+            b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
+            b"retry-after: 1\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    engines = Engines([EngineSpec(f"http://127.0.0.1:{port}")], kind="vllm")
+    try:
+        gen = _generation()
+        admission = Admission(
+            max_inflight=None, max_memory_tokens=None, queue_size=10, queue_timeout=5.0
+        )
+        config = GatewayConfig(first_token_timeout=0.3)
+        relay = Relay(config, admission, engines, Counters(), _Owner())
+        await relay.run(gen)
+        assert gen.state is State.FAILED
+        assert gen.failure is not None and gen.failure.status == 504, gen.failure
+        assert asked == 1
+        assert gen.plan is not None and gen.plan.asks == 1
+    finally:
+        await engines.close()
+        server.close()
+        await server.wait_closed()

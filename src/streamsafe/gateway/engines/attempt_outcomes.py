@@ -105,7 +105,7 @@ class AttemptOutcomes:
         at the engine's refusal gate."""
         engine = self._current
         if engine is None or self._shed_noted:
-            return  # told once per attempt (the failover and the relay both see a status)
+            return  # told once per attempt (the ask and the relay both see a status)
         self._shed_noted = self._outcome_told = True
         self._plan(self.plan.ended(Outcome.REFUSED))
         engine.upstream.abandoned()
@@ -145,7 +145,7 @@ class AttemptOutcomes:
 
     def elsewhere(self) -> bool:
         """True where another engine of the model takes traffic now (a refusal made in-band,
-        which the failover did not see, is then asked there)."""
+        which the ask did not see, is then asked there)."""
         return self.choice.elsewhere(self._current)
 
     @property

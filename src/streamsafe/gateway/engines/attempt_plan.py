@@ -5,7 +5,7 @@ urllib3's ``Retry`` is the model: an :class:`AttemptPlan` holds the bounds (:cla
 and the history of what happened (one :class:`Ask` per request sent: its engine, its kind, its
 outcome, its clock reading). Each question (may it ask again, where, after how long) is answered
 by a verdict: :class:`Again`, carrying the next plan, or :class:`Stop`, with the reason. One loop
-carries the verdicts out, the relay's (:meth:`~streamsafe.gateway.relay.relay.Relay.run`): each
+carries the verdicts out, the relay's (``Relay._call_upstream``): each
 turn sends one request through :class:`~streamsafe.gateway.engines.attempts.Attempts` (the I/O
 shell that picks the engine, sends, and asks the plan), then waits or reads as the verdict says;
 none keeps a counter of its own.

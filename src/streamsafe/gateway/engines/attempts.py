@@ -60,9 +60,12 @@ log = logging.getLogger("streamsafe.gateway")
 @dataclass(frozen=True, slots=True)
 class AskAgain:
     """An ask failed before its first token and the plan says ask again within the round:
-    after ``delay`` seconds (``None``: at once, on the engine it picks next)."""
+    after ``delay`` seconds (``None``: at once, on the engine it picks next). ``why``: how it
+    failed; ``status``: the engine's, where it answered one."""
 
     delay: float | None
+    why: str
+    status: int | None = None
 
 
 class Attempts(AttemptOutcomes):
@@ -176,7 +179,7 @@ class Attempts(AttemptOutcomes):
         verdict. Nothing here asks twice: where the plan says to ask again within the round (a
         connection never made: the same engine after a backoff; a failure before the first
         token: the same engine, another, the larger model), :class:`AskAgain` says when, and
-        the relay's one loop asks (:meth:`~streamsafe.gateway.relay.relay.Relay.run`)."""
+        the relay's one loop asks (``Relay._call_upstream``)."""
         engines = self._engines
         if self.plan.starts_round:
             self._start_round()
@@ -227,7 +230,7 @@ class Attempts(AttemptOutcomes):
         msg = "upstream %s: %s; retry %d in %.2f s"
         log.info(msg, upstream.base_url, failed.why, n, again.delay)
         self._connecting_again = True  # the pick stays: the same engine once more
-        return AskAgain(again.delay)
+        return AskAgain(again.delay, f"not connected ({failed.why})")
 
     def _failed(self, engine: EngineShell, failed: Refused | Exception) -> Refused | AskAgain:
         """The ask to ``engine`` ended with ``failed`` before its first token: the plan's
@@ -247,12 +250,12 @@ class Attempts(AttemptOutcomes):
             if status in REFUSAL_STATUSES:
                 self._counters.engine_sheds += 1  # waited out, as the relay's waits are
             self._same_engine = True  # the pick stays, if its breaker still allows it then
-            return AskAgain(verdict.delay)
+            return AskAgain(verdict.delay, self._failed_why, status)
         if verdict.where is Where.LARGER_MODEL:
             self.choice.larger_model()
         else:
             self.choice.tried(engine)
-        return AskAgain(None)
+        return AskAgain(None, self._failed_why, status)
 
     def _start_round(self) -> None:
         """A round begins (the first ask, a continuation, an ask after a wait for room): its
@@ -268,13 +271,11 @@ class Attempts(AttemptOutcomes):
         after a failure that said when, its breaker still allows it), else a pick (see
         :meth:`EngineChoice.choose`). Where none is left, what the round ends with: the last
         engine's own answer, where it gave one."""
-        engines = self._engines
         choice = self.choice
-        if self._same_engine and choice.picked is not None:
+        if self._same_engine:
             self._same_engine = False
-            if not engines.of(choice.picked.engine).breaker.allows(engines.clock()):
+            if not choice.keep_pick():
                 self._plan(self.plan.elsewhere())
-                choice.picked = None
         found = await choice.choose(self._started, first=self.plan.attempts == 0)
         if isinstance(found, Unavailable):
             return self._last or choice.unavailable(found)
@@ -321,7 +322,7 @@ class Attempts(AttemptOutcomes):
 
     def _not_connected(self, engine: EngineShell, failed: NotConnected) -> Exception:
         """No more connects to ``engine`` for this attempt: it counts as unreachable, and the
-        attempt as failed with the connect's own error (what the failover and the caller see)."""
+        attempt as failed with the connect's own error (what the plan and the caller see)."""
         engine.upstream.gave_up_connecting(failed.why)
         cause = failed.cause
         self._fail(engine, type(cause).__name__)

@@ -79,6 +79,16 @@ class EngineChoice:
         if self.answering_model is None:
             self.answering_model = self._engines.pool.answering(self.model, engine.core)
 
+    def keep_pick(self) -> bool:
+        """Whether the round's pick is asked again (a same-engine retry): where its breaker
+        still allows it; else it is dropped and another is picked."""
+        if self.picked is None:
+            return True
+        if self._engines.of(self.picked.engine).breaker.allows(self._engines.clock()):
+            return True
+        self.picked = None
+        return False
+
     async def choose(self, since: float, *, first: bool) -> EngineShell | Refused | Unavailable:
         """The engine of this ask: the round's pick where it has one, else a pick, after
         waiting for room where every engine of the model is full (the refusal to pass on where

@@ -6,7 +6,9 @@ and one timer checks the deadline when it falls due. Every :data:`QUIET_CHECK` s
 read (before the first token or after it) the engine is asked whether it is still there
 (:meth:`~streamsafe.gateway.upstream.connection.Upstream.still_there`, one ``/health`` shared by all
 its quiet attempts): a frozen, killed or unreachable engine ends the attempt at once, phase
-``engine_down``, instead of at its timeout (docs/design.md, Failover).
+``engine_down``, instead of at its timeout (docs/design.md, Failover). One watch per request
+sent; where a request is asked again within its round (a failover, a same-engine retry), the
+next watch's first-token bound counts from the round's start (``since``), not its own.
 """
 
 from __future__ import annotations
@@ -150,8 +152,9 @@ class AttemptWatch:
         self._source = source
 
     def engine(self, engine: EngineCheck) -> None:
-        """The attempt goes to ``engine`` (told by the failover for each engine it tries): its
-        health is what a quiet stretch asks."""
+        """The attempt goes to ``engine`` (told by
+        :class:`~streamsafe.gateway.engines.attempts.Attempts` as it sends): its health is what a
+        quiet stretch asks."""
         self._engine = engine
         self._checked_at = self._loop.time()
         if self._handle is not None:  # the quiet check may fall before the armed deadline

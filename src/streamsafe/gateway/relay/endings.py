@@ -46,7 +46,8 @@ class BrokenAttempt:
     retry_after: int | None = None
     #: The deadline that passed, for a stall.
     stalled: UpstreamStalled | None = None
-    #: Loop time of the attempt's last read where it relayed events (see ``_Repair``).
+    #: Loop time of the attempt's last read where it relayed events (see
+    #: :class:`~streamsafe.gateway.relay.repairs.Repair`).
     quiet_since: float | None = None
 
 

@@ -1,7 +1,7 @@
 """The upstream reader: one task per generation that waits for admission, sends the request
 upstream and appends what comes back to the generation's log.
 
-One loop (:meth:`Relay.run`'s) sends every request of a generation upstream, one per turn,
+One loop (:meth:`Relay._call_upstream`) sends every request of a generation upstream, one per turn,
 through the generation's :class:`~streamsafe.gateway.engines.attempts.Attempts` (one engine being
 a pool of one), told what each did, and carries out its plan's verdicts: another ask within the
 round (the same engine after a wait, another engine, the larger model, a connect retry), or, for
@@ -184,34 +184,33 @@ class Relay:
         loop = asyncio.get_running_loop()
         total = attempts.plan.bounds.total
         repair = Repair(None if total is None else loop.time() + total)
-        within_round = False  # the last turn's ask is asked again (AskAgain)
+        again: AskAgain | None = None  # the last turn's ask is asked again (within its round)
         while True:
             if cut is not None:
                 broken: BrokenAttempt | None = BrokenAttempt(cut, 502)
                 cut = None
             else:
-                if not within_round:
+                if again is None:
                     if not await self._repairs.refusal_turn(gen, attempts, repair):
                         return
                     repair.round_began = loop.time()
-                asked = await self._ask(gen, attempts, repair)
-                within_round = isinstance(asked, AskAgain)
+                asked = await self._ask(gen, attempts, repair, again)
                 if isinstance(asked, AskAgain):
-                    if asked.delay is not None:
-                        await self.engines.sleep(asked.delay)
+                    again = asked
                     continue
+                again = None
                 broken = asked
             if broken is None or not await self._repairs.after_break(gen, broken, attempts, repair):
                 return
 
     async def _ask(
-        self, gen: Generation, attempts: Attempts, repair: Repair
+        self, gen: Generation, attempts: Attempts, repair: Repair, again: AskAgain | None
     ) -> BrokenAttempt | AskAgain | None:
         """One request upstream (see :meth:`attempt`); the generation's place at its engine's
         refusal gate is given up once its round ends (not between the asks of one round)."""
         asked: BrokenAttempt | AskAgain | None = None
         try:
-            asked = await self.attempt(gen, attempts, repair)
+            asked = await self.attempt(gen, attempts, repair, again)
             return asked
         finally:
             call = attempts.refused_call
@@ -219,35 +218,37 @@ class Relay:
                 call.gate.done(call)
 
     async def attempt(
-        self, gen: Generation, attempts: Attempts, repair: Repair
+        self, gen: Generation, attempts: Attempts, repair: Repair, again: AskAgain | None = None
     ) -> BrokenAttempt | AskAgain | None:
         """One upstream request for ``gen`` (its request, or the continuation it has), within the
         upstream timeouts. Returns why it broke where another round may repair it (this engine
         or, for a pool, another), :class:`AskAgain` where it failed before its first token and
         the plan asks again within the round, ``None`` where the generation has ended (done or
-        failed). Traced as one span where tracing is on (see :mod:`.tracing`)."""
+        failed). ``again``: the last ask of the round said to ask again, after its ``delay``
+        (waited here, within the round's deadlines). Traced as one span where tracing is on (see
+        :mod:`.tracing`)."""
         tracing = self.tracing
         if not tracing.enabled:
-            return await self._attempt(gen, attempts, repair)
+            return await self._attempt(gen, attempts, repair, again)
         if gen.trace is None:  # taken over from another replica: a trace of its own here
             gen.trace = tracing.generation(gen.id)
         continuing = gen.continuations > 0 and gen.length > 0
         span = tracing.attempt(gen.trace, attempts.plan.asks + 1, continuing)
         broken: BrokenAttempt | AskAgain | None = None
         try:
-            broken = await self._attempt(gen, attempts, repair)
+            broken = await self._attempt(gen, attempts, repair, again)
             return broken
         finally:
             engine = gen.engine or attempts.upstream.base_url
-            why = None
+            status, why = gen.upstream_status, None
             if isinstance(broken, AskAgain):
-                why = f"failed before its first token ({attempts.plan.summary()})"
+                status, why = broken.status, f"{broken.why} before its first token; asked again"
             elif broken is not None:
                 why = broken.why
-            tracing.end_attempt(span, gen.trace, engine, gen.upstream_status, why)
+            tracing.end_attempt(span, gen.trace, engine, status, why)
 
     async def _attempt(
-        self, gen: Generation, attempts: Attempts, repair: Repair
+        self, gen: Generation, attempts: Attempts, repair: Repair, again: AskAgain | None
     ) -> BrokenAttempt | AskAgain | None:
         """:meth:`attempt`, untraced; a broken attempt that relayed events says when it went
         quiet (``quiet_since``), so the next one keeps the stall's bound. The first-token bound
@@ -261,13 +262,13 @@ class Relay:
             None if stall is None or quiet is None else quiet + stall,
             since=repair.round_began,
         )
-        broken = await self._watched_attempt(gen, attempts, watch)
+        broken = await self._watched_attempt(gen, attempts, watch, again)
         if isinstance(broken, BrokenAttempt) and watch.flowing and gen.length > 0:
             broken.quiet_since = watch.last_read
         return broken
 
     async def _watched_attempt(
-        self, gen: Generation, attempts: Attempts, watch: AttemptWatch
+        self, gen: Generation, attempts: Attempts, watch: AttemptWatch, again: AskAgain | None
     ) -> BrokenAttempt | AskAgain | None:
         continuing = gen.continuations > 0 and gen.length > 0
         ask = gen.continuation
@@ -275,6 +276,8 @@ class Relay:
         response: Response | None = None
         try:
             async with watch:
+                if again is not None and again.delay is not None:
+                    await self.engines.sleep(again.delay)  # as the plan said, within the bounds
                 if gen.stream:
                     return await self._streams.attempt(gen, path, body, watch, continuing, attempts)
                 opened = await self._streams.open(gen, path, body, watch, continuing, attempts)

@@ -23,8 +23,7 @@ from streamsafe.gateway.relay.attempt_watch import AttemptWatch
 from streamsafe.gateway.relay.continuation import is_role_chunk, whole_usage
 from streamsafe.gateway.upstream.connection import is_engine_death
 from streamsafe.gateway.upstream.error_events import parse_error_event
-from streamsafe.gateway.upstream.kinds import Wire
-from streamsafe.gateway.upstream.wire import ANTHROPIC_ERROR_PREFIXES
+from streamsafe.gateway.upstream.wire import ANTHROPIC_ERROR_PREFIXES, Wire
 from streamsafe.sse import DONE
 
 __all__ = ["StreamSink"]

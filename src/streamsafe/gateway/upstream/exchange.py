@@ -13,15 +13,14 @@ is appended to, and its subscribers written to, with no task switch per chunk.
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import select
 from collections.abc import AsyncIterable, AsyncIterator, Callable
-from typing import Protocol, cast
+from typing import cast
 
 import httptools
 
 from streamsafe.gateway.upstream.errors import UpstreamClosed, UpstreamTimeout
+from streamsafe.gateway.upstream.idle import IdleConnections
 from streamsafe.sse import SSEDecoder, SSEError
 
 __all__ = ["KEEP_IDLE_S", "EventSink", "Exchange"]
@@ -40,13 +39,6 @@ _WRITE_TIMEOUT_S = 30.0
 EventSink = Callable[[list[bytes]], None]
 
 
-class _Pool(Protocol):
-    """What an exchange needs of its pool, whose module imports this one: its idle connections."""
-
-    _idle: collections.deque[Exchange]
-    max_idle: int
-
-
 class Exchange(asyncio.Protocol):
     """One connection, one exchange at a time: :meth:`ConnectionPool.request` (the hot stream)
     or :meth:`ConnectionPool.open` (any other) writes a request, :meth:`head` waits for the
@@ -54,8 +46,8 @@ class Exchange(asyncio.Protocol):
     :meth:`body_chunks`) or decoded as events into a sink (:meth:`stream_events`) until the
     response completes or the connection ends; :meth:`release` hands the connection back."""
 
-    def __init__(self, pool: _Pool) -> None:
-        self._pool = pool
+    def __init__(self, idle: IdleConnections[Exchange]) -> None:
+        self._idle = idle
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._parser: httptools.HttpResponseParser | None = None
@@ -241,18 +233,16 @@ class Exchange(asyncio.Protocol):
 
     def _to_pool(self) -> None:
         transport = self._transport
-        pool = self._pool
         if (
             self._keep_alive
             and not self._closed
             and transport
             and not transport.is_closing()
-            and len(pool._idle) < pool.max_idle
+            and self._idle.keep(self)
         ):
             self._parser = None
             self._release_on_complete = False
             self.idle_since = self._loop.time()
-            pool._idle.append(self)
         else:
             self.close()
 
@@ -384,8 +374,7 @@ class Exchange(asyncio.Protocol):
         self._parser = None
         self._sink = self._one = None
         self.resume_writing()  # a body writer waiting finds the connection gone
-        with contextlib.suppress(ValueError):  # not idle: in an exchange
-            self._pool._idle.remove(self)
+        self._idle.forget(self)
         if not self._complete:
             self._fail(f"upstream connection closed: {exc or 'end of stream'}")
 

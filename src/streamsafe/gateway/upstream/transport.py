@@ -15,7 +15,6 @@ request. Every failure is one of :mod:`streamsafe.gateway.upstream.errors`.
 from __future__ import annotations
 
 import asyncio
-import collections
 import ssl
 from collections.abc import AsyncIterable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from streamsafe.gateway.upstream.errors import (
     UpstreamTimeout,
 )
 from streamsafe.gateway.upstream.exchange import KEEP_IDLE_S, Exchange
+from streamsafe.gateway.upstream.idle import IdleConnections
 
 __all__ = [
     "Answer",
@@ -93,8 +93,7 @@ class ConnectionPool:
         self._prefix = parts.path.rstrip("/").encode()
         self._ssl = (ssl_context or ssl.create_default_context()) if tls else None
         self._connect_timeout = connect_timeout
-        self._idle: collections.deque[Exchange] = collections.deque()
-        self.max_idle = max_idle
+        self._idle: IdleConnections[Exchange] = IdleConnections(max_idle)
         default_port = 443 if tls else 80
         host = self.host if self.port == default_port else f"{self.host}:{self.port}"
         if ":" in self.host:  # IPv6 literal
@@ -199,8 +198,7 @@ class ConnectionPool:
         """An idle connection not too old to reuse, else a new one."""
         loop = asyncio.get_running_loop()
         now = loop.time()
-        while self._idle:
-            conn = self._idle.pop()
+        while (conn := self._idle.take()) is not None:
             if conn._closed:
                 continue
             if now - conn.idle_since > KEEP_IDLE_S or conn._readable():
@@ -210,7 +208,7 @@ class ConnectionPool:
         try:
             async with asyncio.timeout(self._connect_timeout):
                 _, conn = await loop.create_connection(
-                    lambda: Exchange(self),
+                    lambda: Exchange(self._idle),
                     self.host,
                     self.port,
                     ssl=self._ssl,
@@ -226,8 +224,8 @@ class ConnectionPool:
 
     def close(self) -> None:
         """Close every idle connection."""
-        while self._idle:
-            self._idle.pop().close()
+        while (conn := self._idle.take()) is not None:
+            conn.close()
 
 
 def header_lines(headers: Mapping[str, str]) -> bytes:
