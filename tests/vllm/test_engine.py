@@ -73,8 +73,11 @@ def test_the_log_counts_received_requests_and_aborts_by_their_lines(
     ):
         for _ in zip(range(5), r.iter_lines(), strict=False):
             pass
+    # vLLM notices the disconnect at its next write: under two busy loops that took over 30 s.
     wait_until(
-        lambda: len(vllm_engine.requests_aborted()) == aborted + 1, what="the abort's log line"
+        lambda: len(vllm_engine.requests_aborted()) == aborted + 1,
+        60,
+        what="the abort's log line",
     )
     assert vllm_engine.requests_aborted()[-1] == vllm_engine.requests_received(seed=1002)[0]
 

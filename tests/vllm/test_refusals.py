@@ -23,8 +23,9 @@ pytestmark = pytest.mark.timeout(300, func_only=True)
 STREAMS = 24
 #: Short answers: a call the engine keeps refusing while the gateway's own generations run there
 #: waits for room up to the queue timeout (20 s); 24 streams of 32 tokens through a vLLM that
-#: holds 2 outlasted it on a machine with two busy loops beside the suite.
-TOKENS = 16
+#: holds 2 outlasted it on a machine with two busy loops beside the suite, and so did 16 tokens
+#: once (2026-12-07).
+TOKENS = 8
 
 
 def _body(vllm: VLLMEngine, i: int, **extra: Any) -> dict[str, Any]:
@@ -80,9 +81,10 @@ def shedding(start_vllm_module: Callable[..., VLLMEngine]) -> VLLMEngine:
 
 def test_vllm_sheds_a_burst_in_both_forms(shedding: VLLMEngine) -> None:
     # Measured: a fresh server's first burst is refused in-band (its count of requests is
-    # behind), later bursts with the status. Bursts until both were seen.
+    # behind), later bursts with the status; now and then four bursts showed one form only
+    # (2026-12-07). Bursts until both were seen.
     forms: set[str] = set()
-    for _ in range(4):
+    for _ in range(8):
         for status, data in _flood(lambda i: _raw(shedding.url, _body(shedding, i))):
             if status == 503:
                 assert orjson.loads(data)["error"]["code"] == 503

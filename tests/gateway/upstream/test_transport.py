@@ -124,7 +124,7 @@ def test_an_abandoned_stream_closes_its_connection() -> None:
         conn.release()  # the reader went away mid-stream
         assert await asyncio.wait_for(seen.get(), 5) == "closed"
         assert await asyncio.wait_for(end, 5) is not None  # our side saw the connection go
-        assert not pool._idle
+        assert pool.idle == 0
         # Gone with its last reference, not left to the garbage collector (its parser calls it
         # back, a cycle until the connection is lost).
         gone = weakref.ref(conn)
@@ -266,7 +266,7 @@ def test_a_call_with_no_answer_in_time_is_an_upstream_timeout_and_drops_its_conn
             await pool.call("POST", "/v1/chat/completions", b"{}", within=0.2)
         assert isinstance(late.value, UpstreamError) and isinstance(late.value, TimeoutError)
         assert await asyncio.wait_for(seen.get(), 5) == "closed"
-        assert not pool._idle
+        assert pool.idle == 0
         server.close()
 
     asyncio.run(asyncio.wait_for(run(), 20))

@@ -179,7 +179,7 @@ class Relay:
         within ``max_continuations`` and the total timeout. A broken stream is continued from
         its log, so nothing is generated twice; an attempt that relayed nothing is asked again
         as it was (the engine aborted what it lost). The next round goes to another engine of
-        the model where there is one (what follows a broken round is :mod:`.repairs`').
+        the model where there is one (what follows a broken round is :mod:`.repairs`).
         ``cut``: the generation broke elsewhere (its replica died) and is continued first."""
         loop = asyncio.get_running_loop()
         total = attempts.plan.bounds.total

@@ -20,7 +20,7 @@ from typing import cast
 import httptools
 
 from streamsafe.gateway.upstream.errors import UpstreamClosed, UpstreamTimeout
-from streamsafe.gateway.upstream.idle import IdleConnections
+from streamsafe.gateway.upstream.pool_connections import PoolConnections
 from streamsafe.sse import SSEDecoder, SSEError
 
 __all__ = ["KEEP_IDLE_S", "EventSink", "Exchange"]
@@ -46,8 +46,8 @@ class Exchange(asyncio.Protocol):
     :meth:`body_chunks`) or decoded as events into a sink (:meth:`stream_events`) until the
     response completes or the connection ends; :meth:`release` hands the connection back."""
 
-    def __init__(self, idle: IdleConnections[Exchange]) -> None:
-        self._idle = idle
+    def __init__(self, conns: PoolConnections[Exchange]) -> None:
+        self._conns = conns
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._parser: httptools.HttpResponseParser | None = None
@@ -238,7 +238,7 @@ class Exchange(asyncio.Protocol):
             and not self._closed
             and transport
             and not transport.is_closing()
-            and self._idle.keep(self)
+            and self._conns.keep(self)
         ):
             self._parser = None
             self._release_on_complete = False
@@ -315,6 +315,7 @@ class Exchange(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self._transport = cast(asyncio.Transport, transport)
+        self._conns.opened(self)
 
     def data_received(self, data: bytes) -> None:
         parser = self._parser
@@ -374,7 +375,7 @@ class Exchange(asyncio.Protocol):
         self._parser = None
         self._sink = self._one = None
         self.resume_writing()  # a body writer waiting finds the connection gone
-        self._idle.forget(self)
+        self._conns.closed(self)
         if not self._complete:
             self._fail(f"upstream connection closed: {exc or 'end of stream'}")
 

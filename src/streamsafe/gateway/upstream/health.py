@@ -144,11 +144,21 @@ class EngineHealth:
         loop = asyncio.get_running_loop()
         if loop.time() - self.alive_at < self.probe_interval:
             return True
+        asked_at = loop.time()
         running = self._health_check_running
         if running is None or running.done():
             running = self._health_check_running = loop.create_task(self.health(within))
         status = await asyncio.shield(running)
         if _healthy_status(status):
+            return True
+        if status is None and self.pool.last_read() >= asked_at:
+            # No answer in time, but the engine sent something meanwhile on another
+            # connection: busy (its health path starved), not frozen or gone.
+            log.info(
+                "engine %s: /health did not answer within %s s, but it streams: busy, not down",
+                self.base_url,
+                within,
+            )
             return True
         self._judge(status)
         return False

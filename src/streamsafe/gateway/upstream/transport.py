@@ -15,6 +15,7 @@ request. Every failure is one of :mod:`streamsafe.gateway.upstream.errors`.
 from __future__ import annotations
 
 import asyncio
+import math
 import ssl
 from collections.abc import AsyncIterable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from streamsafe.gateway.upstream.errors import (
     UpstreamTimeout,
 )
 from streamsafe.gateway.upstream.exchange import KEEP_IDLE_S, Exchange
-from streamsafe.gateway.upstream.idle import IdleConnections
+from streamsafe.gateway.upstream.pool_connections import PoolConnections
 
 __all__ = [
     "Answer",
@@ -93,7 +94,7 @@ class ConnectionPool:
         self._prefix = parts.path.rstrip("/").encode()
         self._ssl = (ssl_context or ssl.create_default_context()) if tls else None
         self._connect_timeout = connect_timeout
-        self._idle: IdleConnections[Exchange] = IdleConnections(max_idle)
+        self._conns: PoolConnections[Exchange] = PoolConnections(max_idle)
         default_port = 443 if tls else 80
         host = self.host if self.port == default_port else f"{self.host}:{self.port}"
         if ":" in self.host:  # IPv6 literal
@@ -198,7 +199,7 @@ class ConnectionPool:
         """An idle connection not too old to reuse, else a new one."""
         loop = asyncio.get_running_loop()
         now = loop.time()
-        while (conn := self._idle.take()) is not None:
+        while (conn := self._conns.take()) is not None:
             if conn._closed:
                 continue
             if now - conn.idle_since > KEEP_IDLE_S or conn._readable():
@@ -208,7 +209,7 @@ class ConnectionPool:
         try:
             async with asyncio.timeout(self._connect_timeout):
                 _, conn = await loop.create_connection(
-                    lambda: Exchange(self._idle),
+                    lambda: Exchange(self._conns),
                     self.host,
                     self.port,
                     ssl=self._ssl,
@@ -222,9 +223,18 @@ class ConnectionPool:
             raise ConnectFailed(str(exc) or type(exc).__name__) from exc
         return conn
 
+    @property
+    def idle(self) -> int:
+        """Connections kept for reuse now."""
+        return len(self._conns)
+
+    def last_read(self) -> float:
+        """Loop time of the engine's last read on any open connection (``-inf``: none)."""
+        return max((conn.read_at for conn in self._conns.open), default=-math.inf)
+
     def close(self) -> None:
         """Close every idle connection."""
-        while (conn := self._idle.take()) is not None:
+        while (conn := self._conns.take()) is not None:
             conn.close()
 
 
