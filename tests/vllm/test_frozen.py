@@ -89,9 +89,14 @@ def test_streams_on_a_frozen_vllm_end_with_a_clear_error_and_the_next_call_is_an
         )
         stats = gw.gw.stats()
 
-    assert all(isinstance(e, openai.APIError) for e in ended), ended
-    assert all("down" in str(e) and vllm_engine.url in str(e) for e in ended), ended
-    waited = [at - frozen_at for at in ended_at]
+    # A stream whose whole answer left the engine before the freeze took hold ends whole (under
+    # two busy loops the SIGSTOPs landed after three of the four 900-token answers were done,
+    # 2026-12-07); every other ends with the error, in seconds.
+    cut = [i for i, e in enumerate(ended) if e != "whole"]
+    assert cut, ended
+    assert all(isinstance(ended[i], openai.APIError) for i in cut), ended
+    assert all("down" in str(ended[i]) and vllm_engine.url in str(ended[i]) for i in cut), ended
+    waited = [ended_at[i] - frozen_at for i in cut]
     assert max(waited) < BOUND_S, waited
     assert ready == 503
     assert after.choices[0].message.content
