@@ -13,7 +13,7 @@ import pytest
 import redis
 from fleet_helpers import Process, RedisProcess, claim_name
 
-from waiting import poll
+from waiting import poll, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -92,3 +92,34 @@ def test_a_finished_generation_s_key_holds_after_redis_restarted_empty(
     finally:
         owner.stop()
         other.stop()
+
+
+def test_a_replica_back_from_an_outage_on_another_redis_has_written_back_what_it_keeps(
+    sim: Process, own_redis: RedisProcess
+) -> None:
+    # Redis away long enough for the replica to notice (its renewals fail), then back empty (a
+    # restart, or a Sentinel failover to a replica that lacked the last writes): by the time
+    # the replica says it is back, the claim of a generation it finished and keeps for replay
+    # is in Redis again, so a retry on another replica finds it (before, it came a renewal
+    # later, and a retry in between ran the generation again).
+    owner = _serve(sim, own_redis)
+    try:
+        key = "back-from-an-outage"
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "kept across an outage"}],
+            "max_tokens": 6,
+        }
+        _post(owner.url, body, key)
+        own_redis.kill()
+        wait_until(lambda: _stats(owner)["redis_degraded"] == 1, 20, "the outage seen")
+        own_redis.start()  # empty: no persistence
+        client = redis.Redis.from_url(own_redis.url)
+        wait_until(lambda: _stats(owner)["redis_degraded"] == 0, 30, "back on Redis")
+        assert client.exists(claim_name(key))
+    finally:
+        owner.stop()
+
+
+def _stats(proc: Process) -> dict[str, Any]:
+    return dict(httpx2.get(proc.url + "/stats", timeout=10).json())

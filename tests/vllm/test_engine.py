@@ -67,18 +67,22 @@ def test_the_log_counts_received_requests_and_aborts_by_their_lines(
     assert len(received) == 1 and received[0].startswith("chatcmpl-")
     aborted = len(vllm_engine.requests_aborted())
     long = chat_body(vllm_engine, "leave me", 1000, seed=1002, stream=True)
-    with (
-        httpx2.Client(timeout=60.0) as client,
-        client.stream("POST", vllm_engine.url + "/v1/chat/completions", json=long) as r,
-    ):
-        for _ in zip(range(5), r.iter_lines(), strict=False):
-            pass
-    # vLLM notices the disconnect at its next write: under two busy loops that took over 30 s.
-    wait_until(
-        lambda: len(vllm_engine.requests_aborted()) == aborted + 1,
-        60,
-        what="the abort's log line",
-    )
+    try:
+        with (
+            httpx2.Client(timeout=60.0) as client,
+            client.stream("POST", vllm_engine.url + "/v1/chat/completions", json=long) as r,
+        ):
+            for _ in zip(range(5), r.iter_lines(), strict=False):
+                pass
+            # The engine core held before the client leaves: the answer cannot end before the
+            # API server (which runs on) sees the disconnect (under two busy loops it did,
+            # 2026-12-07, and nothing was aborted).
+            vllm_engine.pause()
+        wait_until(
+            lambda: len(vllm_engine.requests_aborted()) == aborted + 1, what="the abort's log line"
+        )
+    finally:
+        vllm_engine.resume()
     assert vllm_engine.requests_aborted()[-1] == vllm_engine.requests_received(seed=1002)[0]
 
 

@@ -4,7 +4,10 @@ state); a probe waits for Redis to answer again, and then the generations this r
 the ends of those that finished meanwhile, are written back to Redis (record, lease, key, the
 whole log), so a mirror elsewhere that lost them goes on and a retry or resume on any replica
 finds them. A Redis that restarted, or lost the fleet's state, is an outage that just ended: what
-this replica keeps for replay is written back with the rest (:meth:`Outage.resync`).
+this replica keeps for replay is written back with the rest (:meth:`Outage.resync`). So is a
+Redis found to be another one when it answers again (a Sentinel failover promoted a replica,
+which may lack the old primary's last writes): the probe asks its run id before it writes back,
+so no retry on another replica finds it restored and its generations missing.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from streamsafe.gateway.generations.generation import Generation, State
 from streamsafe.gateway.replicas.owned_keys import OwnedKeys
 from streamsafe.gateway.replicas.redis_log import ReplicatedLog
 from streamsafe.gateway.replicas.redis_server import REDIS_ERRORS
+from streamsafe.gateway.replicas.state_watch import StateWatch
 from streamsafe.gateway.replicas.store_redis import RedisStore
 
 __all__ = ["Outage"]
@@ -36,8 +40,13 @@ class Outage:
         keys: OwnedKeys,
         owned: Mapping[str, Generation],
         counters: ReplicaCounters,
+        watch: StateWatch,
     ) -> None:
         self.store = store
+        self._watch = watch
+        #: The generations this process holds (the registry's index): those this replica ran
+        #: and keeps for replay are written back after Redis restarted.
+        self.held: Iterable[Generation] = ()
         self.keys = keys
         self._owned = owned
         self.counters = counters
@@ -99,6 +108,10 @@ class Outage:
             await asyncio.sleep(delay)
             delay = min(1.0, delay * 2)
         try:
+            restarted = self._watch.restarted(await self.store.server.run_id())
+            if restarted is not None:  # another Redis, or one back empty: what it kept too
+                log.warning("%s: writing back what this replica keeps for replay", restarted)
+                self.resync(self.held)
             await self._write_back()
         except REDIS_ERRORS as exc:
             self.counters.redis_errors += 1

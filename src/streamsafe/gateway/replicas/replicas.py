@@ -101,7 +101,7 @@ class Replicas:
         #: The generations this replica runs, by id.
         self._owned: dict[str, Generation] = {}
         #: Redis away and back: failures counted, the probe, the write-back.
-        self.outage = Outage(store, self.keys, self._owned, self.counters)
+        self.outage = Outage(store, self.keys, self._owned, self.counters, self.watch)
         #: True once this replica shuts down: what it runs is handed over, not ended.
         self.closing = False
         #: Replicas whose heartbeat is live in Redis (this one included), as last seen.
@@ -120,9 +120,6 @@ class Replicas:
             MemoryStore(clock), new_log=partial(self.new_log, detached=True), own=self.own
         )
         self._renewer: asyncio.Task[None] | None = None
-        #: The generations this process holds (the registry's index), for a write-back after
-        #: Redis restarted: those this replica ran and keeps for replay.
-        self.held: Iterable[Generation] = ()
 
     @property
     def replica_id(self) -> str:
@@ -130,6 +127,16 @@ class Replicas:
         return self.store.replica_id
 
     # -- Redis failures -------------------------------------------------------------------------
+
+    @property
+    def held(self) -> Iterable[Generation]:
+        """The generations this process holds (the registry's index), for a write-back after
+        Redis restarted: those this replica ran and keeps for replay."""
+        return self.outage.held
+
+    @held.setter
+    def held(self, held: Iterable[Generation]) -> None:
+        self.outage.held = held
 
     @property
     def degraded(self) -> bool:
