@@ -162,7 +162,9 @@ def test_a_first_token_that_does_not_come_ends_with_a_504_and_the_engine_is_not_
     # to max_continuations). With one engine the caller gets a clear 504 at once.
     sim = fast_sim(faults=_faults("stall:8:1@fresh#1"))
     body = chat_body("stalled first token", max_tokens=10)
-    with make_stack(sim, first_token_timeout=0.5, commit="first-token") as s:
+    # 2 s: well past a loaded machine's way to the engine (0.5 s ran out before the request
+    # reached the simulator under two busy loops, 2026-12-07), well within the 8 s stall.
+    with make_stack(sim, first_token_timeout=2.0, commit="first-token") as s:
         with httpx2.Client(timeout=20) as client:
             resp = client.post(s.url + "/v1/chat/completions", json=body)
         assert resp.status_code == 504, resp.text
