@@ -206,51 +206,52 @@ class Relay:
     async def _ask(
         self, gen: Generation, attempts: Attempts, repair: Repair, again: AskAgain | None
     ) -> BrokenAttempt | AskAgain | None:
-        """One request upstream (see :meth:`attempt`); the generation's place at its engine's
-        refusal gate is given up once its round ends (not between the asks of one round)."""
-        asked: BrokenAttempt | AskAgain | None = None
-        try:
-            asked = await self.attempt(gen, attempts, repair, again)
-            return asked
-        finally:
-            call = attempts.refused_call
-            if call.gate is not None and not isinstance(asked, AskAgain):
-                call.gate.done(call)
-
-    async def attempt(
-        self, gen: Generation, attempts: Attempts, repair: Repair, again: AskAgain | None = None
-    ) -> BrokenAttempt | AskAgain | None:
         """One upstream request for ``gen`` (its request, or the continuation it has), within the
         upstream timeouts. Returns why it broke where another round may repair it (this engine
         or, for a pool, another), :class:`AskAgain` where it failed before its first token and
         the plan asks again within the round, ``None`` where the generation has ended (done or
         failed). ``again``: the last ask of the round said to ask again, after its ``delay``
-        (waited here, within the round's deadlines). Traced as one span where tracing is on (see
-        :mod:`.tracing`)."""
+        (waited here, within the round's deadlines). The generation's place at its engine's
+        refusal gate is given up once its round ends (not between the asks of one round).
+        Traced as one span where tracing is on (see :mod:`.tracing`)."""
         tracing = self.tracing
-        if not tracing.enabled:
-            return await self._attempt(gen, attempts, repair, again)
-        if gen.trace is None:  # taken over from another replica: a trace of its own here
-            gen.trace = tracing.generation(gen.id)
-        continuing = gen.continuations > 0 and gen.length > 0
-        span = tracing.attempt(gen.trace, attempts.plan.asks + 1, continuing)
-        broken: BrokenAttempt | AskAgain | None = None
+        span = None
+        if tracing.enabled:
+            if gen.trace is None:  # taken over from another replica: a trace of its own here
+                gen.trace = tracing.generation(gen.id)
+            continuing = gen.continuations > 0 and gen.length > 0
+            span = tracing.attempt(gen.trace, attempts.plan.asks + 1, continuing)
+        asked: BrokenAttempt | AskAgain | None = None
         try:
-            broken = await self._attempt(gen, attempts, repair, again)
-            return broken
+            asked = await self._attempt(gen, attempts, repair, again)
+            return asked
         finally:
-            engine = gen.engine or attempts.upstream.base_url
-            status, why = gen.upstream_status, None
-            if isinstance(broken, AskAgain):
-                status, why = broken.status, f"{broken.why} before its first token; asked again"
-            elif broken is not None:
-                why = broken.why
-            tracing.end_attempt(span, gen.trace, engine, status, why)
+            if span is not None:
+                self._end_span(span, gen, attempts, asked)
+            call = attempts.refused_call
+            if call.gate is not None and not isinstance(asked, AskAgain):
+                call.gate.done(call)
+
+    def _end_span(
+        self,
+        span: object,
+        gen: Generation,
+        attempts: Attempts,
+        asked: BrokenAttempt | AskAgain | None,
+    ) -> None:
+        """End an ask's trace span: its engine, the upstream's status, and why it broke."""
+        engine = gen.engine or attempts.upstream.base_url
+        status, why = gen.upstream_status, None
+        if isinstance(asked, AskAgain):
+            status, why = asked.status, f"{asked.why} before its first token; asked again"
+        elif asked is not None:
+            why = asked.why
+        self.tracing.end_attempt(span, gen.trace, engine, status, why)
 
     async def _attempt(
         self, gen: Generation, attempts: Attempts, repair: Repair, again: AskAgain | None
     ) -> BrokenAttempt | AskAgain | None:
-        """:meth:`attempt`, untraced; a broken attempt that relayed events says when it went
+        """:meth:`_ask`, untraced; a broken attempt that relayed events says when it went
         quiet (``quiet_since``), so the next one keeps the stall's bound. The first-token bound
         counts from the round's start: the asks of one round share it."""
         bounds = self.timeouts if gen.stream else self.whole_answer_timeouts
