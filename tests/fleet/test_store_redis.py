@@ -444,6 +444,27 @@ async def test_redis_restart_surfaces_errors_then_recovers(own_redis: RedisProce
         await store.close()
 
 
+async def test_a_redis_restarted_between_two_commands_is_lost_state_on_every_connection(
+    own_redis: RedisProcess,
+) -> None:
+    # Redis restarts (empty) while nothing is in flight: the connections in the pool were
+    # closed by the server, and the next command on each goes on a fresh one. Before, each
+    # failed once (redis-py skipped its check with RESP3's maintenance notifications on), the
+    # replica counted an outage and served alone, and a keyed retry then ran twice.
+    store = RedisStore(own_redis.url, prefix="r:")
+    try:
+        keys = [f"k{i}" for i in range(8)]
+        assert await asyncio.gather(*(store.claim(k, f"gen-{k}") for k in keys)) == [None] * 8
+        await asyncio.to_thread(own_redis.restart)  # the loop runs meanwhile, as a replica's
+        told = await asyncio.gather(
+            *(store.claim(k, f"gen-{k}") for k in keys), return_exceptions=True
+        )
+        assert all(isinstance(exc, StateLost) for exc in told), told
+        assert await asyncio.gather(*(store.claim(k, f"gen-{k}") for k in keys)) == [None] * 8
+    finally:
+        await store.close()
+
+
 def _replica(store: RedisStore) -> Replicas:
     """A replica on ``store`` keeping finished generations 60 s, running ones an hour."""
     return Replicas(store, lease=1.0, keep_finished=60.0, orphan_ttl=3600.0)

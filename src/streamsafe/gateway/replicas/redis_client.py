@@ -7,6 +7,15 @@ its result and the task goes on as if never cancelled (seen on the relay's log a
 load: a replica shutting down cancelled its readers, and a reader went on relaying until its
 answer ended, so the shutdown waited for it and never handed the generation over). A command
 that returns while its task's cancellation is pending raises it here instead.
+
+A pooled connection the server closed (Redis restarted, a Sentinel failover, the server's idle
+``timeout``) is connected anew before a command goes on it. redis-py checks that only where its
+maintenance notifications are off, and they are on by default with RESP3 (``"auto"``): a
+replica's next command after a Redis restart failed, the replica counted an outage, and a keyed
+retry that came in that moment ran a second generation (a restart is lost state, met by the
+fleet's marker, not an outage). The gateway uses no maintenance notifications (a Redis
+Enterprise feature), so they are off here, and a cluster node's connections, which redis-py
+never checks, are checked as they are taken (:class:`_CheckedConnection`).
 """
 
 from __future__ import annotations
@@ -37,10 +46,35 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.maint_notifications import MaintNotificationsConfig
 
 from streamsafe._redis_url import RedisTarget
 
 __all__ = ["CancelSafeRedis", "CancelSafeRedisCluster", "RedisClient", "connect"]
+
+#: Maintenance notifications off: redis-py then checks a pooled connection before a command
+#: goes on it, and connects anew one the server closed (see the module).
+_NO_MAINTENANCE = MaintNotificationsConfig(enabled=False)
+
+
+class _CheckedConnection(Connection):
+    """A cluster node's connection, connected anew as it is taken (redis-py asks
+    :meth:`should_reconnect` then) where the server closed it meanwhile."""
+
+    def should_reconnect(self) -> bool:
+        return bool(self._should_reconnect) or _closed(self._reader)
+
+
+class _CheckedSSLConnection(SSLConnection):
+    """:class:`_CheckedConnection` over TLS."""
+
+    def should_reconnect(self) -> bool:
+        return bool(self._should_reconnect) or _closed(self._reader)
+
+
+def _closed(reader: asyncio.StreamReader | None) -> bool:
+    """Whether the server closed the socket ``reader`` reads (``None``: not connected)."""
+    return reader is not None and reader.at_eof()
 
 
 class CancelSafeRedis(aioredis.Redis):
@@ -172,13 +206,20 @@ def connect(target: RedisTarget, **options: Any) -> RedisClient:
         # No cap on a node's connections, as one Redis's pool has none: redis-py's 100 refused
         # the 101st command in flight to a node (MaxConnectionsError), a hundred streams'
         # appends at once.
-        return CancelSafeRedisCluster(
+        cluster = CancelSafeRedisCluster(
             startup_nodes=nodes,
             retry=Retry(NoBackoff(), 0),
             reinitialize_steps=0,
             max_connections=2**31,
+            maint_notifications_config=_NO_MAINTENANCE,
             **merged,
         )
+        # The nodes it learns (the given ones too, made anew as it first learns the layout)
+        # take connections that are checked as they are taken (see the module).
+        kwargs = cluster.nodes_manager.connection_kwargs
+        tls = kwargs.get("connection_class") is SSLConnection
+        kwargs["connection_class"] = _CheckedSSLConnection if tls else _CheckedConnection
+        return cluster
     if not target.sentinels:
         # A pool of our own, as redis-py's from_url makes one: the client's constructor would
         # add its own retries (10, backing off), and a Redis that is away must fail at once
@@ -189,13 +230,18 @@ def connect(target: RedisTarget, **options: Any) -> RedisClient:
             connection_class = UnixDomainSocketConnection
         elif merged.pop("ssl", False):
             connection_class = SSLConnection
-        alone = CancelSafeRedis(connection_pool=ConnectionPool(connection_class, **merged))
+        pool = ConnectionPool(
+            connection_class, maint_notifications_config=_NO_MAINTENANCE, **merged
+        )
+        alone = CancelSafeRedis(connection_pool=pool)
         alone.auto_close_connection_pool = True
         return alone
     assert target.service is not None
     own = {k: v for k, v in merged.items() if k.startswith(("socket_", "ssl"))}
     own["retry"] = Retry(NoBackoff(), 0)  # a sentinel that is away: ask the next one at once
     sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=own, **merged)  # type: ignore[no-untyped-call]
-    client: CancelSafeRedis = sentinel.master_for(target.service, redis_class=CancelSafeRedis)
+    client: CancelSafeRedis = sentinel.master_for(
+        target.service, redis_class=CancelSafeRedis, maint_notifications_config=_NO_MAINTENANCE
+    )
     client.companions = tuple(sentinel.sentinels)
     return client
