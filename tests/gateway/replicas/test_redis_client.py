@@ -79,7 +79,9 @@ def test_a_cluster_url_makes_a_cluster_client_with_the_urls_tls_and_credentials(
     nodes = client.nodes_manager
     assert sorted(nodes.startup_nodes) == ["127.0.0.1:7000", "127.0.0.1:7001"]
     options = nodes.connection_kwargs
-    assert options["connection_class"] is SSLConnection
+    # TLS, on connections checked as they are taken (the server may have closed them).
+    assert issubclass(options["connection_class"], SSLConnection)
+    assert options["connection_class"] is not SSLConnection
     assert (options["ssl_ca_certs"], options["password"], options["socket_timeout"]) == (
         "/ca.pem",
         "pw",
@@ -117,3 +119,27 @@ def test_the_redis_py_internals_the_cluster_client_borrows_are_where_it_takes_th
         "disconnect_free_connections",
     ):
         assert callable(getattr(ClusterNode, name)), name
+    # A node's connection is checked as it is taken: redis-py asks should_reconnect() there,
+    # and the check reads the connection's reader and reconnect flag.
+    assert "disconnect_if_needed" in inspect.getsource(ClusterNode.execute_command)
+    assert "should_reconnect" in inspect.getsource(ClusterNode.disconnect_if_needed)
+    assert "self.connection_kwargs" in inspect.getsource(NodesManager.initialize)
+
+
+def test_a_pooled_connection_is_checked_before_a_command_goes_on_it() -> None:
+    # redis-py checks a pooled connection (data left, or closed by the server) only where its
+    # maintenance notifications are off: the pools connect() makes have them off.
+    import inspect
+
+    from redis.asyncio.connection import ConnectionPool
+
+    source = inspect.getsource(ConnectionPool.ensure_connection)
+    assert "can_read" in source and "maint_notifications_enabled" in source
+    for url in ("redis://127.0.0.1:1/0", "unix:///tmp/redis.sock", "rediss://127.0.0.1:1/0"):
+        pool = connect(parse_redis_url(url)).connection_pool
+        assert not pool.maint_notifications_enabled(), url
+    cluster = connect(parse_redis_url("redis+cluster://127.0.0.1:7000"))
+    assert not cluster.maint_notifications_config.enabled
+    conn = cluster.nodes_manager.connection_kwargs["connection_class"](host="127.0.0.1", port=1)
+    assert conn.should_reconnect() is False  # not connected: nothing to check yet
+    assert conn._reader is None and conn._should_reconnect is False
