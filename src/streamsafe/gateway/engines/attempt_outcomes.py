@@ -1,7 +1,9 @@
 """What the relay tells one generation's attempts of the current one, and what each fact means
 for its engine (its breaker, the load it holds, its refusal gate) and for the generation's plan
 (the history its access line prints): the first token came, the engine took it, it failed, it
-was shed, the engine died, the stream was cut, and whether another round may follow.
+was shed, the engine died, the stream was cut, and whether another round may follow. What each
+fact means is decided in one pure table (:mod:`~streamsafe.gateway.engines.attempt_end`), so an
+end seen twice (by the ask and the relay) counts once; here it is carried out.
 
 The sends are :class:`~streamsafe.gateway.engines.attempts.Attempts`'s, which is these facts'
 one implementer: a part of it, kept apart because it is the other half of the conversation.
@@ -11,7 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from streamsafe.gateway.engines.attempt_plan import AttemptPlan, Outcome, Stop
+from streamsafe.gateway.engines.attempt_end import Fact, Told, tell
+from streamsafe.gateway.engines.attempt_plan import AttemptPlan, Stop
 from streamsafe.gateway.engines.engine_choice import EngineChoice
 from streamsafe.gateway.engines.engine_shell import EngineShell
 from streamsafe.gateway.engines.engines import Engines
@@ -26,13 +29,12 @@ class AttemptOutcomes:
     """The facts the relay tells of the current attempt (see the module)."""
 
     #: What these facts change (set by :class:`Attempts` as each attempt begins).
-    __slots__ = ("_admitted", "_cut_from", "_held", "_outcome_told", "_shed_noted")
+    __slots__ = ("_cut_from", "_held", "_told")
 
     _held: EngineShell | None
     _cut_from: EngineShell | None
-    _admitted: bool
-    _outcome_told: bool
-    _shed_noted: bool
+    #: What the current attempt's engine was told of it so far (see :mod:`.attempt_end`).
+    _told: Told
 
     if TYPE_CHECKING:  # the rest of the state is Attempts's, declared there
         _engines: Engines
@@ -45,41 +47,28 @@ class AttemptOutcomes:
 
         def _plan(self, plan: AttemptPlan) -> None: ...
 
-        def _fail(self, engine: EngineShell, why: str, *, dead: bool = False) -> None: ...
-
     def release(self) -> None:
         """The generation ended (or moved): its memory no longer weighs on its engine."""
         held, self._held = self._held, None
         if held is not None:
             held.load.memory -= self._cost
             self._engines.room_made()
-            if self._admitted:  # it ran there: the engine has room for one more
+            if self._told.admitted:  # it ran there: the engine has room for one more
                 held.gate.room_made()
 
     def first_token_came(self) -> None:
         """The first token arrived: the engine works (its breaker closes), and the answer's
         model is set (a continuation stays in it)."""
         engine = self._current
-        if engine is None:
-            return
-        self.choice.answered_by(engine)
-        self._plan(self.plan.ended(Outcome.SERVED))
-        engine.upstream.succeeded()
-        self.admitted()
+        if engine is not None:
+            self.choice.answered_by(engine)
+            self._tell(engine, Fact.SERVED)
 
     def admitted(self) -> None:
         """The engine took the current attempt (a first token; for a plain call, its 200):
-        its refusal gate opens, and the generation no longer waits to be refused. Told once
-        per attempt."""
-        engine = self._current
-        if engine is None or self._admitted:
-            return
-        self._admitted = True
-        engine.gate.admitted(self.refused_call, runs=True)
-        gen = self._gen
-        if gen.refused:
-            gen.refused = False
-            gen.wake()
+        its refusal gate opens, and the generation no longer waits to be refused."""
+        if self._current is not None:
+            self._tell(self._current, Fact.ADMITTED)
 
     def answered_whole(self) -> None:
         """The answer ended whole."""
@@ -94,30 +83,20 @@ class AttemptOutcomes:
             return
         if shun:
             self.choice.shun(engine)
-        self._plan(self.plan.ended(Outcome.FAILED))
-        if not self._outcome_told:
-            self._fail(engine, why)
+        self._tell(engine, Fact.FAILED, why)
 
     def full(self, retry_after: float | None, status: int = 503) -> None:
         """The current engine shed the attempt with ``status`` (429 or 503, as a status or
         in-band): full, not failing, so its breaker is not told; new work goes to other engines
         for the ``Retry-After`` it sent (a second where it sent none), and this generation waits
         at the engine's refusal gate."""
-        engine = self._current
-        if engine is None or self._shed_noted:
-            return  # told once per attempt (the ask and the relay both see a status)
-        self._shed_noted = self._outcome_told = True
-        self._plan(self.plan.ended(Outcome.REFUSED))
-        engine.upstream.abandoned()
-        engine.core.said_full(self._engines.clock(), retry_after)
-        engine.gate.refused(self.refused_call, status, retry_after)
+        if self._current is not None:
+            self._tell(self._current, Fact.SHED, retry_after=retry_after, status=status)
 
     def engine_died(self, why: str) -> None:
         """The current engine said it died: held down until its ``/health`` answers."""
-        engine = self._current
-        if engine is not None:
-            self._plan(self.plan.ended(Outcome.FAILED))
-            self._fail(engine, why, dead=True)
+        if self._current is not None:
+            self._tell(self._current, Fact.DIED, why)
 
     def cut(self) -> None:
         """The attempt broke and another follows: counted against the engine (where nothing
@@ -125,13 +104,43 @@ class AttemptOutcomes:
         engine = self._current
         if engine is None:
             return
-        if not self._outcome_told:
-            self._fail(engine, "stream cut")
-        last = self.plan.history[-1].outcome if self.plan.history else None
-        if last is None or last is Outcome.SERVED:
-            self._plan(self.plan.ended(Outcome.FAILED))
+        self._tell(engine, Fact.CUT, "stream cut")
         self.choice.tried(engine)
         self._cut_from = engine
+
+    def _tell(
+        self,
+        engine: EngineShell,
+        fact: Fact,
+        why: str = "",
+        *,
+        retry_after: float | None = None,
+        status: int = 503,
+    ) -> None:
+        """Carry out what ``fact`` of the current attempt, on ``engine``, means (decided by
+        :func:`~streamsafe.gateway.engines.attempt_end.tell`): ``why`` it failed, what a shed
+        said (``retry_after``, ``status``)."""
+        history = self.plan.history
+        acts = tell(self._told, fact, history[-1].outcome if history else None)
+        self._told = acts.told
+        if acts.outcome is not None:
+            self._plan(self.plan.ended(acts.outcome))
+        upstream = engine.upstream
+        if acts.succeeded:
+            upstream.succeeded()
+        if acts.failure:
+            upstream.failed(why, dead=acts.dead)
+        if acts.neutral:
+            upstream.abandoned()
+        if acts.shed:
+            engine.core.said_full(self._engines.clock(), retry_after)
+            engine.gate.refused(self.refused_call, status, retry_after)
+        if acts.admit:
+            engine.gate.admitted(self.refused_call, runs=True)
+            gen = self._gen
+            if gen.refused:
+                gen.refused = False
+                gen.wake()
 
     def again(self, *, shed: bool) -> str | None:
         """The attempt broke, or the engine shed it (``shed``): whether the generation may ask

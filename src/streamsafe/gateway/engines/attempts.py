@@ -21,11 +21,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from streamsafe.gateway.engines.answers import Refused, answer_response
+from streamsafe.gateway.engines.attempt_end import Fact, Told
 from streamsafe.gateway.engines.attempt_outcomes import AttemptOutcomes
 from streamsafe.gateway.engines.attempt_plan import (
     Again,
     AttemptPlan,
-    Outcome,
     Stop,
     Verdict,
     Where,
@@ -106,8 +106,8 @@ class Attempts(AttemptOutcomes):
         #: The engine a cut stream is leaving (its continuation's engine is logged with it).
         self._cut_from: EngineShell | None = None
         self._held: EngineShell | None = None
-        #: Whether the current attempt's engine was already told it failed (or shed it).
-        self._outcome_told = False
+        #: What the current attempt's engine was told of it so far (see :mod:`.attempt_end`).
+        self._told = Told()
         #: Why the latest attempt failed over (logged with the engine it moves to).
         self._failed_why = ""
         #: The last ask's answer or error in the round: what the round ends with where no
@@ -119,9 +119,6 @@ class Attempts(AttemptOutcomes):
         #: Every request this generation sends upstream, decided in one value: its bounds,
         #: its history (see :mod:`.attempt_plan`).
         self.plan = AttemptPlan(engines.bounds, self._started)
-        #: Whether the current attempt's shed, or its admission, was told to its engine's
-        #: gate already.
-        self._shed_noted = self._admitted = False
         #: This generation's asks of engines that refuse (see :mod:`.refusal_gate`), counted
         #: with those of its identical copies.
         self.refused_call = RefusedCall(engines.ledgers.of(gen.tenant, gen.fingerprint))
@@ -295,11 +292,10 @@ class Attempts(AttemptOutcomes):
         try:
             sent = await send(upstream, body)
         except NotConnected as exc:
-            self._plan(self.plan.ended(Outcome.NOT_CONNECTED))  # counted in the budget by it
+            self._tell(engine, Fact.NOT_CONNECTED)  # counted in the budget by it
             return exc
         except OSError as exc:  # streamsafe.gateway.upstream.errors
-            self._plan(self.plan.ended(Outcome.FAILED))
-            self._fail(engine, type(exc).__name__)
+            self._tell(engine, Fact.FAILED, type(exc).__name__)
             if not never_connected(exc):  # a refused connect was counted by its retries
                 budget.record_failure()
             return exc
@@ -313,11 +309,10 @@ class Attempts(AttemptOutcomes):
         if status in REFUSAL_STATUSES:
             self.full(retry_after_seconds(refused.retry_after, time.time()), status)
         elif status >= 500:
-            self._plan(self.plan.ended(Outcome.FAILED))
-            self._fail(engine, f"status {status}", dead=is_engine_death(refused.body))
+            died = Fact.DIED if is_engine_death(refused.body) else Fact.FAILED
+            self._tell(engine, died, f"status {status}")
         else:
-            self._plan(self.plan.ended(Outcome.ANSWERED))
-            upstream.abandoned()  # a 4xx is the caller's: no verdict on the engine
+            self._tell(engine, Fact.ANSWERED)  # a 4xx is the caller's: no verdict on the engine
         return refused
 
     def _not_connected(self, engine: EngineShell, failed: NotConnected) -> Exception:
@@ -325,7 +320,7 @@ class Attempts(AttemptOutcomes):
         attempt as failed with the connect's own error (what the plan and the caller see)."""
         engine.upstream.gave_up_connecting(failed.why)
         cause = failed.cause
-        self._fail(engine, type(cause).__name__)
+        self._tell(engine, Fact.GAVE_UP, type(cause).__name__)
         return cause
 
     def _after(self, failed: Refused | Exception) -> Verdict:
@@ -366,16 +361,10 @@ class Attempts(AttemptOutcomes):
             engines.migrations += 1
             _moved(logging.WARNING, "migration", self._gen, cut_from, engine, "stream cut")
         self._current = engine
-        self._outcome_told = False
-        self._shed_noted = self._admitted = False
+        self._told = Told()
         self._hold(engine)
         self._gen.attempts += 1
         self._gen.engine = engine.spec.url
-
-    def _fail(self, engine: EngineShell, why: str, *, dead: bool = False) -> None:
-        if engine is self._current:
-            self._outcome_told = True
-        engine.upstream.failed(why, dead=dead)
 
     def _hold(self, engine: EngineShell) -> None:
         """Count this generation's memory on ``engine`` (routing weighs it) until it ends."""
