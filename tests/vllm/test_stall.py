@@ -60,6 +60,10 @@ def test_openai_streams_survive_a_six_second_mid_stream_stall_with_default_flags
         threads = start_together(vllm_engine, read, STREAMS, seed=3102)
         for _ in range(STREAMS):
             assert flowing.acquire(timeout=60)
+        # Retries before the stall are not its doing: a client that got no head within its 2 s
+        # (a gateway starved for a second beside two busy loops and the rest of the suite)
+        # asks again before its stream flows, and attaches. Counted from here.
+        before = gw.gw.stats()
         # Mid-stream: three times the clients' read timeout without a token.
         vllm_engine.stall(6.0).join()
         for t in threads:
@@ -68,5 +72,5 @@ def test_openai_streams_survive_a_six_second_mid_stream_stall_with_default_flags
 
     assert results == wanted
     assert len(vllm_engine.requests_received(seed=3102)) == STREAMS
-    assert stats["retries_seen"] == 0  # nobody timed out
+    assert stats["retries_seen"] == before["retries_seen"]  # nobody timed out in the stall
     assert stats["continued"] == 0  # and the gateway did not cut anything either
