@@ -57,24 +57,21 @@ __all__ = ["CancelSafeRedis", "CancelSafeRedisCluster", "RedisClient", "connect"
 _NO_MAINTENANCE = MaintNotificationsConfig(enabled=False)
 
 
-class _CheckedConnection(Connection):
+class _Checked(AbstractConnection):
     """A cluster node's connection, connected anew as it is taken (redis-py asks
     :meth:`should_reconnect` then) where the server closed it meanwhile."""
 
     def should_reconnect(self) -> bool:
-        return bool(self._should_reconnect) or _closed(self._reader)
+        reader = self._reader  # the socket's StreamReader, None until connected
+        return bool(self._should_reconnect) or (reader is not None and reader.at_eof())
 
 
-class _CheckedSSLConnection(SSLConnection):
-    """:class:`_CheckedConnection` over TLS."""
-
-    def should_reconnect(self) -> bool:
-        return bool(self._should_reconnect) or _closed(self._reader)
+class _CheckedConnection(_Checked, Connection):
+    """:class:`_Checked` over TCP."""
 
 
-def _closed(reader: asyncio.StreamReader | None) -> bool:
-    """Whether the server closed the socket ``reader`` reads (``None``: not connected)."""
-    return reader is not None and reader.at_eof()
+class _CheckedSSLConnection(_Checked, SSLConnection):
+    """:class:`_Checked` over TLS."""
 
 
 class CancelSafeRedis(aioredis.Redis):
